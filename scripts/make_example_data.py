@@ -1,0 +1,89 @@
+"""Regenerate the small datasets bundled with the examples (deterministic; run from the repository root)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+OUT = Path("src/hellbender/examples/data")
+
+CAPITALS = {
+    "France": "Paris",
+    "Germany": "Berlin",
+    "Italy": "Rome",
+    "Spain": "Madrid",
+    "Portugal": "Lisbon",
+    "Japan": "Tokyo",
+    "China": "Beijing",
+    "India": "New Delhi",
+    "Brazil": "Brasilia",
+    "Canada": "Ottawa",
+    "Egypt": "Cairo",
+    "Kenya": "Nairobi",
+    "Peru": "Lima",
+    "Chile": "Santiago",
+    "Norway": "Oslo",
+    "Sweden": "Stockholm",
+    "Finland": "Helsinki",
+    "Poland": "Warsaw",
+    "Greece": "Athens",
+    "Austria": "Vienna",
+    "Ireland": "Dublin",
+    "Mexico": "Mexico City",
+    "Cuba": "Havana",
+    "Turkey": "Ankara",
+    "Iran": "Tehran",
+}
+WORDS = ["river", "stone", "cloud", "apple", "tiger", "lamp", "green", "quiet", "orange", "silver", "window", "garden", "music", "paper", "bread"]
+
+
+def chat_rows(rng: random.Random, n: int) -> list[dict]:
+    rows = []
+    for _ in range(n):
+        kind = rng.choice(["capital", "add", "reverse"])
+        if kind == "capital":
+            country, city = rng.choice(sorted(CAPITALS.items()))
+            q, a = f"What is the capital of {country}?", f"The capital of {country} is {city}."
+        elif kind == "add":
+            x, y = rng.randint(0, 9), rng.randint(0, 9)
+            q, a = f"What is {x} plus {y}?", f"{x} plus {y} is {x + y}."
+        else:
+            words = rng.sample(WORDS, 3)
+            q, a = f"Reverse the words: {' '.join(words)}", " ".join(reversed(words))
+        messages = [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        if rng.random() < 0.3:
+            messages.insert(0, {"role": "system", "content": "You are a concise assistant."})
+        rows.append({"messages": messages})
+    return rows
+
+
+def alpaca_rows(rng: random.Random, n: int) -> list[dict]:
+    rows = []
+    for _ in range(n):
+        country, city = rng.choice(sorted(CAPITALS.items()))
+        rows.append({"instruction": "Name the capital city.", "input": country, "output": city})
+    return rows
+
+
+def text_rows(rng: random.Random, n: int) -> list[dict]:
+    rows = []
+    for _ in range(n):
+        country, city = rng.choice(sorted(CAPITALS.items()))
+        words = rng.sample(WORDS, 4)
+        rows.append({"text": f"{city} is the capital of {country}. The {words[0]} by the {words[1]} was {words[2]}."})
+    return rows
+
+
+def write_jsonl(name: str, rows: list[dict]) -> None:
+    with open(OUT / name, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    OUT.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    write_jsonl("chat.jsonl", chat_rows(rng, 400))
+    write_jsonl("alpaca.jsonl", alpaca_rows(rng, 200))
+    write_jsonl("text.jsonl", text_rows(rng, 400))

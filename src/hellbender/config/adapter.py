@@ -1,0 +1,26 @@
+"""Config keys for LoRA / QLoRA adapters. No `adapter` means full fine-tuning."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AdapterSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    adapter: Literal["lora", "qlora"] | None = Field(
+        None, description="`lora`, `qlora` (4-bit base, CUDA + bitsandbytes), or unset for full fine-tuning."
+    )
+    lora_r: int = Field(8, gt=0, description="LoRA rank.")
+    lora_alpha: int = Field(16, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    lora_target_modules: list[str] | str | None = Field(
+        None, description="Module names (or a regex string) to adapt. Default: the attention and MLP projections."
+    )
+    lora_target_linear: bool = Field(False, description="Adapt every linear layer except the output head.")
+    lora_modules_to_save: list[str] = Field(
+        default_factory=list, description="Modules trained in full and saved beside the adapter (e.g. `embed_tokens`)."
+    )
+    peft_use_dora: bool = Field(False, description="Use DoRA (weight-decomposed LoRA).")

@@ -1,0 +1,76 @@
+"""Combinations of keys that cannot work together. Each problem is one paragraph naming the keys."""
+
+from __future__ import annotations
+
+from hellbender.chat_templates import TEMPLATE_NAMES
+from hellbender.config.schema import HellbenderConfig
+
+
+def find_conflicts(cfg: HellbenderConfig) -> list[str]:
+    problems: list[str] = []
+    set_keys = cfg.model_fields_set
+
+    if not cfg.datasets and not cfg.pretraining_dataset:
+        problems.append("No training data: add a `datasets:` list (or `pretraining_dataset:` for streamed raw text).")
+    if cfg.bf16 is True and cfg.fp16:
+        problems.append("`bf16: true` and `fp16: true` are both set; choose one mixed-precision mode.")
+    if cfg.uses_streaming and cfg.max_steps is None:
+        problems.append(
+            "`max_steps` is missing: a streamed `pretraining_dataset` has no known length, so the number of "
+            "steps must be given. Add e.g. `max_steps: 1000`."
+        )
+    if cfg.uses_streaming and cfg.val_set_size > 0:
+        problems.append("`val_set_size` cannot split a streamed `pretraining_dataset`; use `test_datasets:` instead.")
+    if cfg.streaming and not cfg.pretraining_dataset:
+        problems.append("`streaming: true` applies to `pretraining_dataset:` entries, but none are given.")
+    if cfg.save_steps is not None and cfg.saves_per_epoch is not None:
+        problems.append("`save_steps` and `saves_per_epoch` are both set; keep one.")
+    if cfg.eval_steps is not None and cfg.evals_per_epoch is not None:
+        problems.append("`eval_steps` and `evals_per_epoch` are both set; keep one.")
+    if cfg.warmup_steps is not None and cfg.warmup_ratio is not None:
+        problems.append("`warmup_steps` and `warmup_ratio` are both set; keep one.")
+    if (cfg.eval_steps or cfg.evals_per_epoch) and not cfg.has_eval_data:
+        problems.append(
+            "`eval_steps` / `evals_per_epoch` is set but there is no evaluation data: add `val_set_size` or "
+            "`test_datasets:`."
+        )
+    if cfg.uses_streaming and (cfg.saves_per_epoch or cfg.evals_per_epoch):
+        problems.append("A streamed dataset has no epochs: use `save_steps` / `eval_steps` instead of `*_per_epoch`.")
+    lora_keys = sorted(k for k in set_keys if k.startswith(("lora_", "peft_")))
+    if cfg.adapter is None and lora_keys:
+        problems.append(
+            f"{', '.join(f'`{k}`' for k in lora_keys)} set but `adapter` is not: add `adapter: lora` (or `qlora`), "
+            "or remove these keys for full fine-tuning."
+        )
+    if cfg.load_in_4bit and cfg.adapter != "qlora":
+        problems.append(
+            "`load_in_4bit: true` needs `adapter: qlora` (a 4-bit base can only be trained through an adapter)."
+        )
+    attn = cfg.attn_implementation
+    if cfg.flash_attention and attn not in (None, "flash_attention_2"):
+        problems.append(f"`flash_attention: true` contradicts `attn_implementation: {attn}`; keep one.")
+    if cfg.sdp_attention and attn not in (None, "sdpa"):
+        problems.append(f"`sdp_attention: true` contradicts `attn_implementation: {attn}`; keep one.")
+    if cfg.flash_attention and cfg.sdp_attention:
+        problems.append("`flash_attention` and `sdp_attention` are both true; keep one.")
+    if cfg.sample_packing and attn not in (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3"):
+        problems.append(
+            f"`sample_packing` is not supported yet with `attn_implementation: {attn}`; use sdpa, eager or flash "
+            "attention, which keep packed documents from attending to each other."
+        )
+    for where, name in [("", cfg.chat_template)] + [
+        (f"Dataset `{e.path}`: ", e.chat_template) for e in cfg.datasets + cfg.test_datasets
+    ]:
+        if name is not None and name not in TEMPLATE_NAMES:
+            problems.append(
+                f"{where}`chat_template: {name}` is not supported yet. Use `tokenizer_default` (the model's own "
+                "template), `chatml`, or `jinja` with the template text in `chat_template_jinja`."
+            )
+    if cfg.chat_template == "jinja" and not cfg.chat_template_jinja:
+        problems.append("`chat_template: jinja` needs the template itself in `chat_template_jinja`.")
+    for entry in cfg.datasets + cfg.test_datasets:
+        if entry.chat_template == "jinja" and not entry.chat_template_jinja:
+            problems.append(
+                f"Dataset `{entry.path}`: `chat_template: jinja` needs `chat_template_jinja` in the same entry."
+            )
+    return problems

@@ -1,0 +1,102 @@
+"""Config keys for datasets: where rows come from, how they become tokens, and the prepared-data cache."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DsType = Literal["json", "jsonl", "parquet", "csv", "text", "arrow"]
+DatasetType = Literal["alpaca", "chat_template", "completion", "pretokenized"]
+TrainOnEos = Literal["turn", "all", "last", "none"]
+
+
+class DatasetEntry(BaseModel):
+    """One entry of `datasets:` / `test_datasets:`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(
+        description="Local file, directory or glob; a hub dataset id; or an fsspec URL (s3://, gs://, az://)."
+    )
+    type: DatasetType | None = Field(
+        None, description="Row format. Unset: rows that already hold `input_ids` are passed through (`pretokenized`)."
+    )
+    ds_type: DsType | None = Field(None, description="File format; guessed from the file extension when unset.")
+    data_files: list[str] | str | None = Field(None, description="Files inside a hub dataset or directory to load.")
+    name: str | None = Field(None, description="Configuration name of a hub dataset.")
+    split: str = Field("train", description="Split to load.")
+    revision: str | None = Field(None, description="Git revision of a hub dataset.")
+    field: str | None = Field(None, description="`completion`: the column holding the text (default `text`).")
+    field_messages: str | None = Field(
+        None,
+        description="`chat_template`: the column holding the conversation (default `messages`, else `conversations`).",
+    )
+    message_property_mappings: dict[str, str] | None = Field(
+        None, description="`chat_template`: message keys for role and content, e.g. `{role: from, content: value}`."
+    )
+    roles: dict[str, list[str]] | None = Field(
+        None,
+        description="`chat_template`: map dataset role names onto template roles, e.g. `{user: [human], assistant: [gpt]}`.",
+    )
+    roles_to_train: list[str] | None = Field(
+        None, description="`chat_template`: roles whose turns are trained (default `[assistant]`)."
+    )
+    train_on_eos: TrainOnEos | None = Field(
+        None,
+        description="`chat_template`: train the end-of-turn token on every trained turn (`turn`, default), every turn (`all`), the last turn only (`last`) or never (`none`).",
+    )
+    chat_template: str | None = Field(None, description="Per-dataset chat template (same values as the top-level key).")
+    chat_template_jinja: str | None = Field(None, description="Per-dataset Jinja template for `chat_template: jinja`.")
+    train_on_inputs: bool | None = Field(None, description="Per-dataset override of the top-level `train_on_inputs`.")
+
+
+class PretrainingDatasetEntry(BaseModel):
+    """One entry of `pretraining_dataset:` (raw text, streamed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="Local file, directory or glob; a hub dataset id; or an fsspec URL.")
+    type: Literal["completion", "pretrain"] = Field("pretrain", description="Raw text documents.")
+    ds_type: DsType | None = Field(None, description="File format; guessed from the extension when unset.")
+    data_files: list[str] | str | None = Field(None, description="Files inside a hub dataset or directory.")
+    name: str | None = Field(None, description="Configuration name of a hub dataset.")
+    split: str = Field("train", description="Split to stream.")
+    revision: str | None = Field(None, description="Git revision of a hub dataset.")
+    text_column: str = Field("text", description="The column holding the text.")
+
+
+class DataSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    datasets: list[DatasetEntry] = Field(default_factory=list, description="Training datasets, mixed together.")
+    test_datasets: list[DatasetEntry] = Field(default_factory=list, description="Evaluation datasets.")
+    pretraining_dataset: list[PretrainingDatasetEntry] = Field(
+        default_factory=list, description="Streamed raw-text datasets for continued pretraining (needs `max_steps`)."
+    )
+    streaming: bool | None = Field(
+        None,
+        description="Stream `pretraining_dataset` instead of preparing it; default true for `pretraining_dataset`.",
+    )
+    val_set_size: float = Field(
+        0.0, ge=0, description="Hold out this fraction (< 1) or number of rows (>= 1) of `datasets` for evaluation."
+    )
+    dataset_prepared_path: str | None = Field(
+        None, description="Directory of the prepared-dataset cache; default `last_run_prepared` beside `output_dir`."
+    )
+    dataset_processes: int | None = Field(None, gt=0, description="Processes used to tokenize; default 1.")
+    sequence_len: int = Field(2048, gt=1, description="Maximum tokens per row (and per packed bin).")
+    excess_length_strategy: Literal["drop", "truncate", "raise"] = Field(
+        "drop",
+        description="Rows longer than `sequence_len`: `drop` and count them, `truncate` them, or `raise` an error naming the row.",
+    )
+    sample_packing: bool = Field(False, description="Pack several rows into each `sequence_len` bin.")
+    train_on_inputs: bool = Field(False, description="Also train on prompt / user tokens.")
+    chat_template: str | None = Field(
+        None,
+        description="Chat template: `tokenizer_default` (default), `chatml`, or `jinja` with `chat_template_jinja`.",
+    )
+    chat_template_jinja: str | None = Field(
+        None, description="A Jinja chat template, used with `chat_template: jinja`."
+    )
+    shuffle_merged_datasets: bool = Field(True, description="Shuffle the rows of all datasets together.")

@@ -1,0 +1,46 @@
+"""Config keys that choose and load the model and tokenizer."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"]
+
+
+class ModelSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    base_model: str = Field(
+        description=("Hub id, local directory, or a built-in offline model (`hellbender/tiny-llama`) to start from.")
+    )
+    model_type: str = Field(
+        "AutoModelForCausalLM",
+        description="transformers class used to load the model (an Auto class or a concrete class name).",
+    )
+    tokenizer_config: str | None = Field(
+        None, description="Hub id or directory of the tokenizer, when it differs from `base_model`."
+    )
+    tokenizer_type: str = Field("AutoTokenizer", description="transformers tokenizer class to load.")
+    special_tokens: dict[str, str] = Field(
+        default_factory=dict,
+        description="Special tokens to set on the tokenizer, e.g. `{pad_token: '<|pad|>'}`; new tokens grow the embeddings.",
+    )
+    trust_remote_code: bool = Field(
+        False, description="Allow model and tokenizer code from the model repository to run. Off unless set."
+    )
+    revision_of_model: str | None = Field(None, description="Git revision (branch, tag, commit) of `base_model`.")
+    bf16: bool | Literal["auto"] = Field(
+        "auto", description="Train in bfloat16 mixed precision; `auto` uses it where the GPU supports it."
+    )
+    fp16: bool = Field(False, description="Train in float16 mixed precision.")
+    tf32: bool = Field(False, description="Allow TF32 matrix multiplies on Ampere and newer GPUs.")
+    attn_implementation: AttnImplementation | None = Field(
+        None, description="Attention backend; default `sdpa`. `flash_attention: true` is accepted as a synonym."
+    )
+    flash_attention: bool = Field(False, description="Synonym for `attn_implementation: flash_attention_2`.")
+    sdp_attention: bool = Field(False, description="Synonym for `attn_implementation: sdpa`.")
+    load_in_4bit: bool = Field(
+        False, description="Load the base model in 4-bit (bitsandbytes); needs `adapter: qlora`."
+    )

@@ -1,0 +1,69 @@
+"""The config reference: JSON schema for editors and the Markdown page docs/config.md (kept current by a test)."""
+
+from __future__ import annotations
+
+import json
+import typing
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from hellbender.config.adapter import AdapterSettings
+from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatasetEntry
+from hellbender.config.model import ModelSettings
+from hellbender.config.schema import HellbenderConfig
+from hellbender.config.training import TrainingSettings
+
+SECTIONS: list[tuple[str, type[BaseModel]]] = [
+    ("Model and tokenizer", ModelSettings),
+    ("Adapters", AdapterSettings),
+    ("Data", DataSettings),
+    ("Entries of `datasets:` and `test_datasets:`", DatasetEntry),
+    ("Entries of `pretraining_dataset:`", PretrainingDatasetEntry),
+    ("Training", TrainingSettings),
+]
+
+
+def config_json_schema() -> dict[str, Any]:
+    return HellbenderConfig.model_json_schema()
+
+
+def _type_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(json.dumps(a) for a in typing.get_args(annotation))
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return " \\| ".join(_type_name(a) for a in typing.get_args(annotation))
+    if origin is list:
+        return f"list[{', '.join(_type_name(a) for a in typing.get_args(annotation))}]"
+    if origin is dict:
+        return f"dict[{', '.join(_type_name(a) for a in typing.get_args(annotation))}]"
+    if annotation is type(None):
+        return "null"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(field: Any) -> str:
+    if field.default is PydanticUndefined and field.default_factory is None:
+        return "required"
+    value = field.default_factory() if field.default_factory is not None else field.default
+    return f"`{json.dumps(value)}`"
+
+
+def config_markdown() -> str:
+    lines = [
+        "# Config reference",
+        "",
+        "Generated from the schema by `hellbender schema --markdown`; a test keeps this page current.",
+        "Key names follow Axolotl's. A key Axolotl defines that hellbender does not implement yet is refused",
+        "by name (unless it is set to false or null); any other unknown key is an error with a suggestion.",
+        "",
+    ]
+    for title, model in SECTIONS:
+        lines += [f"## {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for name, field in model.model_fields.items():
+            description = (field.description or "").replace("|", "\\|")
+            lines.append(f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} | {description} |")
+        lines.append("")
+    return "\n".join(lines)

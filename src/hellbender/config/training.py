@@ -1,0 +1,64 @@
+"""Config keys for the optimisation loop, checkpoints, logging and resume."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+LrScheduler = Literal[
+    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"
+]
+
+
+class TrainingSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    output_dir: str = Field("./outputs", description="Where checkpoints, the final model and the resolved config go.")
+    micro_batch_size: int = Field(1, gt=0, description="Rows (or packed bins) per device per forward pass.")
+    eval_batch_size: int | None = Field(
+        None, gt=0, description="Rows per evaluation batch; default `micro_batch_size`."
+    )
+    gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
+    num_epochs: float = Field(1.0, gt=0, description="Passes over the training data (ignored when `max_steps` is set).")
+    max_steps: int | None = Field(
+        None, gt=0, description="Stop after this many optimizer steps. Required with streaming."
+    )
+    learning_rate: float | None = Field(
+        None, gt=0, description="Peak learning rate; default 2e-4 with an adapter, 2e-5 for full fine-tuning."
+    )
+    lr_scheduler: LrScheduler = Field("cosine", description="Learning-rate schedule after warm-up.")
+    warmup_steps: int | None = Field(None, ge=0, description="Linear warm-up steps.")
+    warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Warm-up as a fraction of all steps.")
+    optimizer: str = Field(
+        "adamw_torch",
+        description="Optimizer name as transformers knows it (`adamw_torch`, `adamw_torch_fused`, `sgd`, ...).",
+    )
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    adam_beta1: float | None = Field(None, description="Adam beta1 (transformers' default when unset).")
+    adam_beta2: float | None = Field(None, description="Adam beta2 (transformers' default when unset).")
+    adam_epsilon: float | None = Field(None, description="Adam epsilon (transformers' default when unset).")
+    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables clipping.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward to save memory (always non-reentrant)."
+    )
+    logging_steps: int | None = Field(
+        None, gt=0, description="Log every N steps; default about 10 logs per run, at least every 10 steps."
+    )
+    save_steps: int | None = Field(None, gt=0, description="Save a checkpoint every N steps.")
+    saves_per_epoch: int | None = Field(None, gt=0, description="Save this many checkpoints per epoch.")
+    save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
+    eval_steps: int | None = Field(None, gt=0, description="Evaluate every N steps.")
+    evals_per_epoch: int | None = Field(None, gt=0, description="Evaluate this many times per epoch.")
+    seed: int = Field(42, description="Seed for initialisation, shuffling, dropout and data splits.")
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] | Literal["tensorboard", "wandb", "mlflow", "none"] = (
+        Field("none", description="Experiment trackers to log to (each must be installed).")
+    )
+    resume_from_checkpoint: str | None = Field(None, description="Checkpoint directory to resume from exactly.")
+    auto_resume_from_checkpoints: bool = Field(
+        False, description="Resume from the newest complete checkpoint in `output_dir` if there is one."
+    )
+    ignore_data_skip: bool = Field(
+        False, description="On resume, do not fast-forward the data to where the checkpoint stopped."
+    )
+    dataloader_num_workers: int = Field(0, ge=0, description="Background processes loading batches.")

@@ -1,0 +1,75 @@
+"""The prepared-dataset cache: one directory per key, written whole or not at all.
+
+The key covers everything that changes the prepared rows: the dataset entries, the data files' sizes and
+modification times, the tokenizer (vocabulary, special tokens, chat template), the preparation settings and
+`PREPARE_FORMAT_VERSION`. A directory is written under a temporary name and renamed into place, so a
+killed run leaves no directory that a later run would trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hellbender.data.sources import is_url, local_files, looks_local
+
+# Bump whenever a format, the packing or the stored layout changes what a cache directory holds.
+PREPARE_FORMAT_VERSION = 1
+COMPLETE_MARKER = "hellbender_prepared.json"
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    h.update(
+        backend.to_str().encode() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items())).encode()
+    )
+    h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
+    h.update(json.dumps({k: str(v) for k, v in sorted(tokenizer.added_tokens_decoder.items())}).encode())
+    h.update(str(getattr(tokenizer, "chat_template", None)).encode())
+    h.update(type(tokenizer).__name__.encode())
+    return h.hexdigest()
+
+
+def files_fingerprint(path: str) -> list[tuple[str, int, int]]:
+    """Size and modification time of local data files, so edited files invalidate the cache."""
+    if is_url(path) or not looks_local(path):
+        return []
+    files = local_files(path)
+    return [(f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files]
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    payload = json.dumps({"version": PREPARE_FORMAT_VERSION, **parts}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def cached_dir(root: str | Path, key: str) -> Path | None:
+    """The complete cache directory for `key`, or None."""
+    path = Path(root) / key
+    return path if (path / COMPLETE_MARKER).is_file() else None
+
+
+def write_atomically(root: str | Path, key: str, write: Callable[[Path], dict[str, Any]]) -> Path:
+    """Run `write(tmpdir)` and rename the directory to its key. `write` returns metadata stored in the marker."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
+    try:
+        meta = write(staging)
+        (staging / COMPLETE_MARKER).write_text(json.dumps({"key": key, **meta}, indent=2))
+        final = root / key
+        if final.exists():  # another process finished the same key first; its copy is equally valid
+            shutil.rmtree(staging)
+        else:
+            os.replace(staging, final)
+        return final
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,24 @@
+"""Row formats (`type:` of a dataset entry). Each module turns one row into token ids and labels.
+
+A formatter returns `{"input_ids": [...], "labels": [...]}` with -100 on tokens that are not trained, or raises
+`RowError` for a row that cannot be used (the caller adds the dataset and row number).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hellbender.data.formats import alpaca, chat_template, completion, pretokenized
+from hellbender.data.formats.base import FormatContext, RowError
+
+Formatter = Callable[[dict[str, Any], FormatContext], dict[str, list[int]]]
+
+FORMATTERS: dict[str, Formatter] = {
+    "alpaca": alpaca.tokenize_row,
+    "chat_template": chat_template.tokenize_row,
+    "completion": completion.tokenize_row,
+    "pretokenized": pretokenized.tokenize_row,
+}
+
+__all__ = ["FORMATTERS", "FormatContext", "Formatter", "RowError"]

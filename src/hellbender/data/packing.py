@@ -1,0 +1,94 @@
+"""Sample packing: several tokenized rows share one `sequence_len` bin.
+
+Bins are filled best-fit-decreasing (the longest rows first, each into the fullest bin it still fits), which
+wastes few tokens and is deterministic, so packed data can be cached and resumed exactly. Each packed row
+keeps `seq_lens`, the length of every document in it: the collator uses them to restart position ids and
+to keep attention inside each document.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from hellbender.data.formats.base import IGNORE_INDEX
+
+
+def pack_lengths(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Group row indices into bins whose total length is at most `capacity` (best-fit decreasing)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    # (remaining capacity, bin id), kept sorted so the tightest fitting bin is a bisect away.
+    free: list[tuple[int, int]] = []
+    for i in order:
+        n = lengths[i]
+        if n > capacity:
+            raise ValueError(f"row {i} has {n} tokens, more than the bin capacity {capacity}")
+        pos = bisect.bisect_left(free, (n, -1))
+        if pos < len(free):
+            remaining, bin_id = free.pop(pos)
+            bins[bin_id].append(i)
+        else:
+            remaining, bin_id = capacity, len(bins)
+            bins.append([i])
+        bisect.insort(free, (remaining - n, bin_id))
+    return bins
+
+
+def concat_documents(input_ids: Sequence[list[int]], labels: Sequence[list[int]]) -> dict[str, list]:
+    """One packed row from documents in order.
+
+    The first label of every document is masked: in a packed row it would otherwise be predicted from the
+    previous document's last token, which the unpacked row never does.
+    """
+    ids: list[int] = []
+    labs: list[int] = []
+    for doc_ids, doc_labels in zip(input_ids, labels, strict=True):
+        ids += doc_ids
+        labs += [IGNORE_INDEX] + list(doc_labels[1:])
+    return {"input_ids": ids, "labels": labs, "seq_lens": [len(x) for x in input_ids]}
+
+
+def pack_dataset(ds, capacity: int, num_proc: int | None = None):
+    """Pack a tokenized `datasets.Dataset` (with a `length` column) into bins of at most `capacity` tokens."""
+    import datasets
+
+    bins = pack_lengths(ds["length"], capacity)
+
+    def gather(batch: dict[str, list]) -> dict[str, list]:
+        out: dict[str, list] = {"input_ids": [], "labels": [], "seq_lens": []}
+        for rows in batch["rows"]:
+            docs = ds[rows]
+            packed = concat_documents(docs["input_ids"], docs["labels"])
+            for key in out:
+                out[key].append(packed[key])
+        return out
+
+    index = datasets.Dataset.from_dict({"rows": bins})
+    return index.map(gather, batched=True, remove_columns=["rows"], num_proc=num_proc, desc="Packing")
+
+
+def pack_stream(documents, capacity: int):
+    """Pack an iterator of `{"input_ids", "labels"}` documents, in order, into full bins.
+
+    For streamed pretraining: every bin is filled to `capacity` (a document that does not fit continues in
+    the next bin), so no position is padding except in the very last bin. Each piece of a document is its
+    own attention block, and its first label is masked like any document start.
+    """
+    ids: list[int] = []
+    labs: list[int] = []
+    lens: list[int] = []
+    for doc in documents:
+        doc_ids, doc_labels = doc["input_ids"], doc["labels"]
+        start = 0
+        while start < len(doc_ids):
+            take = min(capacity - len(ids), len(doc_ids) - start)
+            ids += doc_ids[start : start + take]
+            labs += [IGNORE_INDEX] + list(doc_labels[start + 1 : start + take])
+            lens.append(take)
+            start += take
+            if len(ids) == capacity:
+                yield {"input_ids": ids, "labels": labs, "seq_lens": lens}
+                ids, labs, lens = [], [], []
+    if ids:
+        yield {"input_ids": ids, "labels": labs, "seq_lens": lens}

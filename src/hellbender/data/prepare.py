@@ -1,0 +1,170 @@
+"""Prepare the training and evaluation data: load, tokenize, mix, split, pack, and cache.
+
+`prepare_datasets` is the one entry point for map-style data; `preprocess` and `train` both call it, so a
+`preprocess` run leaves exactly the cache that `train` then loads without tokenizing again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hellbender.chat_templates import resolve_chat_template
+from hellbender.config import DatasetEntry, HellbenderConfig
+from hellbender.data import cache
+from hellbender.data.formats import FormatContext
+from hellbender.data.formats.chat_template import DEFAULT_ROLE_ALIASES
+from hellbender.data.packing import pack_dataset
+from hellbender.data.sources import load_rows
+from hellbender.data.tokenize import TokenizeStats, tokenize_dataset
+from hellbender.errors import DataError
+
+
+@dataclass
+class PreparedData:
+    train: Any  # datasets.Dataset
+    eval: Any | None
+    stats: dict[str, Any]
+    cache_dir: Path
+    from_cache: bool
+
+
+def format_context(entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any) -> FormatContext:
+    train_on_inputs = cfg.train_on_inputs if entry.train_on_inputs is None else entry.train_on_inputs
+    mappings = entry.message_property_mappings or {}
+    role_map = None
+    if entry.roles:
+        role_map = {role: role for role in DEFAULT_ROLE_ALIASES.values()}
+        for target, aliases in entry.roles.items():
+            role_map.update({alias: target for alias in aliases})
+    template = None
+    if entry.type == "chat_template":
+        template = resolve_chat_template(
+            entry.chat_template or cfg.chat_template, entry.chat_template_jinja or cfg.chat_template_jinja, tokenizer
+        )
+    return FormatContext(
+        tokenizer=tokenizer,
+        train_on_inputs=train_on_inputs,
+        chat_template=template,
+        field_messages=entry.field_messages,
+        role_key=mappings.get("role", "role"),
+        content_key=mappings.get("content", "content"),
+        role_map=role_map,
+        roles_to_train=tuple(entry.roles_to_train or ("assistant",)),
+        train_on_eos=entry.train_on_eos or "turn",
+        text_field=entry.field or "text",
+    )
+
+
+def _row_format(entry: DatasetEntry, columns: list[str]) -> str:
+    if entry.type is not None:
+        return entry.type
+    if "input_ids" in columns:
+        return "pretokenized"
+    raise DataError(
+        f"Dataset `{entry.path}` has no `type` and its rows hold no `input_ids` (columns: {', '.join(columns)}). "
+        "Set `type: alpaca`, `chat_template` or `completion`."
+    )
+
+
+def tokenize_entries(entries: list[DatasetEntry], cfg: HellbenderConfig, tokenizer: Any, role: str):
+    """Load and tokenize each entry; returns the concatenated rows and the summed stats."""
+    import datasets
+
+    parts = []
+    stats = TokenizeStats()
+    for i, entry in enumerate(entries):
+        where = f"{role}[{i}] `{entry.path}`"
+        rows = load_rows(entry)
+        if len(rows) == 0:
+            raise DataError(f"Dataset {where} has no rows. Check the file or the `split`.")
+        fmt = _row_format(entry, rows.column_names)
+        kept, entry_stats = tokenize_dataset(
+            rows,
+            fmt,
+            format_context(entry, cfg, tokenizer),
+            cfg.sequence_len,
+            cfg.excess_length_strategy,
+            f"Dataset {where}",
+            cfg.dataset_processes,
+        )
+        stats.add(entry_stats)
+        parts.append(kept)
+    merged = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+    return merged, stats
+
+
+def _cache_parts(cfg: HellbenderConfig, tokenizer: Any) -> dict[str, Any]:
+    settings = ["sequence_len", "excess_length_strategy", "train_on_inputs", "chat_template", "chat_template_jinja", "sample_packing", "val_set_size", "seed", "shuffle_merged_datasets"]
+    return {
+        "datasets": [e.model_dump() for e in cfg.datasets],
+        "test_datasets": [e.model_dump() for e in cfg.test_datasets],
+        "files": [cache.files_fingerprint(e.path) for e in cfg.datasets + cfg.test_datasets],
+        "tokenizer": cache.tokenizer_fingerprint(tokenizer),
+        "settings": {k: getattr(cfg, k) for k in settings},
+    }
+
+
+def _build(cfg: HellbenderConfig, tokenizer: Any) -> tuple[Any, Any | None, dict[str, Any]]:
+    train, train_stats = tokenize_entries(cfg.datasets, cfg, tokenizer, "datasets")
+    if train_stats.rows_kept == 0:
+        raise DataError(
+            f"Every training row was dropped ({_reasons(train_stats)}); nothing is left to train on. "
+            "Check `sequence_len`, `excess_length_strategy` and the masking settings."
+        )
+    if cfg.shuffle_merged_datasets:
+        train = train.shuffle(seed=cfg.seed).flatten_indices()
+    eval_ds = None
+    eval_stats = None
+    if cfg.test_datasets:
+        eval_ds, eval_stats = tokenize_entries(cfg.test_datasets, cfg, tokenizer, "test_datasets")
+    elif cfg.val_set_size > 0:
+        size = cfg.val_set_size if cfg.val_set_size < 1 else int(cfg.val_set_size)
+        if len(train) < 2 or (size >= 1 and size >= len(train)):
+            raise DataError(f"`val_set_size: {cfg.val_set_size}` leaves no training rows out of {len(train)}.")
+        split = train.train_test_split(test_size=size, seed=cfg.seed, shuffle=True)
+        train, eval_ds = split["train"], split["test"]
+    rows_before_packing = len(train)
+    if cfg.sample_packing:
+        train = pack_dataset(train, cfg.sequence_len, cfg.dataset_processes)
+        if eval_ds is not None:
+            eval_ds = pack_dataset(eval_ds, cfg.sequence_len, cfg.dataset_processes)
+    stats = {
+        "train": train_stats.to_dict(),
+        "eval": eval_stats.to_dict() if eval_stats else None,
+        "train_rows": rows_before_packing,
+        "eval_rows": len(eval_ds) if eval_ds is not None else 0,
+        "packed_bins": len(train) if cfg.sample_packing else None,
+    }
+    return train, eval_ds, stats
+
+
+def _reasons(stats: TokenizeStats) -> str:
+    return ", ".join(f"{n} {reason}" for reason, n in stats.dropped.items()) or "no rows"
+
+
+def prepare_datasets(cfg: HellbenderConfig, tokenizer: Any) -> PreparedData:
+    import datasets
+
+    key = cache.cache_key(_cache_parts(cfg, tokenizer))
+    root = Path(cfg.dataset_prepared_path)
+    found = cache.cached_dir(root, key)
+    if found is None:
+
+        def write(staging: Path) -> dict[str, Any]:
+            train, eval_ds, stats = _build(cfg, tokenizer)
+            train.save_to_disk(str(staging / "train"))
+            if eval_ds is not None:
+                eval_ds.save_to_disk(str(staging / "eval"))
+            return {"stats": stats}
+
+        found = cache.write_atomically(root, key, write)
+        from_cache = False
+    else:
+        from_cache = True
+    meta = json.loads((found / cache.COMPLETE_MARKER).read_text())
+    train = datasets.load_from_disk(str(found / "train"))
+    eval_ds = datasets.load_from_disk(str(found / "eval")) if (found / "eval").is_dir() else None
+    return PreparedData(train=train, eval=eval_ds, stats=meta["stats"], cache_dir=found, from_cache=from_cache)

@@ -1,0 +1,101 @@
+"""Turn one dataset entry's rows into tokens and labels, dropping (and counting) rows that cannot train."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from hellbender.data.formats import FORMATTERS, FormatContext, RowError
+from hellbender.data.formats.base import IGNORE_INDEX
+from hellbender.errors import DataError
+
+DROP_TOO_LONG = "longer than sequence_len"
+DROP_EMPTY = "empty"
+DROP_NO_TRAINABLE = "no trainable tokens"
+
+
+@dataclass
+class TokenizeStats:
+    """What happened to the rows of the datasets, for `preprocess` and the run summary."""
+
+    rows_in: int = 0
+    rows_kept: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    tokens: int = 0
+    trainable_tokens: int = 0
+
+    def add(self, other: TokenizeStats) -> None:
+        self.rows_in += other.rows_in
+        self.rows_kept += other.rows_kept
+        self.dropped.update(other.dropped)
+        self.tokens += other.tokens
+        self.trainable_tokens += other.trainable_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows_in": self.rows_in,
+            "rows_kept": self.rows_kept,
+            "rows_dropped": dict(self.dropped),
+            "tokens": self.tokens,
+            "trainable_tokens": self.trainable_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TokenizeStats:
+        return cls(
+            rows_in=data["rows_in"],
+            rows_kept=data["rows_kept"],
+            dropped=Counter(data["rows_dropped"]),
+            tokens=data["tokens"],
+            trainable_tokens=data["trainable_tokens"],
+        )
+
+
+def fit_length(ids: list[int], labels: list[int], max_len: int, strategy: str) -> tuple[list[int], list[int], str]:
+    """Apply `excess_length_strategy`; returns the (maybe truncated) row and a drop reason or ''."""
+    if len(ids) <= max_len:
+        return ids, labels, ""
+    if strategy == "truncate":
+        return ids[:max_len], labels[:max_len], ""
+    return ids, labels, DROP_TOO_LONG
+
+
+def tokenize_dataset(ds, fmt: str, ctx: FormatContext, max_len: int, strategy: str, where: str, num_proc: int | None):
+    """Tokenize every row with format `fmt`; returns the kept rows (input_ids, labels, length) and stats."""
+    formatter = FORMATTERS[fmt]
+
+    def encode(row: dict[str, Any], index: int) -> dict[str, Any]:
+        try:
+            out = formatter(row, ctx)
+        except RowError as exc:
+            raise DataError(f"{where}, row {index}: {exc}.") from None
+        ids, labels = out["input_ids"], out["labels"]
+        reason = ""
+        if not ids:
+            reason = DROP_EMPTY
+        else:
+            ids, labels, reason = fit_length(ids, labels, max_len, strategy)
+            if reason and strategy == "raise":
+                raise DataError(
+                    f"{where}, row {index}: {len(ids)} tokens, more than `sequence_len: {max_len}`. Raise "
+                    "`sequence_len`, shorten the row, or set `excess_length_strategy: drop` or `truncate`."
+                )
+            if not reason and all(label == IGNORE_INDEX for label in labels[1:]):
+                reason = DROP_NO_TRAINABLE
+        return {"input_ids": ids, "labels": labels, "length": len(ids), "drop_reason": reason}
+
+    encoded = ds.map(
+        encode,
+        with_indices=True,
+        remove_columns=ds.column_names,
+        num_proc=num_proc,
+        desc=f"Tokenizing {where}",
+    )
+    reasons = encoded["drop_reason"]
+    stats = TokenizeStats(rows_in=len(encoded), dropped=Counter(r for r in reasons if r))
+    kept = encoded.filter(lambda r: not r, input_columns="drop_reason", num_proc=num_proc).remove_columns("drop_reason")
+    stats.rows_kept = len(kept)
+    stats.tokens = sum(kept["length"])
+    stats.trainable_tokens = sum(sum(1 for x in labels[1:] if x != IGNORE_INDEX) for labels in kept["labels"])
+    return kept, stats

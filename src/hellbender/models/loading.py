@@ -1,0 +1,111 @@
+"""Load the tokenizer and the model a config names: a hub id, a local directory, or a built-in tiny model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hellbender.chat_templates import resolve_chat_template
+from hellbender.config import HellbenderConfig
+from hellbender.errors import ConfigError, EnvironmentProblem
+from hellbender.models.tiny import is_tiny_model, tiny_model_dir
+
+
+def resolve_model_path(name: str) -> str:
+    """Built-in tiny models are built locally on first use; any other name goes to transformers as is."""
+    return str(tiny_model_dir(name)) if is_tiny_model(name) else name
+
+
+def _transformers_class(name: str, key: str):
+    import transformers
+
+    cls = getattr(transformers, name, None)
+    if cls is None or not hasattr(cls, "from_pretrained"):
+        raise ConfigError(f"`{key}: {name}` is not a transformers class with `from_pretrained`.")
+    return cls
+
+
+def load_tokenizer(cfg: HellbenderConfig) -> Any:
+    source = resolve_model_path(cfg.tokenizer_config or cfg.base_model)
+    cls = _transformers_class(cfg.tokenizer_type, "tokenizer_type")
+    try:
+        tokenizer = cls.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model)
+    except OSError as exc:
+        raise ConfigError(
+            f"Could not load the tokenizer from `{source}`: {exc}. Check `base_model` / `tokenizer_config` "
+            "(a hub id needs network access; a local path must hold tokenizer files)."
+        ) from None
+    if cfg.special_tokens:
+        tokenizer.add_special_tokens(dict(cfg.special_tokens))
+    if tokenizer.pad_token is None:
+        # Padding is always masked by the attention mask and labels, so reusing EOS for it is safe.
+        tokenizer.pad_token = tokenizer.eos_token
+    if cfg.chat_template != "tokenizer_default":
+        tokenizer.chat_template = resolve_chat_template(cfg.chat_template, cfg.chat_template_jinja, tokenizer)
+    return tokenizer
+
+
+def torch_dtype(cfg: HellbenderConfig):
+    import torch
+
+    if cfg.bf16 is True or (cfg.bf16 == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
+        return torch.bfloat16
+    if cfg.fp16:
+        return torch.float16
+    return torch.float32
+
+
+def quantization_config(cfg: HellbenderConfig):
+    import torch
+
+    if not cfg.load_in_4bit:
+        return None
+    if not torch.cuda.is_available():
+        raise EnvironmentProblem(
+            "`adapter: qlora` loads the base model in 4-bit with bitsandbytes, which needs a CUDA GPU, and none is "
+            "visible here. Use `adapter: lora` on this machine, or run on a GPU."
+        )
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise EnvironmentProblem(
+            "`adapter: qlora` needs the bitsandbytes package: `pip install 'hellbender[gpu]'` (or `pip install bitsandbytes`)."
+        ) from None
+    from transformers import BitsAndBytesConfig
+
+    compute = torch_dtype(cfg)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute if compute != torch.float32 else torch.bfloat16,
+        bnb_4bit_quant_storage=torch.bfloat16,
+    )
+
+
+def load_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
+    source = resolve_model_path(cfg.base_model)
+    quant = quantization_config(cfg)
+    cls = _transformers_class(cfg.model_type, "model_type")
+    try:
+        model = cls.from_pretrained(
+            source,
+            dtype=torch_dtype(cfg) if quant is None else None,
+            attn_implementation=cfg.attn_implementation,
+            quantization_config=quant,
+            trust_remote_code=cfg.trust_remote_code,
+            revision=cfg.revision_of_model,
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"Could not load the model from `{source}`: {exc}. Check `base_model` (a hub id needs network access; a "
+            "local path must hold config.json and weights)."
+        ) from None
+    except ImportError as exc:
+        raise EnvironmentProblem(
+            f"Loading `{source}` with `attn_implementation: {cfg.attn_implementation}` failed: {exc}"
+        ) from None
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model

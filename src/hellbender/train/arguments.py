@@ -1,0 +1,80 @@
+"""Map a hellbender config (and its schedule) onto transformers' TrainingArguments."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from transformers import TrainingArguments
+
+from hellbender.config import HellbenderConfig
+from hellbender.errors import EnvironmentProblem
+from hellbender.models.loading import torch_dtype
+from hellbender.train.schedule import Schedule
+
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def report_targets(cfg: HellbenderConfig) -> list[str]:
+    targets = [cfg.report_to] if isinstance(cfg.report_to, str) else list(cfg.report_to)
+    targets = [t for t in targets if t != "none"]
+    for target in targets:
+        if importlib.util.find_spec(TRACKER_PACKAGES[target]) is None:
+            raise EnvironmentProblem(
+                f"`report_to` names {target}, but the `{TRACKER_PACKAGES[target]}` package is not installed. "
+                f"Install it (`pip install {TRACKER_PACKAGES[target]}`) or remove it from `report_to`."
+            )
+    return targets
+
+
+def checkpointing_arguments(enabled: bool) -> dict:
+    """Non-reentrant activation checkpointing: reentrant checkpointing gives wrong gradients for models that
+    share state across layers. transformers renamed the argument (gradient_ -> activation_checkpointing)."""
+    name = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
+        else "gradient_checkpointing"
+    )
+    return {name: enabled, f"{name}_kwargs": {"use_reentrant": False} if enabled else None}
+
+
+def training_arguments(cfg: HellbenderConfig, schedule: Schedule, has_eval: bool) -> TrainingArguments:
+    import torch
+
+    dtype = torch_dtype(cfg)
+    optional = {k: v for k in ("adam_beta1", "adam_beta2", "adam_epsilon") if (v := getattr(cfg, k)) is not None}
+    return TrainingArguments(
+        output_dir=cfg.output_dir,
+        per_device_train_batch_size=cfg.micro_batch_size,
+        per_device_eval_batch_size=cfg.eval_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        num_train_epochs=cfg.num_epochs,
+        max_steps=schedule.total_steps,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler,
+        warmup_steps=schedule.warmup_steps,
+        optim=cfg.optimizer,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        tf32=cfg.tf32 or None,
+        **checkpointing_arguments(cfg.gradient_checkpointing),
+        logging_steps=schedule.logging_steps,
+        logging_first_step=True,
+        save_strategy="steps" if schedule.save_steps else "no",
+        save_steps=schedule.save_steps or 500,
+        save_total_limit=cfg.save_total_limit,
+        eval_strategy="steps" if (has_eval and schedule.eval_steps) else "no",
+        eval_steps=schedule.eval_steps,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        report_to=report_targets(cfg) or "none",
+        remove_unused_columns=False,
+        ignore_data_skip=cfg.ignore_data_skip,
+        restore_callback_states_from_checkpoint=True,  # token counters continue on resume
+        dataloader_num_workers=cfg.dataloader_num_workers,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        include_num_input_tokens_seen="no",
+        save_only_model=False,
+        **optional,
+    )

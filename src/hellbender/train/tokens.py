@@ -1,0 +1,42 @@
+"""Token counters that travel with checkpoints, and the throughput they log."""
+
+from __future__ import annotations
+
+import time
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+
+class TokenCounter(TrainerCallback, ExportableState):
+    """Counts input tokens (no padding) and trained tokens (labels that count towards the loss).
+
+    The trainer adds to it every micro-batch; as an `ExportableState` its totals are saved in each checkpoint's
+    trainer_state.json and restored on resume, so counts continue instead of restarting.
+    """
+
+    def __init__(self) -> None:
+        self.input_tokens = 0
+        self.trained_tokens = 0
+        self._window_tokens = 0
+        self._window_start = time.perf_counter()
+
+    def add(self, input_tokens: int, trained_tokens: int) -> None:
+        self.input_tokens += input_tokens
+        self.trained_tokens += trained_tokens
+        self._window_tokens += input_tokens
+
+    def throughput_logs(self) -> dict[str, float]:
+        """Totals plus tokens/s since the previous call (one log interval)."""
+        now = time.perf_counter()
+        elapsed = max(now - self._window_start, 1e-9)
+        logs = {
+            "tokens_per_second": round(self._window_tokens / elapsed, 1),
+            "input_tokens": self.input_tokens,
+            "trained_tokens": self.trained_tokens,
+        }
+        self._window_tokens, self._window_start = 0, now
+        return logs
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"input_tokens": self.input_tokens, "trained_tokens": self.trained_tokens}}

@@ -1,0 +1,32 @@
+"""The transformers Trainer, with token counting and throughput logging added."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import Trainer
+
+from hellbender.data.formats.base import IGNORE_INDEX
+from hellbender.train.collator import REAL_TOKENS_KEY
+from hellbender.train.tokens import TokenCounter
+
+
+class HellbenderTrainer(Trainer):
+    def token_counter(self) -> TokenCounter:
+        # Looked up each time: on resume the Trainer replaces callbacks with restored copies.
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, TokenCounter):
+                return callback
+        raise RuntimeError("TokenCounter callback missing")
+
+    def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
+        real_tokens = inputs.pop(REAL_TOKENS_KEY, None)
+        if model.training and real_tokens is not None:
+            trained = (inputs["labels"][..., 1:] != IGNORE_INDEX).sum()
+            self.token_counter().add(int(real_tokens.sum()), int(trained))
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:  # training logs, not evaluation or the final summary
+            logs.update(self.token_counter().throughput_logs())
+        super().log(logs, start_time)

@@ -1,0 +1,283 @@
+"""End-to-end training invariants on the built-in tiny model (CPU, fp32)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from hellbender.config import validate_config
+from hellbender.train.run import train
+from tests.conftest import EXAMPLES
+
+CHAT_DATA = str(EXAMPLES / "data" / "chat.jsonl")
+TEXT_DATA = str(EXAMPLES / "data" / "text.jsonl")
+
+
+def base_config(tmp_path: Path, **overrides) -> dict:
+    cfg = {
+        "base_model": "hellbender/tiny-llama",
+        "datasets": [{"path": CHAT_DATA, "type": "chat_template"}],
+        "sequence_len": 128,
+        "micro_batch_size": 4,
+        "max_steps": 6,
+        "learning_rate": 3e-3,
+        "lr_scheduler": "constant",
+        "logging_steps": 1,
+        "bf16": False,
+        "output_dir": str(tmp_path / "out"),
+        "dataset_prepared_path": str(tmp_path / "prepared"),
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def logged_losses(output_dir: str | Path) -> dict[int, float]:
+    state = json.loads((Path(output_dir) / "trainer_state.json").read_text())
+    return {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e}
+
+
+def test_loss_falls_on_a_learnable_task(tmp_path):
+    cfg = validate_config(
+        base_config(
+            tmp_path,
+            adapter="lora",
+            lora_target_linear=True,
+            lora_r=16,
+            max_steps=40,
+            sample_packing=True,
+            lora_modules_to_save=["embed_tokens", "lm_head"],
+        )
+    )
+    metrics = train(cfg)
+    losses = list(logged_losses(cfg.output_dir).values())
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    assert last < 0.75 * first, losses
+    assert metrics["trained_tokens"] > 0 and metrics["input_tokens"] > metrics["trained_tokens"]
+
+
+class StepSnapshot:
+    """Records parameters before the first optimizer step and after it."""
+
+    def __init__(self):
+        from transformers import TrainerCallback
+
+        outer = self
+
+        class Callback(TrainerCallback):
+            def on_train_begin(self, args, state, control, model=None, **kwargs):
+                outer.before = {n: p.detach().clone() for n, p in model.named_parameters()}
+                outer.trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+
+            def on_step_end(self, args, state, control, model=None, **kwargs):
+                if state.global_step == 1:
+                    outer.after = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+        self.callback = Callback()
+
+
+@pytest.mark.parametrize("adapter", ["lora", None])
+def test_every_trainable_parameter_changes_and_no_frozen_one(tmp_path, adapter):
+    extra = {"adapter": "lora", "lora_target_linear": True, "lora_modules_to_save": ["lm_head"]} if adapter else {}
+    # LoRA's B starts at zero, so A only moves from the second step on: compare after step 1 for B and the
+    # rest, and rely on B having moved (a zero B gives A no gradient at step 1).
+    cfg = validate_config(base_config(tmp_path, max_steps=1, learning_rate=1e-2, **extra))
+    snap = StepSnapshot()
+    train(cfg, callbacks=[snap.callback])
+    assert snap.trainable, "nothing was trainable"
+    for name, before in snap.before.items():
+        changed = not torch.equal(before, snap.after[name])
+        if name in snap.trainable and not (adapter and "lora_A" in name):
+            assert changed, f"trainable parameter {name} did not change"
+        elif name not in snap.trainable:
+            assert not changed, f"frozen parameter {name} changed"
+    if adapter:
+        assert any("lora_B" in n for n in snap.trainable) and any("lm_head" in n for n in snap.trainable)
+        assert not any("embed_tokens" in n for n in snap.trainable)
+
+
+def test_lora_a_matrices_change_by_the_second_step(tmp_path):
+    cfg = validate_config(
+        base_config(tmp_path, adapter="lora", lora_target_linear=True, max_steps=2, learning_rate=1e-2)
+    )
+    snap = StepSnapshot()
+    train(cfg, callbacks=[snap.callback])
+    from safetensors.torch import load_file
+
+    saved = load_file(Path(cfg.output_dir) / "adapter_model.safetensors")
+    a_names = [n for n in snap.before if "lora_A" in n]
+    assert a_names
+    for name in a_names:
+        key = name.replace(".default", "")
+        assert not torch.equal(snap.before[name], saved[key]), f"{name} never changed"
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_model_path, attn):
+    from transformers import AutoModelForCausalLM
+
+    from hellbender.data.packing import concat_documents
+    from hellbender.train.collator import REAL_TOKENS_KEY, CausalLMCollator
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation=attn, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(0)
+    docs = [torch.randint(5, 500, (n,), generator=gen).tolist() for n in (9, 14, 6, 11)]
+
+    def per_token_losses(batch):
+        batch.pop(REAL_TOKENS_KEY)
+        labels = batch.pop("labels")
+        logits = model(**batch).logits
+        losses = torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), reduction="none", ignore_index=-100
+        )
+        return losses[labels[:, 1:].flatten() != -100]
+
+    collate = CausalLMCollator(pad_token_id=1, attn_implementation=attn)
+    unpacked = per_token_losses(collate([{"input_ids": d, "labels": d} for d in docs]))
+    packed_rows = [concat_documents(docs[:3], docs[:3]), concat_documents(docs[3:], docs[3:])]
+    packed = per_token_losses(collate(packed_rows))
+    assert unpacked.shape == packed.shape == (sum(len(d) - 1 for d in docs),)
+    torch.testing.assert_close(packed, unpacked, atol=1e-5, rtol=1e-5)
+
+
+RESUME_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from transformers import TrainerCallback
+    from hellbender.config import load_config
+    from hellbender.train.run import train
+
+    class StopAt(TrainerCallback):
+        def __init__(self, step):
+            self.step = step
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step >= self.step:
+                control.should_training_stop = True
+
+    config, stop = sys.argv[1], int(sys.argv[2])
+    train(load_config(config), callbacks=[StopAt(stop)] if stop else None)
+    """
+)
+
+
+def test_resume_in_a_new_process_reproduces_the_uninterrupted_run(tmp_path):
+    from safetensors.torch import load_file
+
+    half = 4
+    common = dict(
+        adapter="lora",
+        lora_target_linear=True,
+        lora_dropout=0.1,  # dropout exercises the restored RNG state
+        sample_packing=True,
+        max_steps=2 * half,
+        save_steps=half,
+        lr_scheduler="cosine",
+        warmup_steps=2,
+    )
+    reference = validate_config(base_config(tmp_path / "ref", **common))
+    train(reference)
+    expected = logged_losses(reference.output_dir)
+
+    resumed_dir = tmp_path / "resumed"
+    cfg = base_config(resumed_dir, auto_resume_from_checkpoints=True, **common)
+    config_path = resumed_dir / "config.yml"
+    config_path.parent.mkdir(parents=True)
+    config_path.write_text(yaml.safe_dump(cfg))
+    script = tmp_path / "resume_run.py"
+    script.write_text(RESUME_SCRIPT)
+    for stop in (half, 0):  # first process stops after the checkpoint at `half`; the second resumes to the end
+        subprocess.run([sys.executable, str(script), str(config_path), str(stop)], check=True, capture_output=True)
+        if stop:
+            assert (Path(cfg["output_dir"]) / f"checkpoint-{half}").is_dir()
+            assert max(logged_losses(cfg["output_dir"])) == half
+    got = logged_losses(cfg["output_dir"])
+    assert sorted(got) == sorted(expected) == list(range(1, 2 * half + 1))
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], abs=1e-6), (step, got, expected)
+
+    state = json.loads((Path(cfg["output_dir"]) / "trainer_state.json").read_text())
+    ref_state = json.loads((Path(reference.output_dir) / "trainer_state.json").read_text())
+    counters = state["stateful_callbacks"]["TokenCounter"]["attributes"]
+    assert counters == ref_state["stateful_callbacks"]["TokenCounter"]["attributes"]
+    assert counters["trained_tokens"] > 0
+    final = load_file(Path(cfg["output_dir"]) / "adapter_model.safetensors")
+    ref_final = load_file(Path(reference.output_dir) / "adapter_model.safetensors")
+    assert final.keys() == ref_final.keys()
+    for key in final:
+        torch.testing.assert_close(final[key], ref_final[key], atol=1e-6, rtol=1e-6)
+
+
+def test_lora_output_loads_with_plain_transformers_and_peft(tmp_path, tiny_model_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = validate_config(base_config(tmp_path, adapter="lora", lora_target_linear=True, max_steps=3))
+    train(cfg)
+    out = Path(cfg.output_dir)
+    assert (out / "adapter_model.safetensors").is_file() and (out / "adapter_config.json").is_file()
+    assert (out / "hellbender_config.yml").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    ids = tokenizer("What is 2 plus 2?", return_tensors="pt")["input_ids"]
+    base_logits = base(ids).logits
+    model = PeftModel.from_pretrained(base, out).eval()
+    tuned_logits = model(ids).logits
+    assert torch.isfinite(tuned_logits).all()
+    assert not torch.allclose(base_logits, tuned_logits), "the adapter changed nothing"
+
+
+def test_full_finetune_output_loads_with_plain_transformers(tmp_path, tiny_model_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = validate_config(base_config(tmp_path, max_steps=3, learning_rate=1e-3))
+    train(cfg)
+    out = Path(cfg.output_dir)
+    assert (out / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(out)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    assert AutoTokenizer.from_pretrained(out).chat_template
+    changed = [n for n, p in model.named_parameters() if not torch.equal(p, base.get_parameter(n))]
+    assert len(changed) == len(list(base.parameters()))
+
+
+def test_streaming_pretraining_trains_for_max_steps(tmp_path):
+    cfg = validate_config(
+        base_config(
+            tmp_path,
+            datasets=[],
+            pretraining_dataset=[{"path": TEXT_DATA, "ds_type": "json", "text_column": "text"}],
+            max_steps=8,
+            sequence_len=64,
+            micro_batch_size=2,
+        )
+    )
+    assert cfg.uses_streaming
+    metrics = train(cfg)
+    losses = logged_losses(cfg.output_dir)
+    assert sorted(losses) == list(range(1, 9))
+    # Bins are filled: at most the last one of a pass is short, so nearly every position is a real token.
+    assert metrics["input_tokens"] >= 0.9 * 8 * 2 * 64
+
+
+def test_completion_pretraining_with_packing_and_gradient_checkpointing(tmp_path):
+    cfg = validate_config(
+        base_config(
+            tmp_path,
+            datasets=[{"path": TEXT_DATA, "type": "completion"}],
+            sample_packing=True,
+            gradient_checkpointing=True,
+            num_epochs=1,
+            max_steps=None,
+            micro_batch_size=2,
+        )
+    )
+    metrics = train(cfg)
+    # With completion every token but the first of each document is trained.
+    assert metrics["trained_tokens"] == metrics["input_tokens"] - 400
+    assert metrics["epoch"] == pytest.approx(1.0)
