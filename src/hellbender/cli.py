@@ -55,7 +55,8 @@ def _run(debug: bool, action: Callable[[], Any]) -> Any:
         user_error = _find_user_error(exc)
         if user_error is None or debug:
             raise
-        err_console.print(f"[bold red]error:[/] {user_error}", highlight=False, soft_wrap=True)
+        err_console.print("error:", style="bold red", end=" ")
+        err_console.print(str(user_error), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(user_error.exit_code) from None
 
 
@@ -88,7 +89,7 @@ def preprocess(config: ConfigArg, set_: SetOpt = None, debug: DebugOpt = False) 
 
     def action() -> None:
         cfg = load_config(config, set_)
-        if cfg.uses_streaming and not cfg.datasets:
+        if cfg.uses_streaming:
             console.print("`pretraining_dataset` is streamed at training time; there is nothing to prepare.")
             return
         from hellbender.data.prepare import prepare_datasets
@@ -122,7 +123,7 @@ def validate(config: ConfigArg, set_: SetOpt = None, debug: DebugOpt = False) ->
     """Check a config without loading the model or data; print the resolved config."""
     from hellbender.config import dump_config, load_config
 
-    _run(debug, lambda: console.print(dump_config(load_config(config, set_)), highlight=False, markup=False))
+    _run(debug, lambda: sys.stdout.write(dump_config(load_config(config, set_))))
 
 
 @app.command()
@@ -155,7 +156,9 @@ def examples(
         err_console.print(f"[bold red]error:[/] no example `{name}`; choose one of: {', '.join(configs)}")
         raise typer.Exit(2)
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(str(root / file_name), dest / file_name)
+    # Data paths in the examples are relative to the directory above `examples/`; point them at the copy.
+    text = (root / file_name).read_text().replace("examples/data/", f"{dest.as_posix()}/data/")
+    (dest / file_name).write_text(text)
     data_dest = dest / "data"
     if not data_dest.exists():
         with resources.as_file(root / "data") as data_src:

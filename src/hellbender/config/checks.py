@@ -8,7 +8,6 @@ from hellbender.config.schema import HellbenderConfig
 
 def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     problems: list[str] = []
-    set_keys = cfg.model_fields_set
 
     if not cfg.datasets and not cfg.pretraining_dataset:
         problems.append("No training data: add a `datasets:` list (or `pretraining_dataset:` for streamed raw text).")
@@ -21,6 +20,11 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
         )
     if cfg.uses_streaming and cfg.val_set_size > 0:
         problems.append("`val_set_size` cannot split a streamed `pretraining_dataset`; use `test_datasets:` instead.")
+    if cfg.uses_streaming and cfg.datasets:
+        problems.append(
+            "Mixing `datasets:` with a streamed `pretraining_dataset:` is not supported yet. Train them in separate "
+            "runs, or set `streaming: false` to prepare the pretraining text like the other datasets."
+        )
     if cfg.streaming and not cfg.pretraining_dataset:
         problems.append("`streaming: true` applies to `pretraining_dataset:` entries, but none are given.")
     if cfg.save_steps is not None and cfg.saves_per_epoch is not None:
@@ -36,7 +40,12 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
         )
     if cfg.uses_streaming and (cfg.saves_per_epoch or cfg.evals_per_epoch):
         problems.append("A streamed dataset has no epochs: use `save_steps` / `eval_steps` instead of `*_per_epoch`.")
-    lora_keys = sorted(k for k in set_keys if k.startswith(("lora_", "peft_")))
+    # Keys at their default ask for nothing: a dumped full fine-tuning config lists them all and must reload.
+    lora_keys = sorted(
+        k
+        for k, field in type(cfg).model_fields.items()
+        if k.startswith(("lora_", "peft_")) and getattr(cfg, k) != field.get_default(call_default_factory=True)
+    )
     if cfg.adapter is None and lora_keys:
         problems.append(
             f"{', '.join(f'`{k}`' for k in lora_keys)} set but `adapter` is not: add `adapter: lora` (or `qlora`), "

@@ -30,6 +30,4 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
         updates["eval_batch_size"] = cfg.micro_batch_size
     if cfg.chat_template is None:
         updates["chat_template"] = "tokenizer_default"
-    # model_copy(update=...) keeps model_fields_set as the user wrote it, so checks can still tell
-    # a user's choice from a derived value.
     return cfg.model_copy(update=updates)

@@ -58,7 +58,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"Override `{item}` is not of the form KEY=VALUE (e.g. `--set learning_rate=1e-4`).")
-        value = yaml.safe_load(text) if text else None
+        try:
+            value = yaml.safe_load(text) if text else None
+        except yaml.YAMLError:
+            raise ConfigError(f"Override `{item}`: the value is not valid YAML; quote it if it is text.") from None
         parts = key.split(".")
         node: Any = raw
         for depth, part in enumerate(parts[:-1]):

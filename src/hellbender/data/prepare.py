@@ -96,19 +96,49 @@ def tokenize_entries(entries: list[DatasetEntry], cfg: HellbenderConfig, tokeniz
     return merged, stats
 
 
+def training_entries(cfg: HellbenderConfig) -> list[DatasetEntry]:
+    """`datasets:` plus any `pretraining_dataset:` entries that are prepared rather than streamed."""
+    if cfg.uses_streaming:
+        return list(cfg.datasets)
+    as_completion = [
+        DatasetEntry(
+            path=e.path,
+            type="completion",
+            field=e.text_column,
+            ds_type=e.ds_type,
+            data_files=e.data_files,
+            name=e.name,
+            split=e.split,
+            revision=e.revision,
+        )
+        for e in cfg.pretraining_dataset
+    ]
+    return list(cfg.datasets) + as_completion
+
+
 def _cache_parts(cfg: HellbenderConfig, tokenizer: Any) -> dict[str, Any]:
-    settings = ["sequence_len", "excess_length_strategy", "train_on_inputs", "chat_template", "chat_template_jinja", "sample_packing", "val_set_size", "seed", "shuffle_merged_datasets"]
+    settings = [
+        "sequence_len",
+        "excess_length_strategy",
+        "train_on_inputs",
+        "chat_template",
+        "chat_template_jinja",
+        "sample_packing",
+        "val_set_size",
+        "seed",
+        "shuffle_merged_datasets",
+    ]
     return {
-        "datasets": [e.model_dump() for e in cfg.datasets],
+        "datasets": [e.model_dump() for e in training_entries(cfg)],
         "test_datasets": [e.model_dump() for e in cfg.test_datasets],
-        "files": [cache.files_fingerprint(e.path) for e in cfg.datasets + cfg.test_datasets],
+        "files": [cache.files_fingerprint(e.path) for e in training_entries(cfg) + cfg.test_datasets],
         "tokenizer": cache.tokenizer_fingerprint(tokenizer),
         "settings": {k: getattr(cfg, k) for k in settings},
     }
 
 
 def _build(cfg: HellbenderConfig, tokenizer: Any) -> tuple[Any, Any | None, dict[str, Any]]:
-    train, train_stats = tokenize_entries(cfg.datasets, cfg, tokenizer, "datasets")
+    train, train_stats = tokenize_entries(training_entries(cfg), cfg, tokenizer, "datasets")
     if train_stats.rows_kept == 0:
         raise DataError(
             f"Every training row was dropped ({_reasons(train_stats)}); nothing is left to train on. "
@@ -126,7 +156,7 @@ def _build(cfg: HellbenderConfig, tokenizer: Any) -> tuple[Any, Any | None, dict
             raise DataError(f"`val_set_size: {cfg.val_set_size}` leaves no training rows out of {len(train)}.")
         split = train.train_test_split(test_size=size, seed=cfg.seed, shuffle=True)
         train, eval_ds = split["train"], split["test"]
-    rows_before_packing = len(train)
+    train_rows, eval_rows = len(train), len(eval_ds) if eval_ds is not None else 0
     if cfg.sample_packing:
         train = pack_dataset(train, cfg.sequence_len, cfg.dataset_processes)
         if eval_ds is not None:
@@ -134,8 +164,8 @@ def _build(cfg: HellbenderConfig, tokenizer: Any) -> tuple[Any, Any | None, dict
     stats = {
         "train": train_stats.to_dict(),
         "eval": eval_stats.to_dict() if eval_stats else None,
-        "train_rows": rows_before_packing,
-        "eval_rows": len(eval_ds) if eval_ds is not None else 0,
+        "train_rows": train_rows,
+        "eval_rows": eval_rows,
         "packed_bins": len(train) if cfg.sample_packing else None,
     }
     return train, eval_ds, stats

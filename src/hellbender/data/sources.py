@@ -68,7 +68,7 @@ def builder_for(files: list[str], ds_type: str | None, where: str) -> str:
     return builders.pop()
 
 
-def load_rows(entry: Any, streaming: bool = False, storage_options: dict | None = None):
+def load_rows(entry: Any, streaming: bool = False):
     """Load the rows of one dataset entry as a `datasets.Dataset` (or `IterableDataset` when streaming)."""
     import datasets
 
@@ -77,13 +77,15 @@ def load_rows(entry: Any, streaming: bool = False, storage_options: dict | None 
     if is_url(path):
         files = [path] if entry.data_files is None else _as_list(entry.data_files)
         builder = builder_for(files, entry.ds_type, where)
-        kwargs = dict(data_files=files, storage_options=storage_options or {})
+        kwargs = dict(data_files=files)  # fsspec finds credentials in the usual environment variables
     elif looks_local(path):
         files = _local_data_files(entry)
         if not files:
             raise DataError(
                 f"{where}: no such file, directory or matching files. Check `path` (relative paths start from the current directory)."
             )
+        if all(os.path.getsize(f) == 0 for f in files):
+            raise DataError(f"{where} has no rows: {', '.join(files[:3])} {'is' if len(files) == 1 else 'are'} empty.")
         builder = builder_for(files, entry.ds_type, where)
         kwargs = dict(data_files=files)
     else:
@@ -94,7 +96,7 @@ def load_rows(entry: Any, streaming: bool = False, storage_options: dict | None 
         )
     try:
         ds = datasets.load_dataset(builder, split="train", streaming=streaming, **kwargs)
-    except (datasets.exceptions.DatasetGenerationError, ValueError, OSError) as exc:
+    except (datasets.exceptions.DatasetGenerationError, ValueError, OSError, StopIteration) as exc:
         raise DataError(_describe_load_failure(where, builder, files, exc)) from None
     return ds
 

@@ -1,0 +1,310 @@
+"""The CLI on bad input: exit code 2, one message naming the key / file / row, and no traceback.
+
+Commands run in-process through `typer.testing.CliRunner`; one test runs a real process to check its stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from hellbender.cli import app
+from hellbender.config import load_config
+from hellbender.errors import ConfigError
+from tests.conftest import EXAMPLES, write_config, write_jsonl
+
+CHAT_ROWS = [
+    {"messages": [{"role": "user", "content": f"What is {i} plus 1?"}, {"role": "assistant", "content": f"{i + 1}."}]}
+    for i in range(8)
+]
+TEXT_ROWS = [{"text": f"Document number {i} is about the sea."} for i in range(8)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _libraries_log_to_the_session_stderr():
+    # `datasets` and `transformers` bind their log handlers to whatever sys.stderr is when they are first
+    # imported. Imported inside a CliRunner call, that is the runner's stream, which is closed afterwards, and
+    # every later log line prints "--- Logging error --- Traceback ..." into the next test's output.
+    import datasets  # noqa: F401
+    import transformers  # noqa: F401
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("HELLBENDER_DEBUG", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+def invoke(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(app, [str(a) for a in args], env=env)
+
+
+def assert_user_error(result, *needles: str) -> None:
+    """Exit code 2, an `error:` paragraph on stderr naming each needle, and no traceback."""
+    detail = f"exit {result.exit_code}, exception {result.exception!r}\n{result.output}"
+    assert result.exit_code == 2, detail
+    assert isinstance(result.exception, SystemExit), detail  # not an exception that escaped the CLI
+    assert "Traceback" not in result.output, detail
+    assert "error:" in result.stderr, detail
+    for needle in needles:
+        assert needle in result.output, f"{needle!r} not in output:\n{result.output}"
+
+
+def make_config(tmp_path: Path, body: str, name: str = "config.yml") -> Path:
+    head = (
+        "base_model: hellbender/tiny-llama\n"
+        f"output_dir: {tmp_path / 'out'}\n"
+        f"dataset_prepared_path: {tmp_path / 'prepared'}\n"
+        "sequence_len: 64\n"
+    )
+    return write_config(tmp_path / name, head + body)
+
+
+def dataset_entry(path: Path, type_: str) -> str:
+    return f"datasets:\n  - path: {path}\n    type: {type_}\n"
+
+
+# ---------------------------------------------------------------- config errors
+
+
+@pytest.mark.parametrize("command", ["validate", "preprocess", "train"])
+def test_unknown_key(tmp_path, command):
+    data = write_jsonl(tmp_path / "text.jsonl", TEXT_ROWS)
+    config = make_config(tmp_path, dataset_entry(data, "completion") + "learning_rat: 0.001\n")
+    assert_user_error(invoke(command, config), "`learning_rat`", "Did you mean `learning_rate`")
+
+
+def test_unknown_key_in_dataset_entry(tmp_path):
+    config = make_config(tmp_path, f"datasets:\n  - path: {tmp_path / 'x.jsonl'}\n    typ: completion\n")
+    assert_user_error(invoke("validate", config), "`datasets[0]`", "`typ`", "Did you mean `type`")
+
+
+def test_unsupported_axolotl_key(tmp_path):
+    config = make_config(tmp_path, dataset_entry(tmp_path / "x.jsonl", "completion") + "deepspeed: ds.json\n")
+    assert_user_error(invoke("train", config), "`deepspeed` is not supported yet")
+
+
+def test_wrong_type(tmp_path):
+    config = make_config(tmp_path, dataset_entry(tmp_path / "x.jsonl", "completion") + "micro_batch_size: abc\n")
+    assert_user_error(invoke("train", config), "`micro_batch_size`", "abc")
+
+
+def test_missing_config_file(tmp_path):
+    missing = tmp_path / "no_such_config.yml"
+    assert_user_error(invoke("train", missing), "no_such_config.yml", "does not exist")
+
+
+def test_yaml_syntax_error(tmp_path):
+    config = write_config(tmp_path / "broken.yml", "base_model: x\nlearning_rate: 1\n  micro_batch_size: 2\n")
+    assert_user_error(invoke("validate", config), "broken.yml", "line 3")
+
+
+def test_max_steps_missing_with_streaming_pretraining_dataset(tmp_path):
+    data = write_jsonl(tmp_path / "corpus.jsonl", TEXT_ROWS)
+    config = make_config(tmp_path, f"pretraining_dataset:\n  - path: {data}\n")
+    assert_user_error(invoke("train", config), "`max_steps` is missing", "max_steps: 1000")
+
+
+def test_bad_override_form(tmp_path):
+    config = make_config(tmp_path, dataset_entry(tmp_path / "x.jsonl", "completion"))
+    assert_user_error(invoke("validate", config, "--set", "learning_rate"), "`learning_rate`", "KEY=VALUE")
+
+
+def test_override_value_that_is_not_valid_yaml(tmp_path):
+    config = make_config(tmp_path, dataset_entry(tmp_path / "x.jsonl", "completion"))
+    assert_user_error(invoke("validate", config, "--set", "micro_batch_size=[1,"), "micro_batch_size")
+
+
+def test_override_unknown_key(tmp_path):
+    config = make_config(tmp_path, dataset_entry(tmp_path / "x.jsonl", "completion"))
+    assert_user_error(invoke("validate", config, "--set", "learning_rat=0.1"), "Did you mean `learning_rate`")
+
+
+# ---------------------------------------------------------------- data errors
+
+
+def test_missing_dataset_file(tmp_path):
+    missing = tmp_path / "nothere.jsonl"
+    config = make_config(tmp_path, dataset_entry(missing, "completion"))
+    assert_user_error(invoke("preprocess", config), str(missing), "no such file")
+
+
+def test_malformed_jsonl_names_the_line(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"text": "a"}\n{"text": "b"}\n{"text": oops}\n{"text": "d"}\n')
+    config = make_config(tmp_path, dataset_entry(data, "completion"))
+    assert_user_error(invoke("preprocess", config), "bad.jsonl", "line 3", "not valid JSON")
+
+
+def test_empty_dataset_file(tmp_path):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("")
+    config = make_config(tmp_path, dataset_entry(data, "completion"))
+    assert_user_error(invoke("preprocess", config), "empty.jsonl")
+
+
+def test_unknown_chat_role_names_the_row_and_role(tmp_path):
+    rows = [CHAT_ROWS[0], {"messages": [{"role": "robot", "content": "beep"}, {"role": "assistant", "content": "ok"}]}]
+    data = write_jsonl(tmp_path / "chat.jsonl", rows)
+    config = make_config(tmp_path, dataset_entry(data, "chat_template"))
+    assert_user_error(invoke("preprocess", config), "chat.jsonl", "row 1", "unknown role `robot`")
+
+
+def test_error_message_is_printed_verbatim(tmp_path):
+    # The hint of the unknown-role error contains `[robot]`; printed as Rich markup, the brackets vanish.
+    rows = [{"messages": [{"role": "robot", "content": "beep"}, {"role": "assistant", "content": "ok"}]}]
+    data = write_jsonl(tmp_path / "chat.jsonl", rows)
+    config = make_config(tmp_path, dataset_entry(data, "chat_template"))
+    assert_user_error(invoke("preprocess", config), "`roles: {assistant: [robot]}`")
+
+
+def test_pretraining_dataset_without_streaming_fails_cleanly_or_prepares_it(tmp_path):
+    # `streaming: false` is accepted for `pretraining_dataset`; preprocess must then prepare it or say why not.
+    data = write_jsonl(tmp_path / "corpus.jsonl", TEXT_ROWS)
+    config = make_config(tmp_path, f"pretraining_dataset:\n  - path: {data}\nstreaming: false\n")
+    result = invoke("preprocess", config)
+    if result.exit_code == 2:
+        assert_user_error(result, "streaming")
+    else:
+        assert result.exit_code == 0, f"{result.exception!r}\n{result.output}"
+        assert f"{len(TEXT_ROWS)} rows read" in result.output
+
+
+# ---------------------------------------------------------------- environment errors
+
+
+def test_qlora_on_cpu_machine(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU, so qlora can load")
+    data = write_jsonl(tmp_path / "text.jsonl", TEXT_ROWS)
+    config = make_config(tmp_path, dataset_entry(data, "completion") + "adapter: qlora\nmax_steps: 1\n")
+    result = invoke("train", config)
+    assert_user_error(result, "`adapter: qlora`", "CUDA", "GPU")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+# ---------------------------------------------------------------- good configs, --debug, examples
+
+
+def good_config(tmp_path: Path) -> Path:
+    data = write_jsonl(tmp_path / "chat.jsonl", CHAT_ROWS)
+    return make_config(tmp_path, dataset_entry(data, "chat_template") + "adapter: lora\n")
+
+
+def test_validate_prints_the_resolved_config(tmp_path):
+    result = invoke("validate", good_config(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "learning_rate: 0.0002" in result.stdout
+    assert "attn_implementation: sdpa" in result.stdout
+    assert "error" not in result.output
+
+
+def test_validate_output_is_the_resolved_config_as_yaml(tmp_path):
+    # The printed config is meant to be read (and saved) as YAML; long values must not be wrapped.
+    data = write_jsonl(tmp_path / ("a_rather_long_directory_name_for_the_data" * 2) / "chat.jsonl", CHAT_ROWS)
+    config = make_config(tmp_path, dataset_entry(data, "chat_template") + "adapter: lora\n")
+    result = invoke("validate", config)
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.stdout) == load_config(config).model_dump(mode="json")
+
+
+def test_validate_does_not_load_the_model_or_data(tmp_path, monkeypatch):
+    import hellbender.models.loading as loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("validate must not load the model or tokenizer")
+
+    monkeypatch.setattr(loading, "load_model", refuse)
+    monkeypatch.setattr(loading, "load_tokenizer", refuse)
+    config = make_config(tmp_path, dataset_entry(tmp_path / "not_written_yet.jsonl", "completion"))
+    result = invoke("validate", config)
+    assert result.exit_code == 0, f"{result.exception!r}\n{result.output}"
+    assert "learning_rate" in result.stdout
+    assert not (tmp_path / "prepared").exists()
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    config = make_config(tmp_path, dataset_entry(tmp_path / "x.jsonl", "completion") + "learning_rat: 0.1\n")
+    result = invoke("validate", config, "--debug")
+    assert isinstance(result.exception, ConfigError)
+    assert "learning_rat" in str(result.exception)
+    assert result.exit_code != 0
+
+    result = invoke("validate", config, env={"HELLBENDER_DEBUG": "1"})
+    assert isinstance(result.exception, ConfigError)
+
+    result = invoke("validate", config, env={"HELLBENDER_DEBUG": "0"})
+    assert_user_error(result, "learning_rat")
+
+
+def test_examples_lists_quickstart():
+    result = invoke("examples")
+    assert result.exit_code == 0, result.output
+    assert "quickstart.yml" in result.stdout
+    assert "Offline quickstart" in result.stdout
+
+
+def test_examples_copies_config_and_data(tmp_path):
+    dest = tmp_path / "my_examples"
+    result = invoke("examples", "quickstart", "--dest", dest)
+    assert result.exit_code == 0, result.output
+    copied = yaml.safe_load((dest / "quickstart.yml").read_text())
+    original = yaml.safe_load((EXAMPLES / "quickstart.yml").read_text())
+    # Only the data paths change: they point at the copied data, so the copy trains from any directory.
+    assert copied["datasets"][0].pop("path") == f"{dest.as_posix()}/data/chat.jsonl"
+    original["datasets"][0].pop("path")
+    assert copied == original
+    bundled = sorted(p.name for p in (EXAMPLES / "data").iterdir())
+    assert bundled and sorted(p.name for p in (dest / "data").iterdir()) == bundled
+    for name in bundled:
+        assert (dest / "data" / name).read_bytes() == (EXAMPLES / "data" / name).read_bytes()
+
+
+def test_examples_unknown_name(tmp_path):
+    result = invoke("examples", "nope", "--dest", tmp_path / "x")
+    assert result.exit_code == 2
+    assert "no example `nope`" in result.output and "quickstart.yml" in result.output
+    assert not (tmp_path / "x").exists()
+
+
+EXAMPLE_CONFIGS = sorted(EXAMPLES.rglob("*.yml"))
+
+
+def test_examples_exist():
+    assert EXAMPLE_CONFIGS, f"no example configs under {EXAMPLES}"
+
+
+@pytest.mark.parametrize("example", EXAMPLE_CONFIGS, ids=lambda p: p.name)
+def test_example_config_validates(example):
+    result = invoke("validate", example)
+    assert result.exit_code == 0, f"{result.exception!r}\n{result.output}"
+    assert "base_model:" in result.stdout
+
+
+# ---------------------------------------------------------------- a real process
+
+
+def test_real_process_prints_no_traceback(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps({"text": "fine"}) + "\n{not json}\n")
+    config = make_config(tmp_path, dataset_entry(data, "completion"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hellbender", "preprocess", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "HELLBENDER_DEBUG"},
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "error:" in proc.stderr and "bad.jsonl" in proc.stderr and "line 2" in proc.stderr

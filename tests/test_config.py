@@ -1,0 +1,465 @@
+"""Config validation: unknown and not-yet-supported keys, types, conflicts, derived defaults, overrides, reference."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from hellbender.cli import app
+from hellbender.config import dump_config, load_config, validate_config
+from hellbender.config.loading import apply_overrides
+from hellbender.config.reference import config_markdown
+from hellbender.errors import ConfigError, UserError
+from tests.conftest import REPO, write_config
+
+BASE = {
+    "base_model": "hellbender/tiny-llama",
+    "datasets": [{"path": "data/train.jsonl", "type": "alpaca"}],
+}
+
+
+def cfg_dict(**changes) -> dict:
+    """A valid minimal config with `changes` applied (a value of `...` removes the key)."""
+    raw = copy.deepcopy(BASE)
+    for key, value in changes.items():
+        if value is ...:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    return raw
+
+
+def config_error(raw: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        validate_config(raw)
+    assert isinstance(info.value, UserError) and info.value.exit_code == 2
+    return str(info.value)
+
+
+def test_minimal_config_is_valid():
+    cfg = validate_config(cfg_dict())
+    assert cfg.base_model == "hellbender/tiny-llama"
+    assert cfg.datasets[0].path == "data/train.jsonl"
+    assert cfg.datasets[0].type == "alpaca"
+
+
+# ---------------------------------------------------------------- unknown and unsupported keys
+
+
+def test_unknown_key_suggests_the_closest_key():
+    message = config_error(cfg_dict(learning_rat=1e-4))
+    assert "`learning_rat` is not a config key" in message
+    assert "Did you mean `learning_rate`" in message
+
+
+def test_unknown_key_without_a_close_match_points_at_the_reference():
+    message = config_error(cfg_dict(zzzzqqqq=1))
+    assert "`zzzzqqqq` is not a config key" in message
+    assert "Did you mean" not in message
+    assert "hellbender schema" in message
+
+
+def test_every_unknown_key_is_reported_at_once():
+    message = config_error(cfg_dict(learning_rat=1e-4, micro_batch_sise=2))
+    assert "Did you mean `learning_rate`" in message
+    assert "Did you mean `micro_batch_size`" in message
+
+
+@pytest.mark.parametrize(("key", "value"), [("deepspeed", "ds.json"), ("lora_model_dir", "x"), ("load_in_8bit", True)])
+def test_axolotl_key_not_implemented_is_refused_by_name(key, value):
+    message = config_error(cfg_dict(**{key: value}))
+    assert f"`{key}` is not supported yet" in message
+    assert "is not a config key" not in message
+
+
+@pytest.mark.parametrize("value", [False, None, "", [], {}])
+@pytest.mark.parametrize("key", ["deepspeed", "lora_model_dir", "load_in_8bit"])
+def test_axolotl_key_not_implemented_but_unset_is_accepted(key, value):
+    cfg = validate_config(cfg_dict(**{key: value}))
+    assert key not in cfg.model_dump()
+
+
+def test_unknown_key_inside_a_dataset_entry_names_the_entry():
+    raw = cfg_dict(datasets=[{"path": "a.jsonl", "type": "alpaca"}, {"path": "b.jsonl", "typ": "alpaca"}])
+    message = config_error(raw)
+    assert "`datasets[1]`" in message
+    assert "`typ` is not a config key" in message
+    assert "Did you mean `type`" in message
+
+    message = config_error(cfg_dict(datasets=[{"path": "a.jsonl", "type": "alpaca", "feild": "x"}]))
+    assert "`datasets[0]`" in message
+    assert "`feild`" in message
+
+
+def test_unknown_key_inside_test_datasets_and_pretraining_dataset_names_the_entry():
+    message = config_error(cfg_dict(test_datasets=[{"path": "t.jsonl", "type": "alpaca", "bogus_key": 1}]))
+    assert "`test_datasets[0]`" in message and "`bogus_key`" in message
+    raw = cfg_dict(datasets=..., max_steps=5, pretraining_dataset=[{"path": "p.jsonl", "text_colum": "body"}])
+    message = config_error(raw)
+    assert "`pretraining_dataset[0]`" in message and "Did you mean `text_column`" in message
+
+
+def test_axolotl_dataset_key_not_implemented_is_refused_in_the_entry():
+    message = config_error(cfg_dict(datasets=[{"path": "a.jsonl", "type": "alpaca", "shards": 4}]))
+    assert "`datasets[0]`" in message
+    assert "`shards` is not supported yet" in message
+    cfg = validate_config(cfg_dict(datasets=[{"path": "a.jsonl", "type": "alpaca", "shards": None}]))
+    assert cfg.datasets[0].path == "a.jsonl"
+
+
+# ---------------------------------------------------------------- types and ranges
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"micro_batch_size": "abc"}, "`micro_batch_size`"),
+        ({"adapter": "lora", "lora_r": -1}, "`lora_r`"),
+        ({"sequence_len": 1}, "`sequence_len`"),
+        ({"learning_rate": 0}, "`learning_rate`"),
+        ({"num_epochs": "many"}, "`num_epochs`"),
+        ({"adapter": "lorax"}, "`adapter`"),
+        ({"lr_scheduler": "cosin"}, "`lr_scheduler`"),
+        ({"datasets": [{"path": "a.jsonl", "type": "alpacca"}]}, "`datasets.0.type`"),
+        ({"datasets": [{"type": "alpaca"}]}, "`datasets.0.path`"),
+    ],
+)
+def test_wrong_type_or_range_names_the_key(changes, needle):
+    message = config_error(cfg_dict(**changes))
+    assert needle in message
+
+
+def test_wrong_type_shows_the_bad_value():
+    message = config_error(cfg_dict(micro_batch_size="abc"))
+    assert "'abc'" in message
+
+
+def test_base_model_is_required():
+    message = config_error(cfg_dict(base_model=...))
+    assert "`base_model` is required" in message
+
+
+# ---------------------------------------------------------------- conflicts (checks.py)
+
+STREAM = [{"path": "corpus.jsonl"}]
+CONFLICTS = [
+    pytest.param({"bf16": True, "fp16": True}, "`bf16: true` and `fp16: true` are both set", id="bf16+fp16"),
+    pytest.param({"datasets": ..., "pretraining_dataset": STREAM}, "`max_steps` is missing", id="stream-no-max-steps"),
+    pytest.param(
+        {"datasets": ..., "pretraining_dataset": STREAM, "max_steps": 5, "val_set_size": 0.1},
+        "`val_set_size` cannot split a streamed `pretraining_dataset`",
+        id="stream-val-set-size",
+    ),
+    pytest.param(
+        {"streaming": True}, "`streaming: true` applies to `pretraining_dataset:`", id="streaming-no-pretraining"
+    ),
+    pytest.param(
+        {"save_steps": 10, "saves_per_epoch": 2}, "`save_steps` and `saves_per_epoch` are both set", id="saves"
+    ),
+    pytest.param(
+        {"val_set_size": 0.1, "eval_steps": 10, "evals_per_epoch": 2},
+        "`eval_steps` and `evals_per_epoch` are both set",
+        id="evals",
+    ),
+    pytest.param(
+        {"warmup_steps": 10, "warmup_ratio": 0.1}, "`warmup_steps` and `warmup_ratio` are both set", id="warmup"
+    ),
+    pytest.param({"eval_steps": 10}, "there is no evaluation data", id="eval-steps-no-eval-data"),
+    pytest.param({"evals_per_epoch": 2}, "there is no evaluation data", id="evals-per-epoch-no-eval-data"),
+    pytest.param(
+        {"datasets": ..., "pretraining_dataset": STREAM, "max_steps": 5, "saves_per_epoch": 2},
+        "A streamed dataset has no epochs",
+        id="stream-per-epoch",
+    ),
+    pytest.param({"lora_r": 16}, "`lora_r` set but `adapter` is not", id="lora-r-no-adapter"),
+    pytest.param({"peft_use_dora": True}, "`peft_use_dora` set but `adapter` is not", id="dora-no-adapter"),
+    pytest.param({"load_in_4bit": True}, "`load_in_4bit: true` needs `adapter: qlora`", id="4bit-full"),
+    pytest.param(
+        {"load_in_4bit": True, "adapter": "lora"}, "`load_in_4bit: true` needs `adapter: qlora`", id="4bit-lora"
+    ),
+    pytest.param(
+        {"flash_attention": True, "attn_implementation": "eager"},
+        "`flash_attention: true` contradicts `attn_implementation: eager`",
+        id="flash-vs-eager",
+    ),
+    pytest.param(
+        {"sdp_attention": True, "attn_implementation": "eager"},
+        "`sdp_attention: true` contradicts `attn_implementation: eager`",
+        id="sdp-vs-eager",
+    ),
+    pytest.param(
+        {"flash_attention": True, "sdp_attention": True},
+        "`flash_attention` and `sdp_attention` are both true",
+        id="flash+sdp",
+    ),
+    pytest.param(
+        {"sample_packing": True, "attn_implementation": "flex_attention"},
+        "`sample_packing` is not supported yet with `attn_implementation: flex_attention`",
+        id="packing-flex",
+    ),
+    pytest.param({"chat_template": "llama3"}, "`chat_template: llama3` is not supported yet", id="chat-template-name"),
+    pytest.param(
+        {"datasets": [{"path": "c.jsonl", "type": "chat_template", "chat_template": "vicuna"}]},
+        "Dataset `c.jsonl`: `chat_template: vicuna` is not supported yet",
+        id="dataset-chat-template-name",
+    ),
+    pytest.param(
+        {"chat_template": "jinja"},
+        "`chat_template: jinja` needs the template itself in `chat_template_jinja`",
+        id="jinja",
+    ),
+    pytest.param(
+        {"datasets": [{"path": "c.jsonl", "type": "chat_template", "chat_template": "jinja"}]},
+        "Dataset `c.jsonl`: `chat_template: jinja` needs `chat_template_jinja`",
+        id="dataset-jinja",
+    ),
+    pytest.param({"datasets": ...}, "No training data", id="no-datasets"),
+    pytest.param({"datasets": []}, "No training data", id="empty-datasets"),
+]
+
+
+@pytest.mark.parametrize(("changes", "needle"), CONFLICTS)
+def test_conflict_gives_its_message(changes, needle):
+    assert needle in config_error(cfg_dict(**changes))
+
+
+def test_conflicts_are_reported_together():
+    message = config_error(cfg_dict(bf16=True, fp16=True, warmup_steps=1, warmup_ratio=0.1))
+    assert "`bf16: true` and `fp16: true`" in message
+    assert "`warmup_steps` and `warmup_ratio`" in message
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"bf16": True},
+        {"fp16": True, "bf16": False},
+        {"datasets": ..., "pretraining_dataset": STREAM, "max_steps": 5, "save_steps": 2},
+        {"save_steps": 10},
+        {"val_set_size": 0.1, "eval_steps": 10},
+        {"test_datasets": [{"path": "t.jsonl", "type": "alpaca"}], "evals_per_epoch": 2},
+        {"adapter": "lora", "lora_r": 16, "peft_use_dora": True},
+        {"adapter": "qlora", "load_in_4bit": True},
+        {"flash_attention": True, "attn_implementation": "flash_attention_2"},
+        {"sample_packing": True, "attn_implementation": "eager"},
+        {"chat_template": "chatml"},
+        {"chat_template": "jinja", "chat_template_jinja": "{{ messages }}"},
+    ],
+)
+def test_compatible_keys_pass(changes):
+    validate_config(cfg_dict(**changes))
+
+
+# ---------------------------------------------------------------- derived defaults
+
+
+def test_learning_rate_default_depends_on_adapter():
+    assert validate_config(cfg_dict()).learning_rate == 2e-5
+    assert validate_config(cfg_dict(adapter="lora")).learning_rate == 2e-4
+    assert validate_config(cfg_dict(adapter="qlora")).learning_rate == 2e-4
+    assert validate_config(cfg_dict(adapter="lora", learning_rate=3e-3)).learning_rate == 3e-3
+    assert validate_config(cfg_dict(learning_rate="1e-4")).learning_rate == 1e-4
+
+
+def test_attn_implementation_default():
+    assert validate_config(cfg_dict()).attn_implementation == "sdpa"
+    assert validate_config(cfg_dict(flash_attention=True)).attn_implementation == "flash_attention_2"
+    assert validate_config(cfg_dict(sdp_attention=True)).attn_implementation == "sdpa"
+    assert validate_config(cfg_dict(attn_implementation="eager")).attn_implementation == "eager"
+
+
+def test_qlora_sets_load_in_4bit():
+    assert validate_config(cfg_dict(adapter="qlora")).load_in_4bit is True
+    assert validate_config(cfg_dict(adapter="lora")).load_in_4bit is False
+    assert validate_config(cfg_dict()).load_in_4bit is False
+
+
+def test_dataset_prepared_path_default_is_beside_output_dir(tmp_path):
+    out = tmp_path / "runs" / "exp1"
+    cfg = validate_config(cfg_dict(output_dir=str(out)))
+    assert Path(cfg.dataset_prepared_path) == tmp_path / "runs" / "last_run_prepared"
+    cfg = validate_config(cfg_dict(output_dir=str(out), dataset_prepared_path=str(tmp_path / "prep")))
+    assert cfg.dataset_prepared_path == str(tmp_path / "prep")
+
+
+def test_streaming_defaults_to_true_for_pretraining_dataset():
+    cfg = validate_config(cfg_dict(datasets=..., pretraining_dataset=STREAM, max_steps=3))
+    assert cfg.streaming is True and cfg.uses_streaming
+    assert cfg.pretraining_dataset[0].path == "corpus.jsonl"
+    assert cfg.pretraining_dataset[0].text_column == "text"
+    cfg = validate_config(cfg_dict())
+    assert cfg.streaming is None and not cfg.uses_streaming
+
+
+def test_pretraining_dataset_may_be_a_single_mapping():
+    cfg = validate_config(cfg_dict(datasets=..., pretraining_dataset={"path": "corpus.jsonl"}, max_steps=3))
+    assert [e.path for e in cfg.pretraining_dataset] == ["corpus.jsonl"]
+
+
+def test_other_derived_defaults():
+    cfg = validate_config(cfg_dict(micro_batch_size=3))
+    assert cfg.eval_batch_size == 3
+    assert cfg.chat_template == "tokenizer_default"
+
+
+# ---------------------------------------------------------------- --set overrides
+
+
+def test_override_scalar():
+    raw = apply_overrides(cfg_dict(), ["learning_rate=1e-4", "micro_batch_size=4", "sample_packing=true"])
+    cfg = validate_config(raw)
+    assert cfg.learning_rate == 1e-4
+    assert cfg.micro_batch_size == 4
+    assert cfg.sample_packing is True
+
+
+def test_override_dotted_list_index_and_new_mapping():
+    raw = cfg_dict(datasets=[{"path": "a.jsonl", "type": "alpaca"}, {"path": "b.jsonl", "type": "alpaca"}])
+    raw = apply_overrides(
+        raw, ["datasets.1.path=other.jsonl", "datasets.0.type=completion", "special_tokens.pad_token=<p>"]
+    )
+    cfg = validate_config(raw)
+    assert [(d.path, d.type) for d in cfg.datasets] == [("a.jsonl", "completion"), ("other.jsonl", "alpaca")]
+    assert cfg.special_tokens == {"pad_token": "<p>"}
+
+
+def test_override_empty_value_is_null():
+    cfg = validate_config(apply_overrides(cfg_dict(adapter="lora"), ["adapter="]))
+    assert cfg.adapter is None
+
+
+@pytest.mark.parametrize("item", ["foo", "=1"])
+def test_override_without_key_value_form_is_config_error(item):
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        apply_overrides(cfg_dict(), [item])
+
+
+def test_override_list_index_out_of_range_is_config_error():
+    with pytest.raises(ConfigError, match="not an index of a list with 1 entries"):
+        apply_overrides(cfg_dict(), ["datasets.3.path=x.jsonl"])
+    with pytest.raises(ConfigError, match="not an index"):
+        apply_overrides(cfg_dict(), ["datasets.first.path=x.jsonl"])
+
+
+def test_override_into_a_scalar_is_config_error():
+    with pytest.raises(ConfigError, match="`base_model` is not a mapping or list"):
+        apply_overrides(cfg_dict(), ["base_model.revision=main"])
+
+
+def test_override_value_that_is_not_valid_yaml_is_config_error():
+    # A typo in `--set` is the user's to fix: it must be a ConfigError naming the override, not a YAML traceback.
+    with pytest.raises(ConfigError, match="micro_batch_size"):
+        apply_overrides(cfg_dict(), ["micro_batch_size=[1,"])
+
+
+def test_load_config_applies_overrides_after_reading(tmp_path):
+    path = write_config(tmp_path / "c.yml", yaml.safe_dump(cfg_dict(learning_rate=0.1)))
+    cfg = load_config(path, ["learning_rate=0.5", "datasets.0.path=z.jsonl"])
+    assert cfg.learning_rate == 0.5
+    assert cfg.datasets[0].path == "z.jsonl"
+    with pytest.raises(ConfigError, match="Did you mean `learning_rate`"):
+        load_config(path, ["learning_rat=0.5"])
+
+
+# ---------------------------------------------------------------- reading YAML
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    text = "base_model: hellbender/tiny-llama\nlearning_rate: 1\n  micro_batch_size: 2\n"
+    path = write_config(tmp_path / "broken.yml", text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "line 3" in str(info.value)
+    assert "broken.yml" in str(info.value)
+
+
+def test_yaml_that_is_not_a_mapping_is_config_error(tmp_path):
+    path = write_config(tmp_path / "list.yml", "- base_model: x\n")
+    with pytest.raises(ConfigError, match="must be a YAML mapping"):
+        load_config(path)
+
+
+def test_missing_config_file_is_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yml")
+
+
+def test_empty_config_file_reports_what_is_missing(tmp_path):
+    path = write_config(tmp_path / "empty.yml", "")
+    with pytest.raises(ConfigError, match="`base_model` is required"):
+        load_config(path)
+
+
+# ---------------------------------------------------------------- dump_config round trip
+
+ROUND_TRIP = [
+    pytest.param({"adapter": "lora", "lora_r": 4, "lora_target_linear": True}, id="lora"),
+    pytest.param({"adapter": "qlora", "sample_packing": True, "flash_attention": True}, id="qlora"),
+    pytest.param({}, id="full-finetune"),
+    pytest.param({"datasets": ..., "pretraining_dataset": STREAM, "max_steps": 7, "adapter": "lora"}, id="streaming"),
+    pytest.param(
+        {
+            "adapter": "lora",
+            "datasets": [
+                {"path": "c.jsonl", "type": "chat_template", "roles": {"user": ["human"]}, "train_on_eos": "all"}
+            ],
+            "test_datasets": [{"path": "t.jsonl", "type": "chat_template"}],
+            "chat_template": "chatml",
+            "evals_per_epoch": 2,
+            "warmup_ratio": 0.1,
+            "report_to": ["tensorboard"],
+        },
+        id="chat-with-eval",
+    ),
+]
+
+
+@pytest.mark.parametrize("changes", ROUND_TRIP)
+def test_dump_config_round_trips(changes):
+    cfg = validate_config(cfg_dict(**changes))
+    again = validate_config(yaml.safe_load(dump_config(cfg)))
+    assert again == cfg
+    assert again.model_dump() == cfg.model_dump()
+
+
+def test_dump_config_has_every_key():
+    cfg = validate_config(cfg_dict())
+    dumped = yaml.safe_load(dump_config(cfg))
+    assert set(dumped) == set(type(cfg).model_fields)
+    assert dumped["learning_rate"] == 2e-5
+
+
+# ---------------------------------------------------------------- reference docs and schema
+
+
+def test_docs_config_md_is_current():
+    doc = REPO / "docs" / "config.md"
+    assert doc.is_file(), "docs/config.md is missing: run `hellbender schema --markdown > docs/config.md`"
+    assert doc.read_text() == config_markdown(), (
+        "docs/config.md is stale: run `hellbender schema --markdown > docs/config.md`"
+    )
+
+
+def test_config_markdown_lists_every_key():
+    markdown = config_markdown()
+    for key in ("base_model", "learning_rate", "lora_r", "datasets", "chat_template_jinja", "text_column"):
+        assert f"| `{key}` |" in markdown
+
+
+def test_schema_command_prints_json_schema():
+    result = CliRunner().invoke(app, ["schema"])
+    assert result.exit_code == 0, result.output
+    schema = json.loads(result.stdout)
+    assert "base_model" in schema["properties"]
+    assert "base_model" in schema.get("required", [])
+
+
+def test_schema_markdown_command_prints_the_reference():
+    result = CliRunner().invoke(app, ["schema", "--markdown"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == config_markdown()

@@ -1,0 +1,65 @@
+"""GPU-only paths (run through the device machine; skipped without CUDA)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hellbender.config import validate_config
+from hellbender.train.run import train
+from tests.test_training import base_config, logged_losses
+
+pytestmark = pytest.mark.gpu
+
+
+def test_qlora_trains_a_4bit_base_and_saves_a_loadable_adapter(tmp_path, tiny_model_path):
+    pytest.importorskip("bitsandbytes")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    cfg = validate_config(
+        base_config(
+            tmp_path,
+            adapter="qlora",
+            lora_target_linear=True,
+            lora_r=16,
+            bf16=True,
+            sample_packing=True,
+            max_steps=30,
+            learning_rate=1e-2,
+            gradient_checkpointing=True,
+        )
+    )
+    assert cfg.load_in_4bit
+    seen = {}
+
+    from transformers import TrainerCallback
+
+    class Inspect(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            import bitsandbytes as bnb
+
+            seen["4bit_layers"] = sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
+
+    train(cfg, callbacks=[Inspect()])
+    assert seen["4bit_layers"] > 0
+    losses = list(logged_losses(cfg.output_dir).values())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.bfloat16, device_map="cuda")
+    model = PeftModel.from_pretrained(base, Path(cfg.output_dir))
+    ids = torch.tensor([[5, 6, 7, 8]], device="cuda")
+    assert torch.isfinite(model(ids).logits).all()
+
+
+def test_bf16_lora_with_packing_on_gpu_matches_the_cpu_loss_scale(tmp_path):
+    cfg = validate_config(
+        base_config(tmp_path, adapter="lora", lora_target_linear=True, bf16="auto", sample_packing=True, max_steps=10)
+    )
+    train(cfg)
+    losses = logged_losses(cfg.output_dir)
+    assert sorted(losses) == list(range(1, 11))
+    # The tiny model starts near ln(vocab) = ln(512) ~ 6.2 whatever the device.
+    assert 5.0 < losses[1] < 7.5
