@@ -65,9 +65,11 @@ def write_atomically(root: str | Path, key: str, write: Callable[[Path], dict[st
         meta = write(staging)
         (staging / COMPLETE_MARKER).write_text(json.dumps({"key": key, **meta}, indent=2))
         final = root / key
-        if final.exists():  # another process finished the same key first; its copy is equally valid
+        if cached_dir(root, key) is not None:  # another process finished the same key first; equally valid
             shutil.rmtree(staging)
         else:
+            if final.exists():  # an incomplete directory (e.g. a half-finished delete) is never trusted
+                shutil.rmtree(final)
             os.replace(staging, final)
         return final
     except BaseException:

@@ -43,10 +43,13 @@ def local_files(path: str) -> list[str]:
     if p.is_file():
         return [str(p)]
     if p.is_dir():
+        # Hidden files and directories (.git, .ipynb_checkpoints, ...) are never data.
         return sorted(
             str(f)
             for f in p.rglob("*")
-            if f.is_file() and f.suffix in EXTENSION_TO_BUILDER and not f.name.startswith(".")
+            if f.is_file()
+            and f.suffix in EXTENSION_TO_BUILDER
+            and not any(part.startswith(".") for part in f.relative_to(p).parts)
         )
     return sorted(f for f in glob.glob(str(p), recursive=True) if os.path.isfile(f))
 

@@ -1,14 +1,15 @@
 """`type: chat_template`: conversations rendered with a chat template, training only chosen roles.
 
-Turn boundaries come from the template itself: the conversation is rendered once, each message's content
-is located in the rendered text in order, and token offsets decide which tokens belong to a trained turn.
-The template's own headers (`<|im_start|>assistant` and the like) are therefore never trained, whatever
-the model family, and no per-model token lists are needed. The end-of-turn token is the first special
-token after a turn's content; `train_on_eos` decides when it is trained.
+Turn boundaries come from the template itself: where each message's content lands in the rendered text is
+found by rendering the conversation with placeholders, and token offsets decide which tokens belong to a
+trained turn. The template's own headers (`<|im_start|>assistant` and the like) are therefore never
+trained, whatever the model family, and no per-model token lists are needed. The end-of-turn token is the
+special token right after a turn's content; `train_on_eos` decides when it is trained.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowError
@@ -56,27 +57,52 @@ def read_messages(row: dict[str, Any], ctx: FormatContext) -> list[dict[str, str
     return messages
 
 
-def _locate_contents(text: str, messages: list[dict[str, str]]) -> list[tuple[int, int]]:
-    """Character span of each message's content in the rendered conversation, searched in order."""
-    spans = []
-    cursor = 0
-    for i, message in enumerate(messages):
-        content = message["content"]
-        start = text.find(content, cursor) if content else -1
-        if start < 0 and content.strip():
-            content = content.strip()
-            start = text.find(content, cursor)
-        if start < 0:
-            if content.strip():
-                raise RowError(
-                    f"the chat template does not render message {i} ({message['role']}) verbatim, so its tokens "
-                    "cannot be located; check the template or the message text"
-                )
-            spans.append((cursor, cursor))
-            continue
-        spans.append((start, start + len(content)))
-        cursor = start + len(content)
-    return spans
+def _render(tokenizer: Any, template: str | None, messages: list[dict[str, str]]) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False)
+    except Exception as exc:  # jinja raises many kinds (TemplateError, TypeError, ...) for bad conversations
+        raise RowError(f"the chat template failed on this conversation: {exc}") from None
+
+
+def _placeholder(i: int) -> str:
+    # Letters and digits only, so templates that trim or escape content leave it intact; the trailing
+    # letter keeps placeholder 1 from matching inside placeholder 10.
+    return f"hbmsg{i}q"
+
+
+def render_with_spans(tokenizer: Any, template: str | None, messages: list[dict[str, str]]):
+    """The rendered conversation and the character span of each message's content in it.
+
+    The conversation is rendered a second time with every content replaced by a unique placeholder; where
+    the placeholders land is exactly where the template puts each content, whatever text the template adds
+    around it (so an answer such as "assistant" or "end" is never confused with the template's markup).
+    The real rendering must equal the placeholder rendering with the contents put back (verbatim, or
+    stripped for templates that trim); a template that rewrites content is refused rather than guessed at.
+    Messages the template does not render get a span of None.
+    """
+    text = _render(tokenizer, template, messages)
+    skeleton = _render(tokenizer, template, [{**m, "content": _placeholder(i)} for i, m in enumerate(messages)])
+    found = sorted((at, i) for i in range(len(messages)) if (at := skeleton.find(_placeholder(i))) >= 0)
+    for strip in (False, True):
+        pieces: list[str] = []
+        spans: list[tuple[int, int] | None] = [None] * len(messages)
+        length, cursor = 0, 0
+        for at, i in found:
+            content = messages[i]["content"].strip() if strip else messages[i]["content"]
+            pieces.append(skeleton[cursor:at])
+            length += at - cursor
+            spans[i] = (length, length + len(content))
+            pieces.append(content)
+            length += len(content)
+            cursor = at + len(_placeholder(i))
+        pieces.append(skeleton[cursor:])
+        if "".join(pieces) == text:
+            return text, spans
+    raise RowError(
+        "the chat template does not render message contents verbatim (it rewrites or reorders them), so the "
+        "trained tokens cannot be located exactly; use a template that inserts each message's content as is "
+        "(`chat_template: chatml` or your own `chat_template_jinja`), or pre-tokenize the rows"
+    )
 
 
 def _special_ids(tokenizer: Any) -> set[int]:
@@ -88,38 +114,37 @@ def _special_ids(tokenizer: Any) -> set[int]:
 def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]]:
     tok = ctx.tokenizer
     messages = read_messages(row, ctx)
-    try:
-        text = tok.apply_chat_template(messages, chat_template=ctx.chat_template, tokenize=False)
-    except Exception as exc:  # jinja raises many kinds (TemplateError, TypeError, ...) for bad conversations
-        raise RowError(f"the chat template failed on this conversation: {exc}") from None
+    if ctx.train_on_inputs:
+        ids = tok(_render(tok, ctx.chat_template, messages), add_special_tokens=False)["input_ids"]
+        return {"input_ids": ids, "labels": list(ids)}
+    text, spans = render_with_spans(tok, ctx.chat_template, messages)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids: list[int] = enc["input_ids"]
     starts = [s for s, _ in enc["offset_mapping"]]
     ends = [e for _, e in enc["offset_mapping"]]
-    if ctx.train_on_inputs:
-        return {"input_ids": ids, "labels": list(ids)}
-
-    spans = _locate_contents(text, messages)
     special = _special_ids(tok)
     trained = [m["role"] in ctx.roles_to_train for m in messages]
-    last_trained = max((i for i, t in enumerate(trained) if t), default=-1)
+    for i, span in enumerate(spans):
+        if span is None and trained[i] and messages[i]["content"]:
+            raise RowError(f"the chat template leaves out message {i} ({messages[i]['role']}), which is to be trained")
+    last_trained = max((i for i, t in enumerate(trained) if t and spans[i] is not None), default=-1)
     labels = [IGNORE_INDEX] * len(ids)
-    token = 0
-    for i, (start, end) in enumerate(spans):
-        next_start = spans[i + 1][0] if i + 1 < len(spans) else len(text) + 1
-        # A token is part of the content if it overlaps it (" The" may start on the space before it).
-        while token < len(ids) and ends[token] <= start:
-            token += 1
+    for i, span in enumerate(spans):
+        if span is None:
+            continue
+        start, end = span
+        # Tokens that overlap the content are trained (" The" may start on the space before the content).
+        token = bisect.bisect_right(ends, start)
         while start < end and token < len(ids) and starts[token] < end:
             if trained[i]:
                 labels[token] = ids[token]
             token += 1
-        # The end-of-turn marker: the first special token after the content, before the next message.
-        eot = token
-        while eot < len(ids) and starts[eot] < next_start and ids[eot] not in special:
-            eot += 1
-        if eot < len(ids) and starts[eot] < next_start and _train_eos(ctx.train_on_eos, trained[i], i == last_trained):
-            labels[eot] = ids[eot]
+        # The end-of-turn marker: a special token right after the content (only whitespace between).
+        while token < len(ids) and ids[token] not in special and not text[starts[token] : ends[token]].strip():
+            token += 1
+        at_end = token < len(ids) and ids[token] in special
+        if at_end and _train_eos(ctx.train_on_eos, trained[i], i == last_trained):
+            labels[token] = ids[token]
     return {"input_ids": ids, "labels": labels}
 
 

@@ -1,0 +1,245 @@
+"""Sample packing (bins, packed rows, streamed packing) and the collator that turns rows into batches."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from hellbender.data.packing import concat_documents, pack_lengths, pack_stream
+from hellbender.train.collator import CausalLMCollator
+
+IGNORE = -100
+PAD = 1
+
+
+def check_bins(bins: list[list[int]], lengths: list[int], capacity: int) -> None:
+    flat = [i for b in bins for i in b]
+    assert sorted(flat) == list(range(len(lengths)))  # every index exactly once
+    assert all(b for b in bins)
+    assert all(sum(lengths[i] for i in b) <= capacity for b in bins)
+
+
+# --- pack_lengths -------------------------------------------------------------------------------------------
+
+
+def test_pack_lengths_perfectly_packable_input_uses_the_minimum_number_of_bins():
+    lengths = [5, 3, 8, 2, 7, 1, 4]  # 30 tokens, exactly three bins of 10: 8+2, 7+3, 5+4+1
+    bins = pack_lengths(lengths, 10)
+    check_bins(bins, lengths, 10)
+    assert len(bins) == 3
+
+
+def test_pack_lengths_random_rows_invariants_and_determinism():
+    rng = random.Random(1234)
+    lengths = [rng.randint(1, 100) for _ in range(500)]
+    bins = pack_lengths(lengths, 128)
+    check_bins(bins, lengths, 128)
+    lower_bound = math.ceil(sum(lengths) / 128)
+    assert len(bins) <= 11 / 9 * lower_bound + 1  # best-fit decreasing's worst-case bound
+    assert pack_lengths(list(lengths), 128) == bins  # same input, same bins (the cache relies on it)
+
+
+def test_pack_lengths_equal_lengths_are_deterministic():
+    lengths = [3] * 10
+    bins = pack_lengths(lengths, 9)
+    check_bins(bins, lengths, 9)
+    assert len(bins) == 4
+    assert bins == pack_lengths(lengths, 9)
+
+
+def test_pack_lengths_row_of_exactly_capacity_fits():
+    bins = pack_lengths([10, 10, 4], 10)
+    check_bins(bins, [10, 10, 4], 10)
+    assert len(bins) == 3
+
+
+def test_pack_lengths_row_longer_than_capacity_raises_naming_it():
+    with pytest.raises(ValueError, match="row 1 has 11 tokens, more than the bin capacity 10"):
+        pack_lengths([3, 11, 2], 10)
+
+
+def test_pack_lengths_empty_input():
+    assert pack_lengths([], 10) == []
+
+
+# --- concat_documents ---------------------------------------------------------------------------------------
+
+
+def test_concat_documents_masks_first_label_of_every_document():
+    ids = [[10, 11, 12], [20, 21], [30, 31, 32, 33]]
+    labels = [[10, 11, 12], [IGNORE, 21], [IGNORE, IGNORE, 32, 33]]
+    packed = concat_documents(ids, labels)
+    assert packed == {
+        "input_ids": [10, 11, 12, 20, 21, 30, 31, 32, 33],
+        "labels": [IGNORE, 11, 12, IGNORE, 21, IGNORE, IGNORE, 32, 33],
+        "seq_lens": [3, 2, 4],
+    }
+
+
+# --- pack_stream --------------------------------------------------------------------------------------------
+
+
+def doc(start: int, n: int) -> dict[str, list[int]]:
+    ids = list(range(start, start + n))
+    return {"input_ids": ids, "labels": list(ids)}
+
+
+def test_pack_stream_fills_every_bin_and_continues_documents_in_order():
+    docs = [doc(100, 2), doc(200, 2), doc(300, 12), doc(400, 1)]
+    bins = list(pack_stream(iter(docs), 5))
+    assert [b["input_ids"] for b in bins] == [
+        [100, 101, 200, 201, 300],
+        [301, 302, 303, 304, 305],
+        [306, 307, 308, 309, 310],
+        [311, 400],
+    ]
+    assert [b["seq_lens"] for b in bins] == [[2, 2, 1], [5], [5], [1, 1]]
+    # Every piece is its own attention block: its first label is masked, the rest are the document's labels.
+    assert [b["labels"] for b in bins] == [
+        [IGNORE, 101, IGNORE, 201, IGNORE],
+        [IGNORE, 302, 303, 304, 305],
+        [IGNORE, 307, 308, 309, 310],
+        [IGNORE, IGNORE],
+    ]
+
+
+def test_pack_stream_keeps_document_labels_inside_a_piece():
+    docs = [{"input_ids": [1, 2, 3, 4], "labels": [IGNORE, IGNORE, 3, 4]}]
+    assert list(pack_stream(iter(docs), 8)) == [
+        {"input_ids": [1, 2, 3, 4], "labels": [IGNORE, IGNORE, 3, 4], "seq_lens": [4]}
+    ]
+
+
+def test_pack_stream_invariants_on_random_documents():
+    rng = random.Random(7)
+    docs = []
+    start = 0
+    for _ in range(200):
+        n = rng.randint(1, 50)
+        docs.append(doc(start, n))
+        start += n
+    capacity = 16
+    bins = list(pack_stream(iter(docs), capacity))
+    flat = [t for b in bins for t in b["input_ids"]]
+    assert flat == list(range(start))  # nothing lost, duplicated or reordered
+    assert all(len(b["input_ids"]) == capacity for b in bins[:-1])  # only the last bin may be short
+    for b in bins:
+        assert 0 < len(b["input_ids"]) <= capacity
+        assert len(b["labels"]) == len(b["input_ids"])
+        assert sum(b["seq_lens"]) == len(b["input_ids"])
+        assert all(0 < n <= capacity for n in b["seq_lens"])
+
+
+def test_pack_stream_empty_input_yields_nothing():
+    assert list(pack_stream(iter([]), 8)) == []
+
+
+# --- collator -----------------------------------------------------------------------------------------------
+
+
+def packed_rows():
+    return [
+        {"input_ids": [5, 6, 7, 8, 9], "labels": [IGNORE, 6, IGNORE, 8, 9], "seq_lens": [2, 3]},
+        {"input_ids": [15, 16, 17], "labels": [IGNORE, 16, 17], "seq_lens": [3]},
+    ]
+
+
+def test_collator_packed_rows_sdpa_block_diagonal_mask_and_positions():
+    batch = CausalLMCollator(pad_token_id=PAD, attn_implementation="sdpa")(packed_rows())
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [15, 16, 17, PAD, PAD]]
+    assert batch["labels"].tolist() == [[IGNORE, 6, IGNORE, 8, 9], [IGNORE, 16, 17, IGNORE, IGNORE]]
+    assert batch["position_ids"].tolist() == [[0, 1, 0, 1, 2], [0, 1, 2, 0, 1]]
+    mask = batch["attention_mask"]
+    assert mask.dtype == torch.bool
+    assert mask.shape == (2, 1, 5, 5)
+    assert mask[0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 1, 1, 0],
+        [0, 0, 1, 1, 1],
+    ]
+    # Padding is its own block: no real token attends to it, and it never attends to a real token.
+    assert mask[1, 0].int().tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [0, 0, 0, 1, 0],
+        [0, 0, 0, 1, 1],
+    ]
+    assert batch["num_real_tokens"].tolist() == [5, 3]
+
+
+def test_collator_packed_rows_eager_gets_an_additive_float_mask():
+    batch = CausalLMCollator(pad_token_id=PAD, attn_implementation="eager")(packed_rows())
+    mask = batch["attention_mask"]
+    assert mask.dtype == torch.float32
+    assert mask.shape == (2, 1, 5, 5)
+    allowed = CausalLMCollator(pad_token_id=PAD, attn_implementation="sdpa")(packed_rows())["attention_mask"]
+    assert torch.equal(mask[allowed], torch.zeros(int(allowed.sum())))
+    assert torch.all(mask[~allowed] == torch.finfo(torch.float32).min)
+
+
+def test_collator_packed_rows_flash_attention_gets_no_mask():
+    batch = CausalLMCollator(pad_token_id=PAD, attn_implementation="flash_attention_2")(packed_rows())
+    assert "attention_mask" not in batch
+    assert batch["position_ids"].tolist() == [[0, 1, 0, 1, 2], [0, 1, 2, 0, 1]]
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [15, 16, 17, PAD, PAD]]
+    assert batch["num_real_tokens"].tolist() == [5, 3]
+
+
+def test_collator_unpacked_rows_right_padding_and_2d_mask():
+    rows = [
+        {"input_ids": [5, 6, 7], "labels": [IGNORE, 6, 7]},
+        {"input_ids": [8], "labels": [8]},
+        {"input_ids": [9, 10], "labels": [IGNORE, IGNORE]},
+    ]
+    batch = CausalLMCollator(pad_token_id=PAD)(rows)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, PAD, PAD], [9, 10, PAD]]
+    assert batch["labels"].tolist() == [[IGNORE, 6, 7], [8, IGNORE, IGNORE], [IGNORE, IGNORE, IGNORE]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0], [1, 1, 0]]
+    assert "position_ids" not in batch
+    assert batch["num_real_tokens"].tolist() == [3, 1, 2]
+    assert batch["num_real_tokens"].tolist() == batch["attention_mask"].sum(dim=1).tolist()
+
+
+def test_collator_pad_to_multiple_of():
+    rows = [{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}]
+    batch = CausalLMCollator(pad_token_id=PAD, pad_to_multiple_of=4)(rows)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, PAD]]
+    assert batch["labels"].tolist() == [[5, 6, 7, IGNORE]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 0]]
+    assert batch["num_real_tokens"].tolist() == [3]
+
+
+def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_model_path):
+    """The packed row (block-diagonal mask, restarting positions, masked first labels) must score every trained
+    token exactly as the documents alone do."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation="sdpa").eval()
+    docs = [
+        {"input_ids": [40, 41, 42, 43, 44, 45], "labels": [40, 41, 42, 43, 44, 45]},
+        {"input_ids": [50, 51, 52, 53], "labels": [IGNORE, IGNORE, 52, 53]},
+        {"input_ids": [60, 61, 62, 63, 64], "labels": [60, 61, 62, 63, 64]},
+    ]
+
+    def per_token_nll(batch):
+        batch = dict(batch)
+        batch.pop("num_real_tokens")
+        labels = batch.pop("labels")
+        with torch.no_grad():
+            logits = model(**batch).logits.float()
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)
+        target = labels[:, 1:]
+        keep = target != IGNORE
+        return -logp.gather(-1, target.clamp(min=0)[..., None])[..., 0][keep]
+
+    unpacked = per_token_nll(CausalLMCollator(pad_token_id=PAD)(docs))
+    packed_row = concat_documents([d["input_ids"] for d in docs], [d["labels"] for d in docs])
+    packed = per_token_nll(CausalLMCollator(pad_token_id=PAD, attn_implementation="sdpa")([packed_row]))
+    assert unpacked.shape == packed.shape == (5 + 2 + 4,)
+    torch.testing.assert_close(packed, unpacked, atol=1e-5, rtol=1e-5)
