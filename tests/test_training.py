@@ -281,3 +281,108 @@ def test_completion_pretraining_with_packing_and_gradient_checkpointing(tmp_path
     # With completion every token but the first of each document is trained.
     assert metrics["trained_tokens"] == metrics["input_tokens"] - 400
     assert metrics["epoch"] == pytest.approx(1.0)
+
+
+def final_weights(output_dir: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out = Path(output_dir)
+    name = "adapter_model.safetensors" if (out / "adapter_model.safetensors").is_file() else "model.safetensors"
+    return load_file(out / name)
+
+
+def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
+    """One step of micro-batch 4 == one step of 2 micro-batches of 2: the loss is averaged over trained
+    tokens across the accumulated micro-batches, not per micro-batch."""
+    common = dict(adapter="lora", lora_target_linear=True, max_steps=1, learning_rate=1e-2, sample_packing=True)
+    big = validate_config(base_config(tmp_path / "big", micro_batch_size=4, gradient_accumulation_steps=1, **common))
+    small = validate_config(base_config(tmp_path / "acc", micro_batch_size=2, gradient_accumulation_steps=2, **common))
+    train(big)
+    train(small)
+    a, b = final_weights(big.output_dir), final_weights(small.output_dir)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=1e-5)
+    assert logged_losses(big.output_dir)[1] == pytest.approx(logged_losses(small.output_dir)[1], rel=1e-5)
+
+
+def test_gradients_with_and_without_activation_checkpointing_match(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.randint(5, 500, (2, 24), generator=torch.Generator().manual_seed(0))
+
+    def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model(input_ids=ids, labels=ids).loss.backward()
+        return {n: p.grad for n, p in model.named_parameters()}
+
+    plain, checkpointed = grads(False), grads(True)
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5)
+
+
+def test_a_local_model_directory_trains_through_the_same_path(tmp_path, tiny_model_path):
+    import shutil
+
+    local = tmp_path / "my-model"
+    shutil.copytree(tiny_model_path, local)
+    cfg = validate_config(base_config(tmp_path, base_model=str(local), max_steps=2))
+    train(cfg)
+    assert sorted(logged_losses(cfg.output_dir)) == [1, 2]
+
+
+def test_dora_adapter_trains_and_is_saved_as_dora(tmp_path):
+    cfg = validate_config(base_config(tmp_path, adapter="lora", peft_use_dora=True, max_steps=2))
+    train(cfg)
+    adapter_config = json.loads((Path(cfg.output_dir) / "adapter_config.json").read_text())
+    assert adapter_config["use_dora"] is True
+    assert any("lora_magnitude_vector" in k for k in final_weights(cfg.output_dir))
+
+
+def test_new_special_tokens_grow_the_embeddings(tmp_path):
+    cfg = validate_config(
+        base_config(tmp_path, special_tokens={"pad_token": "<|my_pad|>"}, max_steps=2, learning_rate=1e-3)
+    )
+    train(cfg)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.output_dir)
+    model = AutoModelForCausalLM.from_pretrained(cfg.output_dir)
+    assert tokenizer.pad_token == "<|my_pad|>"
+    assert model.get_input_embeddings().weight.shape[0] == len(tokenizer) == 513
+    assert model.config.pad_token_id == tokenizer.pad_token_id
+
+
+def test_tensorboard_receives_the_training_logs(tmp_path):
+    pytest.importorskip("tensorboard")
+    cfg = validate_config(base_config(tmp_path, report_to=["tensorboard"], max_steps=2))
+    train(cfg)
+    events = list(Path(cfg.output_dir).rglob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+
+
+def test_preprocess_then_train_tokenizes_once(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import hellbender.data.prepare as prepare
+    from hellbender.cli import app
+
+    calls = []
+    original = prepare.tokenize_dataset
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(prepare, "tokenize_dataset", counting)
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump(base_config(tmp_path, max_steps=2)))
+    runner = CliRunner()
+    first = runner.invoke(app, ["preprocess", str(config)])
+    assert first.exit_code == 0, first.output
+    assert "newly written" in first.output and "400 kept" in first.output
+    second = runner.invoke(app, ["train", str(config)])
+    assert second.exit_code == 0, second.output
+    assert len(calls) == 1

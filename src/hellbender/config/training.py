@@ -45,10 +45,18 @@ class TrainingSettings(BaseModel):
     logging_steps: int | None = Field(
         None, gt=0, description="Log every N steps; default about 10 logs per run, at least every 10 steps."
     )
-    save_steps: int | None = Field(None, gt=0, description="Save a checkpoint every N steps.")
+    save_steps: int | None = Field(
+        None,
+        gt=0,
+        description="Save a checkpoint every N steps. Default: once per epoch (streamed data: every tenth of `max_steps`).",
+    )
     saves_per_epoch: int | None = Field(None, gt=0, description="Save this many checkpoints per epoch.")
     save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
-    eval_steps: int | None = Field(None, gt=0, description="Evaluate every N steps.")
+    eval_steps: int | None = Field(
+        None,
+        gt=0,
+        description="Evaluate every N steps when there is evaluation data. Default: once per epoch (streamed data: every tenth of `max_steps`).",
+    )
     evals_per_epoch: int | None = Field(None, gt=0, description="Evaluate this many times per epoch.")
     seed: int = Field(42, description="Seed for initialisation, shuffling, dropout and data splits.")
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] | Literal["tensorboard", "wandb", "mlflow", "none"] = (

@@ -125,7 +125,7 @@ def _load_hub(entry: Any, streaming: bool, where: str):
         )
     except Exception as exc:  # the hub client raises many types: offline, missing repo, missing split...
         raise DataError(
-            f"{where} is not a local path and could not be loaded as a hub dataset: {exc}. Check the id, `split`, "
+            f"{where} is not a local path and could not be loaded as a hub dataset: {str(exc).rstrip('.')}. Check the id, `split`, "
             "network access and credentials (HF_TOKEN), or point `path` at local files."
         ) from None
 

@@ -31,7 +31,7 @@ def load_tokenizer(cfg: HellbenderConfig) -> Any:
         tokenizer = cls.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model)
     except OSError as exc:
         raise ConfigError(
-            f"Could not load the tokenizer from `{source}`: {exc}. Check `base_model` / `tokenizer_config` "
+            f"Could not load the tokenizer from `{source}`: {str(exc).rstrip('.')}. Check `base_model` / `tokenizer_config` "
             "(a hub id needs network access; a local path must hold tokenizer files)."
         ) from None
     if cfg.special_tokens:
@@ -97,7 +97,7 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
         )
     except OSError as exc:
         raise ConfigError(
-            f"Could not load the model from `{source}`: {exc}. Check `base_model` (a hub id needs network access; a "
+            f"Could not load the model from `{source}`: {str(exc).rstrip('.')}. Check `base_model` (a hub id needs network access; a "
             "local path must hold config.json and weights)."
         ) from None
     except ImportError as exc:

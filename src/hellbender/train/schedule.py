@@ -12,8 +12,8 @@ from hellbender.config import HellbenderConfig
 class Schedule:
     total_steps: int
     steps_per_epoch: int | None
-    save_steps: int | None
-    eval_steps: int | None
+    save_steps: int
+    eval_steps: int  # used only when there is evaluation data
     logging_steps: int
     warmup_steps: int
 
@@ -26,15 +26,21 @@ def plan_schedule(cfg: HellbenderConfig, train_rows: int | None, world_size: int
         steps_per_epoch = max(1, batches // cfg.gradient_accumulation_steps)
     total = cfg.max_steps or math.ceil(steps_per_epoch * cfg.num_epochs)
 
-    def per_epoch(count: int | None) -> int | None:
-        return max(1, steps_per_epoch // count) if count and steps_per_epoch else None
+    def interval(steps: int | None, per_epoch: int | None) -> int:
+        """An explicit step interval, else `per_epoch` times an epoch (once by default); without epochs
+        (streamed data), every tenth of the run."""
+        if steps:
+            return steps
+        if steps_per_epoch is None:
+            return max(1, total // 10)
+        return max(1, steps_per_epoch // (per_epoch or 1))
 
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else math.ceil(total * (cfg.warmup_ratio or 0.0))
     return Schedule(
         total_steps=total,
         steps_per_epoch=steps_per_epoch,
-        save_steps=cfg.save_steps or per_epoch(cfg.saves_per_epoch),
-        eval_steps=cfg.eval_steps or per_epoch(cfg.evals_per_epoch),
+        save_steps=interval(cfg.save_steps, cfg.saves_per_epoch),
+        eval_steps=interval(cfg.eval_steps, cfg.evals_per_epoch),
         logging_steps=cfg.logging_steps or max(1, min(10, total // 10)),
         warmup_steps=warmup,
     )
