@@ -35,7 +35,23 @@ CAPITALS = {
     "Turkey": "Ankara",
     "Iran": "Tehran",
 }
-WORDS = ["river", "stone", "cloud", "apple", "tiger", "lamp", "green", "quiet", "orange", "silver", "window", "garden", "music", "paper", "bread"]
+WORDS = [
+    "river",
+    "stone",
+    "cloud",
+    "apple",
+    "tiger",
+    "lamp",
+    "green",
+    "quiet",
+    "orange",
+    "silver",
+    "window",
+    "garden",
+    "music",
+    "paper",
+    "bread",
+]
 
 
 def chat_rows(rng: random.Random, n: int) -> list[dict]:

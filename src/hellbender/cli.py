@@ -89,7 +89,7 @@ def preprocess(config: ConfigArg, set_: SetOpt = None, debug: DebugOpt = False) 
 
     def action() -> None:
         cfg = load_config(config, set_)
-        if cfg.uses_streaming:
+        if cfg.uses_streaming and not cfg.test_datasets:
             console.print("`pretraining_dataset` is streamed at training time; there is nothing to prepare.")
             return
         from hellbender.data.prepare import prepare_datasets

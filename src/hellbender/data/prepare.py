@@ -24,7 +24,7 @@ from hellbender.errors import DataError
 
 @dataclass
 class PreparedData:
-    train: Any  # datasets.Dataset
+    train: Any | None  # datasets.Dataset; None when the training data is streamed
     eval: Any | None
     stats: dict[str, Any]
     cache_dir: Path
@@ -137,37 +137,41 @@ def _cache_parts(cfg: HellbenderConfig, tokenizer: Any) -> dict[str, Any]:
     }
 
 
-def _build(cfg: HellbenderConfig, tokenizer: Any) -> tuple[Any, Any | None, dict[str, Any]]:
-    train, train_stats = tokenize_entries(training_entries(cfg), cfg, tokenizer, "datasets")
-    if train_stats.rows_kept == 0:
-        raise DataError(
-            f"Every training row was dropped ({_reasons(train_stats)}); nothing is left to train on. "
-            "Check `sequence_len`, `excess_length_strategy` and the masking settings."
-        )
-    if cfg.shuffle_merged_datasets:
-        train = train.shuffle(seed=cfg.seed).flatten_indices()
-    eval_ds = None
-    eval_stats = None
+def _build(cfg: HellbenderConfig, tokenizer: Any) -> tuple[Any | None, Any | None, dict[str, Any]]:
+    """Tokenize, mix, split and pack. The training part is None when training data is streamed."""
+    train = train_stats = None
+    entries = training_entries(cfg)
+    if entries:
+        train, train_stats = tokenize_entries(entries, cfg, tokenizer, "datasets")
+        if train_stats.rows_kept == 0:
+            raise DataError(
+                f"Every training row was dropped ({_reasons(train_stats)}); nothing is left to train on. "
+                "Check `sequence_len`, `excess_length_strategy` and the masking settings."
+            )
+        if cfg.shuffle_merged_datasets:
+            train = train.shuffle(seed=cfg.seed).flatten_indices()
+    eval_ds = eval_stats = None
     if cfg.test_datasets:
         eval_ds, eval_stats = tokenize_entries(cfg.test_datasets, cfg, tokenizer, "test_datasets")
-    elif cfg.val_set_size > 0:
+    elif cfg.val_set_size > 0 and train is not None:
         size = cfg.val_set_size if cfg.val_set_size < 1 else int(cfg.val_set_size)
         if len(train) < 2 or (size >= 1 and size >= len(train)):
             raise DataError(f"`val_set_size: {cfg.val_set_size}` leaves no training rows out of {len(train)}.")
         split = train.train_test_split(test_size=size, seed=cfg.seed, shuffle=True)
         train, eval_ds = split["train"], split["test"]
-    train_rows, eval_rows = len(train), len(eval_ds) if eval_ds is not None else 0
+    stats = {
+        "train": train_stats.to_dict() if train_stats else None,
+        "eval": eval_stats.to_dict() if eval_stats else None,
+        "train_rows": len(train) if train is not None else 0,
+        "eval_rows": len(eval_ds) if eval_ds is not None else 0,
+        "packed_bins": None,
+    }
     if cfg.sample_packing:
-        train = pack_dataset(train, cfg.sequence_len, cfg.dataset_processes)
+        if train is not None:
+            train = pack_dataset(train, cfg.sequence_len, cfg.dataset_processes)
+            stats["packed_bins"] = len(train)
         if eval_ds is not None:
             eval_ds = pack_dataset(eval_ds, cfg.sequence_len, cfg.dataset_processes)
-    stats = {
-        "train": train_stats.to_dict(),
-        "eval": eval_stats.to_dict() if eval_stats else None,
-        "train_rows": train_rows,
-        "eval_rows": eval_rows,
-        "packed_bins": len(train) if cfg.sample_packing else None,
-    }
     return train, eval_ds, stats
 
 
@@ -185,9 +189,9 @@ def prepare_datasets(cfg: HellbenderConfig, tokenizer: Any) -> PreparedData:
 
         def write(staging: Path) -> dict[str, Any]:
             train, eval_ds, stats = _build(cfg, tokenizer)
-            train.save_to_disk(str(staging / "train"))
-            if eval_ds is not None:
-                eval_ds.save_to_disk(str(staging / "eval"))
+            for name, part in (("train", train), ("eval", eval_ds)):
+                if part is not None:
+                    part.save_to_disk(str(staging / name))
             return {"stats": stats}
 
         found = cache.write_atomically(root, key, write)
@@ -195,6 +199,7 @@ def prepare_datasets(cfg: HellbenderConfig, tokenizer: Any) -> PreparedData:
     else:
         from_cache = True
     meta = json.loads((found / cache.COMPLETE_MARKER).read_text())
-    train = datasets.load_from_disk(str(found / "train"))
-    eval_ds = datasets.load_from_disk(str(found / "eval")) if (found / "eval").is_dir() else None
+    train, eval_ds = (
+        datasets.load_from_disk(str(p)) if p.is_dir() else None for p in (found / "train", found / "eval")
+    )
     return PreparedData(train=train, eval=eval_ds, stats=meta["stats"], cache_dir=found, from_cache=from_cache)

@@ -81,9 +81,12 @@ def tokenize_dataset(ds, fmt: str, ctx: FormatContext, max_len: int, strategy: s
                     f"{where}, row {index}: {len(ids)} tokens, more than `sequence_len: {max_len}`. Raise "
                     "`sequence_len`, shorten the row, or set `excess_length_strategy: drop` or `truncate`."
                 )
-            if not reason and all(label == IGNORE_INDEX for label in labels[1:]):
-                reason = DROP_NO_TRAINABLE
-        return {"input_ids": ids, "labels": labels, "length": len(ids), "drop_reason": reason}
+
+        # The model predicts labels[1:] from the tokens before them; labels[0] is never a target.
+        trainable = sum(1 for label in labels[1:] if label != IGNORE_INDEX)
+        if not reason and trainable == 0:
+            reason = DROP_NO_TRAINABLE
+        return {"input_ids": ids, "labels": labels, "length": len(ids), "trainable": trainable, "drop_reason": reason}
 
     encoded = ds.map(
         encode,
@@ -94,8 +97,8 @@ def tokenize_dataset(ds, fmt: str, ctx: FormatContext, max_len: int, strategy: s
     )
     reasons = encoded["drop_reason"]
     stats = TokenizeStats(rows_in=len(encoded), dropped=Counter(r for r in reasons if r))
-    kept = encoded.filter(lambda r: not r, input_columns="drop_reason", num_proc=num_proc).remove_columns("drop_reason")
+    kept = encoded.filter(lambda r: not r, input_columns="drop_reason", num_proc=num_proc)
     stats.rows_kept = len(kept)
     stats.tokens = sum(kept["length"])
-    stats.trainable_tokens = sum(sum(1 for x in labels[1:] if x != IGNORE_INDEX) for labels in kept["labels"])
-    return kept, stats
+    stats.trainable_tokens = sum(kept["trainable"])
+    return kept.remove_columns(["drop_reason", "trainable"]), stats

@@ -34,7 +34,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     if cfg.uses_streaming:
         train_data, eval_data, train_rows = streaming_dataset(cfg, tokenizer), None, None
         if cfg.test_datasets:
-            eval_data = prepare_datasets(cfg.model_copy(update={"datasets": cfg.test_datasets}), tokenizer).train
+            eval_data = prepare_datasets(cfg, tokenizer).eval
     else:
         prepared = prepare_datasets(cfg, tokenizer)
         logger.info("Prepared data %s (%s)", prepared.cache_dir, "from cache" if prepared.from_cache else "new")
