@@ -386,3 +386,22 @@ def test_preprocess_then_train_tokenizes_once(tmp_path, monkeypatch):
     second = runner.invoke(app, ["train", str(config)])
     assert second.exit_code == 0, second.output
     assert len(calls) == 1
+
+
+def test_streaming_pretraining_evaluates_on_prepared_test_datasets(tmp_path):
+    cfg = validate_config(
+        base_config(
+            tmp_path,
+            datasets=[],
+            pretraining_dataset=[{"path": TEXT_DATA, "ds_type": "json"}],
+            test_datasets=[{"path": TEXT_DATA, "type": "completion"}],
+            max_steps=4,
+            eval_steps=2,
+            sequence_len=64,
+        )
+    )
+    train(cfg)
+    state = json.loads((Path(cfg.output_dir) / "trainer_state.json").read_text())
+    evals = [e for e in state["log_history"] if "eval_loss" in e]
+    assert [e["step"] for e in evals] == [2, 4]
+    assert all(0 < e["eval_loss"] < 10 for e in evals)
