@@ -1,4 +1,4 @@
-"""Built-in tiny models (`base_model: hellbender/tiny-llama`) for the offline quickstart and the tests.
+"""Built-in tiny models (`base_model: hellbender/tiny-llama`, ...) for the offline quickstart and the tests.
 
 They are built from a config with a fixed seed and saved like any hub checkpoint, so they load through
 exactly the same code path as a real model id or local directory.
@@ -6,21 +6,22 @@ exactly the same code path as a real model id or local directory.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hellbender.chat_templates import CHATML_TEMPLATE
 
 TOKENIZER_FILE = Path(__file__).with_name("tiny_tokenizer.json")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>")
-# Bump when the architecture, seed or tokenizer changes so cached builds are not reused.
+# Bump when an architecture, seed or the tokenizer changes so cached builds are not reused.
 TINY_VERSION = 1
-TINY_MODELS = {
-    "hellbender/tiny-llama": dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
-    ),
+# name -> "module:function" building the model into a directory (imported only when that model is used).
+TINY_MODELS: dict[str, str] = {
+    "hellbender/tiny-llama": "hellbender.models.tiny:build_tiny_llama",
 }
 
 
@@ -32,17 +33,52 @@ def cache_root() -> Path:
     return Path(os.environ.get("HELLBENDER_CACHE", Path.home() / ".cache" / "hellbender"))
 
 
-def build_tiny_tokenizer():
+def build_tiny_tokenizer(
+    extra_special_tokens: Sequence[str] = (), chat_template: str = CHATML_TEMPLATE, **named_special_tokens: str
+):
+    """The tiny byte-level BPE tokenizer (512 tokens + specials). VLM builders add their image tokens through
+    `extra_special_tokens` and name them (`image_token="<image>"`, ...) through keyword arguments."""
     from transformers import PreTrainedTokenizerFast
 
+    specials = ["<|im_start|>", "<|im_end|>", *extra_special_tokens]
+    specials += [t for t in named_special_tokens.values() if t not in specials]
     return PreTrainedTokenizerFast(
         tokenizer_file=str(TOKENIZER_FILE),
         eos_token="<|endoftext|>",
         pad_token="<|pad|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-        chat_template=CHATML_TEMPLATE,
+        additional_special_tokens=specials,
+        chat_template=chat_template,
         model_max_length=2048,
+        **named_special_tokens,
     )
+
+
+def build_tiny_llama(target: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+
+
+def _builder(name: str) -> Callable[[Path], None]:
+    module, function = TINY_MODELS[name].split(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def tiny_model_dir(name: str) -> Path:
@@ -50,27 +86,14 @@ def tiny_model_dir(name: str) -> Path:
     target = cache_root() / "models" / f"{name.split('/')[-1]}-v{TINY_VERSION}"
     if (target / "config.json").is_file():
         return target
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = build_tiny_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        max_position_embeddings=2048,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-        **TINY_MODELS[name],
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        os.replace(staging, target) if not target.exists() else shutil.rmtree(staging)
+        _builder(name)(staging)
+        if target.exists():  # built meanwhile by another process
+            shutil.rmtree(staging)
+        else:
+            os.replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
