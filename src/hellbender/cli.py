@@ -93,9 +93,9 @@ def preprocess(config: ConfigArg, set_: SetOpt = None, debug: DebugOpt = False) 
             console.print("`pretraining_dataset` is streamed at training time; there is nothing to prepare.")
             return
         from hellbender.data.prepare import prepare_datasets
-        from hellbender.models.loading import load_tokenizer
+        from hellbender.models.loading import load_tokenizer_and_processor
 
-        prepared = prepare_datasets(cfg, load_tokenizer(cfg))
+        prepared = prepare_datasets(cfg, *load_tokenizer_and_processor(cfg))
         console.print(format_stats(prepared.stats, prepared.cache_dir, prepared.from_cache))
 
     _run(debug, action)

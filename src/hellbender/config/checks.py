@@ -75,6 +75,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
                 f"{where}`chat_template: {name}` is not supported yet. Use `tokenizer_default` (the model's own "
                 "template), `chatml`, or `jinja` with the template text in `chat_template_jinja`."
             )
+    problems += _multimodal_conflicts(cfg)
     if cfg.chat_template == "jinja" and not cfg.chat_template_jinja:
         problems.append("`chat_template: jinja` needs the template itself in `chat_template_jinja`.")
     for entry in cfg.datasets + cfg.test_datasets:
@@ -82,4 +83,39 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
             problems.append(
                 f"Dataset `{entry.path}`: `chat_template: jinja` needs `chat_template_jinja` in the same entry."
             )
+    return problems
+
+
+MULTIMODAL_ONLY_KEYS = ("freeze_mm_modules", "image_size", "vision_tokens_to_mask")
+MULTIMODAL_ENTRY_KEYS = ("image_base_dir", "skip_bad_images", "allow_remote_images")
+
+
+def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
+    problems = []
+    if not cfg.is_multimodal:
+        keys = [k for k in MULTIMODAL_ONLY_KEYS if getattr(cfg, k)]
+        keys += sorted({k for e in cfg.datasets + cfg.test_datasets for k in MULTIMODAL_ENTRY_KEYS if getattr(e, k)})
+        if keys:
+            problems.append(
+                f"{', '.join(f'`{k}`' for k in keys)} apply to vision-language models, which `processor_type` "
+                "selects (e.g. `processor_type: AutoProcessor`); set it or remove these keys."
+            )
+        return problems
+    if cfg.sample_packing:
+        problems.append("`sample_packing` is not supported yet with `processor_type` (vision-language models).")
+    other_types = sorted({e.type or "pretokenized" for e in cfg.datasets + cfg.test_datasets} - {"chat_template"})
+    if other_types:
+        problems.append(
+            f"With `processor_type`, datasets must be `type: chat_template` (image+text conversations); "
+            f"{', '.join(other_types)} is not supported yet for vision-language models."
+        )
+    if cfg.excess_length_strategy == "truncate":
+        problems.append(
+            "`excess_length_strategy: truncate` could cut through an image's tokens; with `processor_type` use "
+            "`drop` (the default) or `raise`."
+        )
+    if cfg.pretraining_dataset:
+        problems.append(
+            "`pretraining_dataset` is not supported yet with `processor_type`; use `datasets:` with chat rows."
+        )
     return problems

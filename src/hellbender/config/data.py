@@ -49,6 +49,19 @@ class DatasetEntry(BaseModel):
     chat_template: str | None = Field(None, description="Per-dataset chat template (same values as the top-level key).")
     chat_template_jinja: str | None = Field(None, description="Per-dataset Jinja template for `chat_template: jinja`.")
     train_on_inputs: bool | None = Field(None, description="Per-dataset override of the top-level `train_on_inputs`.")
+    image_column: str = Field(
+        "images", description="VLM: column with a list of image paths / URLs for rows whose messages are plain text."
+    )
+    image_base_dir: str | None = Field(
+        None,
+        description="VLM: directory that relative image paths start from and that no image path may leave; default "
+        "the dataset file's directory (the current directory for hub datasets).",
+    )
+    skip_bad_images: bool = Field(
+        False,
+        description="VLM: drop (and count) rows whose images are missing, corrupt or too large instead of failing.",
+    )
+    allow_remote_images: bool = Field(False, description="VLM: allow `http(s)` image URLs to be fetched.")
 
 
 class PretrainingDatasetEntry(BaseModel):

@@ -18,6 +18,8 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
     updates: dict = {}
     if cfg.learning_rate is None:
         updates["learning_rate"] = ADAPTER_LEARNING_RATE if cfg.adapter else FULL_FINETUNE_LEARNING_RATE
+    if cfg.model_type is None:
+        updates["model_type"] = "AutoModelForImageTextToText" if cfg.is_multimodal else "AutoModelForCausalLM"
     if cfg.attn_implementation is None:
         updates["attn_implementation"] = "flash_attention_2" if cfg.flash_attention else "sdpa"
     if cfg.adapter == "qlora":

@@ -15,9 +15,10 @@ class ModelSettings(BaseModel):
     base_model: str = Field(
         description=("Hub id, local directory, or a built-in offline model (`hellbender/tiny-llama`) to start from.")
     )
-    model_type: str = Field(
-        "AutoModelForCausalLM",
-        description="transformers class used to load the model (an Auto class or a concrete class name).",
+    model_type: str | None = Field(
+        None,
+        description="transformers class used to load the model (an Auto class or a concrete class name); default "
+        "`AutoModelForCausalLM`, or `AutoModelForImageTextToText` with `processor_type`.",
     )
     tokenizer_config: str | None = Field(
         None, description="Hub id or directory of the tokenizer, when it differs from `base_model`."

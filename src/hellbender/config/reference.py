@@ -12,11 +12,13 @@ from pydantic_core import PydanticUndefined
 from hellbender.config.adapter import AdapterSettings
 from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatasetEntry
 from hellbender.config.model import ModelSettings
+from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.training import TrainingSettings
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("Model and tokenizer", ModelSettings),
+    ("Vision-language models", MultimodalSettings),
     ("Adapters", AdapterSettings),
     ("Data", DataSettings),
     ("Entries of `datasets:` and `test_datasets:`", DatasetEntry),

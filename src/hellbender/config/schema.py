@@ -5,18 +5,23 @@ from __future__ import annotations
 from hellbender.config.adapter import AdapterSettings
 from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatasetEntry
 from hellbender.config.model import ModelSettings
+from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.training import TrainingSettings
 
 __all__ = ["HellbenderConfig", "DatasetEntry", "PretrainingDatasetEntry"]
 
 
-class HellbenderConfig(ModelSettings, AdapterSettings, DataSettings, TrainingSettings):
+class HellbenderConfig(ModelSettings, MultimodalSettings, AdapterSettings, DataSettings, TrainingSettings):
     """A validated training config. Build it with `hellbender.config.load_config`, which also checks
     combinations of keys and fills derived defaults."""
 
     @property
     def uses_streaming(self) -> bool:
         return bool(self.pretraining_dataset) and self.streaming is not False
+
+    @property
+    def is_multimodal(self) -> bool:
+        return self.processor_type is not None
 
     @property
     def has_eval_data(self) -> bool:

@@ -14,12 +14,14 @@ from typing import Any
 from hellbender.chat_templates import resolve_chat_template
 from hellbender.config import DatasetEntry, HellbenderConfig
 from hellbender.data import cache
-from hellbender.data.formats import FormatContext
+from hellbender.data.formats import FormatContext, VisionContext
 from hellbender.data.formats.chat_template import DEFAULT_ROLE_ALIASES
+from hellbender.data.images import ImagePolicy
 from hellbender.data.packing import pack_dataset
 from hellbender.data.sources import load_rows
 from hellbender.data.tokenize import TokenizeStats, tokenize_dataset
 from hellbender.errors import DataError
+from hellbender.models.processor import processor_fingerprint
 
 
 @dataclass
@@ -31,7 +33,48 @@ class PreparedData:
     from_cache: bool
 
 
-def format_context(entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any) -> FormatContext:
+def default_image_base_dir(entry: DatasetEntry) -> Path:
+    """Image paths start from the dataset file's directory (the directory itself for a directory source)."""
+    path = Path(entry.path).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_file():
+        return path.parent
+    return Path.cwd()
+
+
+def image_policy(cfg: HellbenderConfig, base_dir: Path = Path("."), allow_remote: bool = False) -> ImagePolicy:
+    """How images are found and opened; at batch time only the decoding settings matter (paths are resolved)."""
+    size = cfg.image_size
+    return ImagePolicy(
+        base_dir=base_dir,
+        allow_remote=allow_remote,
+        max_pixels=cfg.max_image_pixels,
+        resize_to=(size, size) if isinstance(size, int) else size,
+        resample=cfg.image_resize_algorithm,
+        download_dir=Path(cfg.dataset_prepared_path) / "remote_images",
+    )
+
+
+def vision_context(entry: DatasetEntry, cfg: HellbenderConfig, processor: Any) -> VisionContext:
+    from hellbender.models.processor import image_placeholder_id, vision_token_ids
+
+    policy = image_policy(
+        cfg,
+        base_dir=Path(entry.image_base_dir) if entry.image_base_dir else default_image_base_dir(entry),
+        allow_remote=entry.allow_remote_images,
+    )
+    return VisionContext(
+        processor=processor,
+        policy=policy,
+        vision_ids=frozenset(vision_token_ids(processor, cfg.vision_tokens_to_mask)),
+        placeholder_id=image_placeholder_id(processor),
+        image_column=entry.image_column,
+        skip_bad_images=entry.skip_bad_images,
+    )
+
+
+def format_context(entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any, processor: Any = None) -> FormatContext:
     train_on_inputs = cfg.train_on_inputs if entry.train_on_inputs is None else entry.train_on_inputs
     mappings = entry.message_property_mappings or {}
     role_map = None
@@ -55,10 +98,15 @@ def format_context(entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any) -
         roles_to_train=tuple(entry.roles_to_train or ("assistant",)),
         train_on_eos=entry.train_on_eos or "turn",
         text_field=entry.field or "text",
+        vision=vision_context(entry, cfg, processor)
+        if processor is not None and entry.type == "chat_template"
+        else None,
     )
 
 
-def _row_format(entry: DatasetEntry, columns: list[str]) -> str:
+def _row_format(entry: DatasetEntry, columns: list[str], multimodal: bool) -> str:
+    if entry.type == "chat_template" and multimodal:
+        return "multimodal_chat"
     if entry.type is not None:
         return entry.type
     if "input_ids" in columns:
@@ -69,7 +117,7 @@ def _row_format(entry: DatasetEntry, columns: list[str]) -> str:
     )
 
 
-def tokenize_entries(entries: list[DatasetEntry], cfg: HellbenderConfig, tokenizer: Any, role: str):
+def tokenize_entries(entries: list[DatasetEntry], cfg: HellbenderConfig, tokenizer: Any, processor: Any, role: str):
     """Load and tokenize each entry; returns the concatenated rows and the summed stats."""
     import datasets
 
@@ -80,11 +128,11 @@ def tokenize_entries(entries: list[DatasetEntry], cfg: HellbenderConfig, tokeniz
         rows = load_rows(entry)
         if len(rows) == 0:
             raise DataError(f"Dataset {where} has no rows. Check the file or the `split`.")
-        fmt = _row_format(entry, rows.column_names)
+        fmt = _row_format(entry, rows.column_names, processor is not None)
         kept, entry_stats = tokenize_dataset(
             rows,
             fmt,
-            format_context(entry, cfg, tokenizer),
+            format_context(entry, cfg, tokenizer, processor),
             cfg.sequence_len,
             cfg.excess_length_strategy,
             f"Dataset {where}",
@@ -116,7 +164,7 @@ def training_entries(cfg: HellbenderConfig) -> list[DatasetEntry]:
     return list(cfg.datasets) + as_completion
 
 
-def _cache_parts(cfg: HellbenderConfig, tokenizer: Any) -> dict[str, Any]:
+def _cache_parts(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> dict[str, Any]:
     settings = [
         "sequence_len",
         "excess_length_strategy",
@@ -127,22 +175,27 @@ def _cache_parts(cfg: HellbenderConfig, tokenizer: Any) -> dict[str, Any]:
         "val_set_size",
         "seed",
         "shuffle_merged_datasets",
+        "image_size",
+        "image_resize_algorithm",
+        "max_image_pixels",
+        "vision_tokens_to_mask",
     ]
     return {
         "datasets": [e.model_dump() for e in training_entries(cfg)],
         "test_datasets": [e.model_dump() for e in cfg.test_datasets],
         "files": [cache.files_fingerprint(e.path) for e in training_entries(cfg) + cfg.test_datasets],
         "tokenizer": cache.tokenizer_fingerprint(tokenizer),
+        "processor": processor_fingerprint(processor) if processor is not None else None,
         "settings": {k: getattr(cfg, k) for k in settings},
     }
 
 
-def _build(cfg: HellbenderConfig, tokenizer: Any) -> tuple[Any | None, Any | None, dict[str, Any]]:
+def _build(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> tuple[Any | None, Any | None, dict[str, Any]]:
     """Tokenize, mix, split and pack. The training part is None when training data is streamed."""
     train = train_stats = None
     entries = training_entries(cfg)
     if entries:
-        train, train_stats = tokenize_entries(entries, cfg, tokenizer, "datasets")
+        train, train_stats = tokenize_entries(entries, cfg, tokenizer, processor, "datasets")
         if train_stats.rows_kept == 0:
             raise DataError(
                 f"Every training row was dropped ({_reasons(train_stats)}); nothing is left to train on. "
@@ -152,7 +205,7 @@ def _build(cfg: HellbenderConfig, tokenizer: Any) -> tuple[Any | None, Any | Non
             train = train.shuffle(seed=cfg.seed).flatten_indices()
     eval_ds = eval_stats = None
     if cfg.test_datasets:
-        eval_ds, eval_stats = tokenize_entries(cfg.test_datasets, cfg, tokenizer, "test_datasets")
+        eval_ds, eval_stats = tokenize_entries(cfg.test_datasets, cfg, tokenizer, processor, "test_datasets")
     elif cfg.val_set_size > 0 and train is not None:
         size = cfg.val_set_size if cfg.val_set_size < 1 else int(cfg.val_set_size)
         if len(train) < 2 or (size >= 1 and size >= len(train)):
@@ -179,16 +232,19 @@ def _reasons(stats: TokenizeStats) -> str:
     return ", ".join(f"{n} {reason}" for reason, n in stats.dropped.items()) or "no rows"
 
 
-def prepare_datasets(cfg: HellbenderConfig, tokenizer: Any) -> PreparedData:
+def prepare_datasets(cfg: HellbenderConfig, tokenizer: Any, processor: Any = None) -> PreparedData:
+    """Prepared training / evaluation rows, from the cache when an identical preparation exists.
+
+    `processor` is given for vision-language models; their chat rows keep image paths for batch time."""
     import datasets
 
-    key = cache.cache_key(_cache_parts(cfg, tokenizer))
+    key = cache.cache_key(_cache_parts(cfg, tokenizer, processor))
     root = Path(cfg.dataset_prepared_path)
     found = cache.cached_dir(root, key)
     if found is None:
 
         def write(staging: Path) -> dict[str, Any]:
-            train, eval_ds, stats = _build(cfg, tokenizer)
+            train, eval_ds, stats = _build(cfg, tokenizer, processor)
             for name, part in (("train", train), ("eval", eval_ds)):
                 if part is not None:
                     part.save_to_disk(str(staging / name))

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from hellbender.data.formats import FORMATTERS, FormatContext, RowError
+from hellbender.data.formats import EXTRA_COLUMNS, FORMATTERS, FormatContext, RowDropped, RowError
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.errors import DataError
 
@@ -64,29 +64,39 @@ def fit_length(ids: list[int], labels: list[int], max_len: int, strategy: str) -
 def tokenize_dataset(ds, fmt: str, ctx: FormatContext, max_len: int, strategy: str, where: str, num_proc: int | None):
     """Tokenize every row with format `fmt`; returns the kept rows (input_ids, labels, length) and stats."""
     formatter = FORMATTERS[fmt]
+    extra = EXTRA_COLUMNS.get(fmt, {})
 
     def encode(row: dict[str, Any], index: int) -> dict[str, Any]:
+        reason = ""
         try:
             out = formatter(row, ctx)
         except RowError as exc:
             raise DataError(f"{where}, row {index}: {exc}.") from None
+        except RowDropped as exc:
+            out, reason = {"input_ids": [], "labels": []}, str(exc)
         ids, labels = out["input_ids"], out["labels"]
-        reason = ""
-        if not ids:
+        if not reason and not ids:
             reason = DROP_EMPTY
-        else:
+        elif not reason:
             ids, labels, reason = fit_length(ids, labels, max_len, strategy)
             if reason and strategy == "raise":
                 raise DataError(
                     f"{where}, row {index}: {len(ids)} tokens, more than `sequence_len: {max_len}`. Raise "
                     "`sequence_len`, shorten the row, or set `excess_length_strategy: drop` or `truncate`."
                 )
-
         # The model predicts labels[1:] from the tokens before them; labels[0] is never a target.
         trainable = sum(1 for label in labels[1:] if label != IGNORE_INDEX)
         if not reason and trainable == 0:
             reason = DROP_NO_TRAINABLE
-        return {"input_ids": ids, "labels": labels, "length": len(ids), "trainable": trainable, "drop_reason": reason}
+        extras = {key: out.get(key, default) for key, default in extra.items()}
+        return {
+            "input_ids": ids,
+            "labels": labels,
+            "length": len(ids),
+            "trainable": trainable,
+            "drop_reason": reason,
+            **extras,
+        }
 
     encoded = ds.map(
         encode,

@@ -1,49 +1,97 @@
-"""LoRA / QLoRA / DoRA adapters through PEFT."""
+"""LoRA / QLoRA / DoRA adapters through PEFT, and freezing the vision side of vision-language models."""
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import Any
 
 from hellbender.config import HellbenderConfig
-from hellbender.errors import ConfigError
+from hellbender.errors import ConfigError, EnvironmentProblem
 
 # Used when the config names no targets: the attention and MLP projections of common decoder families.
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# PEFT's ModulesToSaveWrapper forwards keyword-only calls from this version on; Gemma 4 calls its vision
+# tower and embedder with keyword arguments only.
+MIN_PEFT_FOR_KEYWORD_MODULES = (0, 21)
+
+
+def language_model_prefix(model: Any) -> str:
+    """Name of the language-model part of a vision-language model (e.g. `model.language_model`)."""
+    decoder = model.get_decoder()
+    for name, module in model.named_modules():
+        if module is decoder:
+            return name
+    raise ConfigError(f"Could not find the language model inside {type(model).__name__}.")
+
+
+def _linear_modules(model: Any, prefix: str) -> dict[str, str]:
+    """Full name -> leaf name of every linear layer under `prefix`, the output head excepted."""
+    import torch
+
+    head = model.get_output_embeddings()
+    return {
+        name: name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module is not head and name.startswith(prefix)
+    }
 
 
 def target_modules(cfg: HellbenderConfig, model: Any) -> list[str] | str:
-    if cfg.lora_target_linear and not cfg.lora_target_modules:
-        return "all-linear"
+    """What LoRA adapts. A regex string is passed to PEFT as is (it may reach the vision tower). Otherwise
+    targets are leaf names (`q_proj`), and for vision-language models only layers of the language model
+    are adapted, given as full names."""
     if isinstance(cfg.lora_target_modules, str):
         return cfg.lora_target_modules
-    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    wanted = list(cfg.lora_target_modules or [t for t in DEFAULT_TARGETS if t in names])
-    missing = [t for t in wanted if t not in names]
+    prefix = language_model_prefix(model) if cfg.is_multimodal else ""
+    if not cfg.is_multimodal and cfg.lora_target_linear and not cfg.lora_target_modules:
+        return "all-linear"
+    linear = _linear_modules(model, prefix)
+    leaves = set(linear.values())
+    wanted = set(cfg.lora_target_modules or [t for t in DEFAULT_TARGETS if t in leaves])
+    missing = sorted(wanted - leaves)
     if missing or not wanted:
+        where = f" of the language model (`{prefix}`)" if prefix else ""
         raise ConfigError(
-            f"`lora_target_modules`: {', '.join(missing) or 'no default projection'} not found in the model. "
-            f"Linear layers it has: {', '.join(sorted(_linear_names(model)))}. Or set `lora_target_linear: true`."
+            f"`lora_target_modules`: {', '.join(missing) or 'no default projection'} not found among the linear "
+            f"layers{where}: {', '.join(sorted(leaves))}. Or set `lora_target_linear: true`."
         )
     if cfg.lora_target_linear:
-        wanted = sorted(set(wanted) | _linear_names(model))
-    return wanted
+        wanted = leaves
+    if not cfg.is_multimodal:
+        return sorted(wanted)
+    return sorted(name for name, leaf in linear.items() if leaf in wanted)
 
 
-def _linear_names(model: Any) -> set[str]:
-    import torch
+def freeze_vision_modules(model: Any) -> list[str]:
+    """Freeze every parameter outside the language model and the output head; returns their names."""
+    prefix = language_model_prefix(model)
+    head = {id(p) for p in model.get_output_embeddings().parameters()}
+    frozen = []
+    for name, param in model.named_parameters():
+        if not name.startswith(prefix) and id(param) not in head:
+            param.requires_grad_(False)
+            frozen.append(name)
+    return frozen
 
-    out_head = model.get_output_embeddings()
-    return {
-        name.rsplit(".", 1)[-1]
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and module is not out_head
-    }
+
+def check_peft_version(cfg: HellbenderConfig) -> None:
+    installed = version("peft")
+    parts = tuple(int(p) for p in installed.split(".")[:2] if p.isdigit())
+    if cfg.lora_modules_to_save and parts < MIN_PEFT_FOR_KEYWORD_MODULES:
+        raise EnvironmentProblem(
+            f"`lora_modules_to_save` needs peft >= {'.'.join(map(str, MIN_PEFT_FOR_KEYWORD_MODULES))} (its wrapper "
+            f"passes keyword-only calls through, which vision towers such as Gemma 4's need); installed: {installed}. "
+            "Run `pip install -U peft`."
+        )
 
 
 def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
     """Wrap `model` in a PEFT adapter when the config asks for one; otherwise return it for full fine-tuning."""
+    if cfg.freeze_mm_modules:
+        freeze_vision_modules(model)
     if cfg.adapter is None:
         return model
+    check_peft_version(cfg)
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if cfg.adapter == "qlora":

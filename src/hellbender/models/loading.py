@@ -24,6 +24,21 @@ def _transformers_class(name: str, key: str):
     return cls
 
 
+def load_tokenizer_and_processor(cfg: HellbenderConfig) -> tuple[Any, Any | None]:
+    """The tokenizer, and for vision-language models (`processor_type`) the processor that holds it."""
+    if not cfg.is_multimodal:
+        return load_tokenizer(cfg), None
+    from hellbender.models.processor import load_processor
+
+    processor = load_processor(cfg, resolve_model_path(cfg.tokenizer_config or cfg.base_model))
+    customise_tokenizer(cfg, processor.tokenizer)
+    if cfg.chat_template != "tokenizer_default":
+        processor.chat_template = processor.tokenizer.chat_template
+    elif not getattr(processor, "chat_template", None):
+        processor.chat_template = resolve_chat_template("tokenizer_default", None, processor.tokenizer)
+    return processor.tokenizer, processor
+
+
 def load_tokenizer(cfg: HellbenderConfig) -> Any:
     source = resolve_model_path(cfg.tokenizer_config or cfg.base_model)
     cls = _transformers_class(cfg.tokenizer_type, "tokenizer_type")
@@ -34,6 +49,12 @@ def load_tokenizer(cfg: HellbenderConfig) -> Any:
             f"Could not load the tokenizer from `{source}`: {str(exc).rstrip('.')}. Check `base_model` / `tokenizer_config` "
             "(a hub id needs network access; a local path must hold tokenizer files)."
         ) from None
+    customise_tokenizer(cfg, tokenizer)
+    return tokenizer
+
+
+def customise_tokenizer(cfg: HellbenderConfig, tokenizer: Any) -> None:
+    """Apply `special_tokens` and `chat_template`, and make sure there is a pad token."""
     if cfg.special_tokens:
         tokenizer.add_special_tokens(dict(cfg.special_tokens))
     if tokenizer.pad_token is None:
@@ -41,7 +62,6 @@ def load_tokenizer(cfg: HellbenderConfig) -> Any:
         tokenizer.pad_token = tokenizer.eos_token
     if cfg.chat_template != "tokenizer_default":
         tokenizer.chat_template = resolve_chat_template(cfg.chat_template, cfg.chat_template_jinja, tokenizer)
-    return tokenizer
 
 
 def torch_dtype(cfg: HellbenderConfig):
@@ -106,6 +126,7 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
         ) from None
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer))
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
+    text_config = model.config.get_text_config()
+    if text_config.pad_token_id is None:
+        text_config.pad_token_id = tokenizer.pad_token_id
     return model

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from hellbender.config import HellbenderConfig, dump_config
-from hellbender.data.prepare import prepare_datasets
+from hellbender.data.prepare import image_policy, prepare_datasets
 from hellbender.data.streaming import streaming_dataset
 from hellbender.models.adapters import apply_adapter
-from hellbender.models.loading import load_model, load_tokenizer
+from hellbender.models.loading import load_model, load_tokenizer_and_processor
 from hellbender.train.arguments import training_arguments
 from hellbender.train.collator import CausalLMCollator
+from hellbender.train.multimodal_collator import MultimodalCollator
 from hellbender.train.resume import checkpoint_to_resume
 from hellbender.train.schedule import plan_schedule
 from hellbender.train.tokens import TokenCounter
@@ -30,13 +31,13 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     from transformers import set_seed
 
     set_seed(cfg.seed)
-    tokenizer = load_tokenizer(cfg)
+    tokenizer, processor = load_tokenizer_and_processor(cfg)
     if cfg.uses_streaming:
         train_data, eval_data, train_rows = streaming_dataset(cfg, tokenizer), None, None
         if cfg.test_datasets:
-            eval_data = prepare_datasets(cfg, tokenizer).eval
+            eval_data = prepare_datasets(cfg, tokenizer, processor).eval
     else:
-        prepared = prepare_datasets(cfg, tokenizer)
+        prepared = prepare_datasets(cfg, tokenizer, processor)
         logger.info("Prepared data %s (%s)", prepared.cache_dir, "from cache" if prepared.from_cache else "new")
         train_data, eval_data, train_rows = prepared.train, prepared.eval, len(prepared.train)
 
@@ -44,13 +45,17 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     model = apply_adapter(cfg, load_model(cfg, tokenizer))
     schedule = plan_schedule(cfg, train_rows)
     args = training_arguments(cfg, schedule, has_eval=eval_data is not None)
+    if processor is not None:
+        collator = MultimodalCollator(processor, image_policy(cfg))
+    else:
+        collator = CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation)
     trainer = HellbenderTrainer(
         model=model,
         args=args,
         train_dataset=train_data,
         eval_dataset=eval_data,
-        data_collator=CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation),
-        processing_class=tokenizer,
+        data_collator=collator,
+        processing_class=processor or tokenizer,
         callbacks=[TokenCounter(), *(callbacks or [])],
     )
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)

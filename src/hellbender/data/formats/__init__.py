@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hellbender.data.formats import alpaca, chat_template, completion, pretokenized
-from hellbender.data.formats.base import FormatContext, RowError
+from hellbender.data.formats import alpaca, chat_template, completion, multimodal_chat, pretokenized
+from hellbender.data.formats.base import FormatContext, RowDropped, RowError, VisionContext
 
 Formatter = Callable[[dict[str, Any], FormatContext], dict[str, list[int]]]
 
@@ -19,6 +19,9 @@ FORMATTERS: dict[str, Formatter] = {
     "chat_template": chat_template.tokenize_row,
     "completion": completion.tokenize_row,
     "pretokenized": pretokenized.tokenize_row,
+    "multimodal_chat": multimodal_chat.tokenize_row,
 }
+# Columns a format adds beside input_ids / labels, with the value a dropped row gets.
+EXTRA_COLUMNS: dict[str, dict[str, Any]] = {"multimodal_chat": {"images": [], "text": ""}}
 
-__all__ = ["FORMATTERS", "FormatContext", "Formatter", "RowError"]
+__all__ = ["EXTRA_COLUMNS", "FORMATTERS", "FormatContext", "Formatter", "RowDropped", "RowError", "VisionContext"]

@@ -12,6 +12,22 @@ class RowError(Exception):
     """A row that cannot be turned into training tokens; the message says why and what to fix."""
 
 
+class RowDropped(Exception):
+    """A row to leave out and count (the config asked to skip rows like it); the message is the reason."""
+
+
+@dataclass(frozen=True)
+class VisionContext:
+    """What rows of vision-language datasets need beyond the tokenizer."""
+
+    processor: Any
+    policy: Any  # hellbender.data.images.ImagePolicy
+    vision_ids: frozenset[int]
+    placeholder_id: int
+    image_column: str = "images"
+    skip_bad_images: bool = False
+
+
 @dataclass(frozen=True)
 class FormatContext:
     tokenizer: Any
@@ -26,6 +42,8 @@ class FormatContext:
     train_on_eos: str = "turn"
     # completion only
     text_field: str = "text"
+    # vision-language chat rows only
+    vision: VisionContext | None = None
 
 
 def require_eos(tokenizer: Any) -> int:

@@ -10,6 +10,7 @@ special token right after a turn's content; `train_on_eos` decides when it is tr
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from typing import Any
 
 from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowError
@@ -25,7 +26,12 @@ DEFAULT_ROLE_ALIASES = {
 }
 
 
-def read_messages(row: dict[str, Any], ctx: FormatContext) -> list[dict[str, str]]:
+def read_messages(row: dict[str, Any], ctx: FormatContext, allow_parts: bool = False) -> list[dict[str, Any]]:
+    """The row's conversation as `{"role", "content"}` messages with template role names.
+
+    Content is a string, or (with `allow_parts`, for vision-language models) a list of parts such as
+    `{"type": "text", "text": ...}` and `{"type": "image", "path": ...}`.
+    """
     field = ctx.field_messages or ("messages" if "messages" in row else "conversations")
     if field not in row:
         raise RowError(f"column `{field}` with the conversation is missing (columns: {', '.join(sorted(row))})")
@@ -51,50 +57,99 @@ def read_messages(row: dict[str, Any], ctx: FormatContext) -> list[dict[str, str
         content = message[content_key]
         if content is None:
             content = ""
-        if not isinstance(content, str):
-            raise RowError(f"message {i} content must be text, not {type(content).__name__}")
+        if isinstance(content, list) and allow_parts:
+            content = [_read_part(part, i) for part in content]
+        elif not isinstance(content, str):
+            hint = (
+                " (image parts need `processor_type`, which selects a vision-language model)"
+                if isinstance(content, list)
+                else ""
+            )
+            raise RowError(f"message {i} content must be text, not {type(content).__name__}{hint}")
         messages.append({"role": role, "content": content})
     return messages
 
 
-def _render(tokenizer: Any, template: str | None, messages: list[dict[str, str]]) -> str:
-    try:
-        return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False)
-    except Exception as exc:  # jinja raises many kinds (TemplateError, TypeError, ...) for bad conversations
-        raise RowError(f"the chat template failed on this conversation: {exc}") from None
+def _read_part(part: Any, message: int) -> dict[str, Any]:
+    # Rows loaded through Arrow carry every key of every part type, the absent ones as None.
+    if not isinstance(part, dict) or part.get("type") not in ("text", "image"):
+        raise RowError(
+            f"message {message} has a content part that is not `{{type: text}}` or `{{type: image}}`: {part!r}"
+        )
+    if part["type"] == "text":
+        return {"type": "text", "text": part.get("text") or ""}
+    return {"type": "image", **{k: v for k, v in part.items() if k != "type" and v is not None}}
 
 
-def _placeholder(i: int) -> str:
+Segment = tuple[int, str]  # (message index, text)
+
+
+def text_segments(messages: list[dict[str, Any]]) -> list[Segment]:
+    """Every piece of text the template renders, in message order: a string content is one segment, each
+    text part of a list content another."""
+    segments = []
+    for i, message in enumerate(messages):
+        content = message["content"]
+        if isinstance(content, str):
+            segments.append((i, content))
+        else:
+            segments += [(i, part["text"]) for part in content if part["type"] == "text"]
+    return segments
+
+
+def _placeholder(k: int) -> str:
     # Letters and digits only, so templates that trim or escape content leave it intact; the trailing
     # letter keeps placeholder 1 from matching inside placeholder 10.
-    return f"hbmsg{i}q"
+    return f"hbmsg{k}q"
 
 
-def render_with_spans(tokenizer: Any, template: str | None, messages: list[dict[str, str]]):
-    """The rendered conversation and the character span of each message's content in it.
+def _with_placeholders(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    k = 0
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, str):
+            content, k = _placeholder(k), k + 1
+        else:
+            parts = []
+            for part in content:
+                if part["type"] == "text":
+                    part, k = {"type": "text", "text": _placeholder(k)}, k + 1
+                parts.append(part)
+            content = parts
+        out.append({**message, "content": content})
+    return out
 
-    The conversation is rendered a second time with every content replaced by a unique placeholder; where
-    the placeholders land is exactly where the template puts each content, whatever text the template adds
-    around it (so an answer such as "assistant" or "end" is never confused with the template's markup).
-    The real rendering must equal the placeholder rendering with the contents put back (verbatim, or
-    stripped for templates that trim); a template that rewrites content is refused rather than guessed at.
-    Messages the template does not render get a span of None.
+
+Render = Callable[[list[dict[str, Any]]], str]
+
+
+def render_with_spans(render: Render, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int] | None]]:
+    """The rendered conversation and the character span of each text segment (see `text_segments`) in it.
+
+    The conversation is rendered a second time with every text replaced by a unique placeholder; where the
+    placeholders land is exactly where the template puts each text, whatever markup it adds around it (so
+    an answer such as "assistant" or "end" is never confused with the template's own text). The real
+    rendering must equal the placeholder rendering with the texts put back (verbatim, or stripped for
+    templates that trim); a template that rewrites content is refused rather than guessed at. Segments the
+    template does not render get a span of None.
     """
-    text = _render(tokenizer, template, messages)
-    skeleton = _render(tokenizer, template, [{**m, "content": _placeholder(i)} for i, m in enumerate(messages)])
-    found = sorted((at, i) for i in range(len(messages)) if (at := skeleton.find(_placeholder(i))) >= 0)
+    segments = text_segments(messages)
+    text = render(messages)
+    skeleton = render(_with_placeholders(messages))
+    found = sorted((at, k) for k in range(len(segments)) if (at := skeleton.find(_placeholder(k))) >= 0)
     for strip in (False, True):
         pieces: list[str] = []
-        spans: list[tuple[int, int] | None] = [None] * len(messages)
+        spans: list[tuple[int, int] | None] = [None] * len(segments)
         length, cursor = 0, 0
-        for at, i in found:
-            content = messages[i]["content"].strip() if strip else messages[i]["content"]
+        for at, k in found:
+            content = segments[k][1].strip() if strip else segments[k][1]
             pieces.append(skeleton[cursor:at])
             length += at - cursor
-            spans[i] = (length, length + len(content))
+            spans[k] = (length, length + len(content))
             pieces.append(content)
             length += len(content)
-            cursor = at + len(_placeholder(i))
+            cursor = at + len(_placeholder(k))
         pieces.append(skeleton[cursor:])
         if "".join(pieces) == text:
             return text, spans
@@ -105,47 +160,75 @@ def render_with_spans(tokenizer: Any, template: str | None, messages: list[dict[
     )
 
 
-def _special_ids(tokenizer: Any) -> set[int]:
+def tokenizer_renderer(tokenizer: Any, template: str | None) -> Render:
+    def render(messages: list[dict[str, Any]]) -> str:
+        try:
+            return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False)
+        except Exception as exc:  # jinja raises many kinds (TemplateError, TypeError, ...) for bad conversations
+            raise RowError(f"the chat template failed on this conversation: {exc}") from None
+
+    return render
+
+
+def special_ids(tokenizer: Any) -> set[int]:
     return set(tokenizer.all_special_ids) | {
         i for i, tok in tokenizer.added_tokens_decoder.items() if getattr(tok, "special", False)
     }
 
 
-def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]]:
-    tok = ctx.tokenizer
-    messages = read_messages(row, ctx)
-    if ctx.train_on_inputs:
-        ids = tok(_render(tok, ctx.chat_template, messages), add_special_tokens=False)["input_ids"]
-        return {"input_ids": ids, "labels": list(ids)}
-    text, spans = render_with_spans(tok, ctx.chat_template, messages)
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids: list[int] = enc["input_ids"]
-    starts = [s for s, _ in enc["offset_mapping"]]
-    ends = [e for _, e in enc["offset_mapping"]]
-    special = _special_ids(tok)
+def conversation_labels(
+    text: str,
+    spans: list[tuple[int, int] | None],
+    messages: list[dict[str, Any]],
+    ids: list[int],
+    offsets: list[tuple[int, int]],
+    special: set[int],
+    ctx: FormatContext,
+) -> list[int]:
+    """Labels for the tokens of a rendered conversation: the trained roles' text, plus each turn's
+    end-of-turn token as `train_on_eos` says; everything else is IGNORE_INDEX."""
+    segments = text_segments(messages)
     trained = [m["role"] in ctx.roles_to_train for m in messages]
-    for i, span in enumerate(spans):
-        if span is None and trained[i] and messages[i]["content"]:
+    for k, span in enumerate(spans):
+        i, seg_text = segments[k]
+        if span is None and trained[i] and seg_text:
             raise RowError(f"the chat template leaves out message {i} ({messages[i]['role']}), which is to be trained")
-    last_trained = max((i for i, t in enumerate(trained) if t and spans[i] is not None), default=-1)
+    rendered = [k for k, span in enumerate(spans) if span is not None]
+    last_segment = {segments[k][0]: k for k in rendered}  # message -> its last rendered segment
+    last_trained = max((i for i in last_segment if trained[i]), default=-1)
+    starts = [s for s, _ in offsets]
+    ends = [e for _, e in offsets]
     labels = [IGNORE_INDEX] * len(ids)
-    for i, span in enumerate(spans):
-        if span is None:
-            continue
-        start, end = span
-        # Tokens that overlap the content are trained (" The" may start on the space before the content).
+    for k in rendered:
+        i = segments[k][0]
+        start, end = spans[k]
+        # Tokens that overlap the text are trained (" The" may start on the space before the content).
         token = bisect.bisect_right(ends, start)
         while start < end and token < len(ids) and starts[token] < end:
             if trained[i]:
                 labels[token] = ids[token]
             token += 1
-        # The end-of-turn marker: a special token right after the content (only whitespace between).
+        if last_segment[i] != k:
+            continue
+        # The end-of-turn marker: a special token right after the message's last text (only whitespace between).
         while token < len(ids) and ids[token] not in special and not text[starts[token] : ends[token]].strip():
             token += 1
-        at_end = token < len(ids) and ids[token] in special
-        if at_end and _train_eos(ctx.train_on_eos, trained[i], i == last_trained):
+        if token < len(ids) and ids[token] in special and _train_eos(ctx.train_on_eos, trained[i], i == last_trained):
             labels[token] = ids[token]
-    return {"input_ids": ids, "labels": labels}
+    return labels
+
+
+def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]]:
+    tok = ctx.tokenizer
+    messages = read_messages(row, ctx)
+    render = tokenizer_renderer(tok, ctx.chat_template)
+    if ctx.train_on_inputs:
+        ids = tok(render(messages), add_special_tokens=False)["input_ids"]
+        return {"input_ids": ids, "labels": list(ids)}
+    text, spans = render_with_spans(render, messages)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    labels = conversation_labels(text, spans, messages, enc["input_ids"], enc["offset_mapping"], special_ids(tok), ctx)
+    return {"input_ids": enc["input_ids"], "labels": labels}
 
 
 def _train_eos(mode: str, turn_trained: bool, is_last_trained: bool) -> bool:

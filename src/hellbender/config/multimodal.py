@@ -1,0 +1,38 @@
+"""Config keys for vision-language models: the processor, image handling and what to train of the vision side."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_MAX_IMAGE_PIXELS = 50_000_000
+
+
+class MultimodalSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    processor_type: str | None = Field(
+        None,
+        description="Load a processor (`AutoProcessor` or a class name) and train a vision-language model: the "
+        "model loads through `AutoModelForImageTextToText` and chat datasets may hold image parts.",
+    )
+    freeze_mm_modules: bool = Field(
+        False, description="Freeze the vision tower and projector (full fine-tuning trains them otherwise)."
+    )
+    image_size: int | tuple[int, int] | None = Field(
+        None, description="Resize every image to this size (pixels; one number for a square) before processing."
+    )
+    image_resize_algorithm: Literal["bilinear", "bicubic", "lanczos", "nearest"] = Field(
+        "bilinear", description="Resampling filter for `image_size`."
+    )
+    max_image_pixels: int = Field(
+        DEFAULT_MAX_IMAGE_PIXELS,
+        gt=0,
+        description="Images with more pixels (width x height) are refused (or skipped with `skip_bad_images`).",
+    )
+    vision_tokens_to_mask: list[str] = Field(
+        default_factory=list,
+        description="Extra tokens never to train, beside the image / video placeholders, soft tokens and vision "
+        "markers found from the processor (a per-model override).",
+    )

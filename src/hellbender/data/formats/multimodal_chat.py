@@ -1,0 +1,124 @@
+"""`type: chat_template` rows for vision-language models: conversations with image parts.
+
+The text is rendered and labelled exactly as for text models (see `chat_template`). The processor then
+expands each image placeholder into the model's image tokens; labels follow the text tokens into the
+expanded sequence by sequence alignment, and every image token stays unlabelled. Images are decoded once
+here to catch bad files early; the cache keeps their paths, and pixels are processed again at batch time.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowDropped, RowError
+from hellbender.data.formats.chat_template import (
+    conversation_labels,
+    read_messages,
+    render_with_spans,
+    special_ids,
+)
+from hellbender.data.images import ImageProblem, image_reference, open_image, resolve_image
+
+
+def _attach_column_images(messages: list[dict[str, Any]], refs: list[Any]) -> list[dict[str, Any]]:
+    """Rows with plain-text messages and an image column: all the images go, in order, before the text of
+    the first user message."""
+    if any(isinstance(m["content"], list) and any(p["type"] == "image" for p in m["content"]) for m in messages):
+        raise RowError("the row has both image parts in its messages and an image column; use one of them")
+    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    if first_user is None:
+        raise RowError("the row has images but no user message to attach them to")
+    out = []
+    for i, message in enumerate(messages):
+        content = message["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+        if i == first_user:
+            parts = [{"type": "image", "path": ref} for ref in refs] + parts
+        out.append({**message, "content": parts})
+    return out
+
+
+def _image_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image"]
+
+
+def _bare(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as the template sees them: image parts without their paths (nothing is loaded while rendering)."""
+    out = []
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, list):
+            content = [{"type": "image"} if p["type"] == "image" else p for p in content]
+        out.append({**m, "content": content})
+    return out
+
+
+def align_labels(source_ids: list[int], source_labels: list[int], target_ids: list[int]) -> list[int]:
+    """Carry labels from the unexpanded token sequence to the processor's expanded one.
+
+    Matching runs of equal tokens keep their labels; every token the expansion inserted is unlabelled. The
+    trained tokens must all survive the alignment, or the row is refused rather than mislabelled.
+    """
+    matcher = difflib.SequenceMatcher(None, source_ids, target_ids, autojunk=False)
+    labels = [IGNORE_INDEX] * len(target_ids)
+    for a, b, size in matcher.get_matching_blocks():
+        labels[b : b + size] = source_labels[a : a + size]
+    trained_before = sum(1 for x in source_labels if x != IGNORE_INDEX)
+    trained_after = sum(1 for x in labels if x != IGNORE_INDEX)
+    if trained_before != trained_after:
+        raise RowError(
+            f"the processor's image expansion changed the trained text ({trained_before} trained tokens before, "
+            f"{trained_after} after); the row cannot be labelled exactly"
+        )
+    return labels
+
+
+def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
+    vision = ctx.vision
+    processor, tok = vision.processor, ctx.tokenizer
+    messages = read_messages(row, ctx, allow_parts=True)
+    column = row.get(vision.image_column)
+    if column:
+        messages = _attach_column_images(messages, list(column))
+    try:
+        paths = [resolve_image(image_reference(p), vision.policy) for p in _image_parts(messages)]
+        images = [open_image(path, vision.policy) for path in paths]
+    except ImageProblem as exc:
+        if vision.skip_bad_images:
+            raise RowDropped("bad image") from None
+        raise RowError(f"{exc}. Fix the file, or set `skip_bad_images: true` to drop such rows") from None
+
+    def render(msgs: list[dict[str, Any]]) -> str:
+        try:
+            return processor.apply_chat_template(_bare(msgs), chat_template=ctx.chat_template, tokenize=False)
+        except Exception as exc:  # jinja raises many kinds for bad conversations
+            raise RowError(f"the chat template failed on this conversation: {exc}") from None
+
+    text, spans = render_with_spans(render, messages)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = enc["input_ids"]
+    if ctx.train_on_inputs:
+        labels = list(ids)
+    else:
+        labels = conversation_labels(text, spans, messages, ids, enc["offset_mapping"], special_ids(tok), ctx)
+    placeholders = sum(1 for i in ids if i == vision.placeholder_id)
+    if placeholders != len(images):
+        raise RowError(
+            f"the rendered text has {placeholders} image placeholder(s) but the row has {len(images)} image(s); "
+            "each image part must be rendered by the chat template exactly once"
+        )
+    expanded = expand(processor, text, images)
+    labels = align_labels(ids, labels, expanded)
+    labels = [IGNORE_INDEX if i in vision.vision_ids else label for i, label in zip(expanded, labels, strict=True)]
+    return {"input_ids": expanded, "labels": labels, "images": [str(p) for p in paths], "text": text}
+
+
+def expand(processor: Any, text: str, images: list[Any]) -> list[int]:
+    """The processor's token ids for one rendered conversation with its images."""
+    try:
+        out = processor(text=[text], images=[images] if images else None, add_special_tokens=False)
+    except (ValueError, TypeError) as exc:
+        raise RowError(f"the processor refused the row: {exc}") from None
+    ids = out["input_ids"][0]
+    return ids.tolist() if hasattr(ids, "tolist") else list(ids)

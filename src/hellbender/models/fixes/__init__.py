@@ -1,0 +1,33 @@
+"""Model-family quirks, one module per family. Each module names the `model_type`s it covers and holds every
+special case of that family; the rest of hellbender stays generic and asks here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def model_type_of(source: str) -> str | None:
+    """`model_type` from a model directory's config.json (hub ids: through transformers' config loader)."""
+    config = Path(source) / "config.json"
+    if config.is_file():
+        return json.loads(config.read_text()).get("model_type")
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(source).model_type
+    except (OSError, ValueError):
+        return None
+
+
+def processor_loader(source: str) -> Callable[..., Any] | None:
+    """A family-specific way to load the processor, or None for `from_pretrained` of the configured class."""
+    from hellbender.models.fixes import gemma4, qwen2_5_vl
+
+    model_type = model_type_of(source)
+    for family in (gemma4, qwen2_5_vl):
+        if model_type in family.MODEL_TYPES:
+            return family.load_processor
+    return None

@@ -1,0 +1,102 @@
+"""Gemma 4: what hellbender needs to know and do for this family, checked against the installed transformers.
+
+Processor: `Gemma4Processor` requires a `Gemma4VideoProcessor`, which cannot be imported without torchvision,
+so `AutoProcessor.from_pretrained` fails on machines without it (ImportError). `load_processor` then builds
+`Gemma4ProcessorWithoutVideo`: the same processor for text and images, refusing videos, saving the same files
+a `Gemma4Processor` saves. With torchvision installed, it is plain `AutoProcessor.from_pretrained`.
+
+Images: the chat template writes the image token (`<image_soft_token>`) once per image, and the processor
+expands it to `<start_of_image>` + n soft tokens + `<end_of_image>`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import Gemma4Processor
+from transformers.utils import CHAT_TEMPLATE_FILE, PROCESSOR_NAME
+
+MODEL_TYPES = ("gemma4",)
+
+
+# What a `Gemma4VideoProcessor` saved with this model's image settings looks like (other keys: class defaults).
+class Gemma4ProcessorWithoutVideo(Gemma4Processor):
+    """`Gemma4Processor` with `video_processor=None`, for machines without torchvision (where
+    `Gemma4VideoProcessor` cannot be imported). Text and images behave exactly as in `Gemma4Processor`; videos
+    are refused. It saves a plain `Gemma4Processor` directory (see the module docstring)."""
+
+    # Written back as the `video_processor` entry of processor_config.json; `load_processor` keeps the saved one,
+    # otherwise it follows the image processor's settings.
+    video_processor_config: dict[str, Any] | None = None
+
+    def check_argument_for_proper_class(self, argument_name, argument):
+        if argument_name == "video_processor" and argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+    def _process_videos(self, videos, **kwargs):
+        raise ValueError(
+            "This Gemma 4 processor has no video processor (Gemma4VideoProcessor needs torchvision), so it "
+            "cannot process videos."
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        output = super().to_dict()
+        output["processor_class"] = "Gemma4Processor"
+        output["video_processor"] = dict(self.video_processor_config or self._video_config_from_images())
+        return output
+
+    def _video_config_from_images(self) -> dict[str, Any]:
+        images = self.image_processor
+        return {
+            "video_processor_type": "Gemma4VideoProcessor",
+            "patch_size": images.patch_size,
+            "max_soft_tokens": images.max_soft_tokens,
+            "pooling_kernel_size": images.pooling_kernel_size,
+        }
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        """What `ProcessorMixin.save_pretrained` writes for a `Gemma4Processor` (the tokenizer files,
+        `chat_template.jinja`, `processor_config.json`), without touching the missing video processor."""
+        if push_to_hub:
+            raise NotImplementedError("save locally, then upload the directory")
+        os.makedirs(save_directory, exist_ok=True)
+        self.tokenizer._set_processor_class("Gemma4Processor")
+        self.tokenizer.save_pretrained(save_directory)
+        if isinstance(self.chat_template, str):
+            Path(save_directory, CHAT_TEMPLATE_FILE).write_text(self.chat_template, encoding="utf-8")
+        elif self.chat_template is not None:
+            raise NotImplementedError("only a single chat template is supported here")
+        output_file = os.path.join(save_directory, PROCESSOR_NAME)
+        self.to_json_file(output_file)
+        return [output_file]
+
+
+def load_processor(path: str | os.PathLike, **kwargs: Any):
+    """The processor saved by `build` (or any Gemma 4 processor directory).
+
+    With torchvision this is `AutoProcessor.from_pretrained(path, **kwargs)`. Without it, `AutoProcessor` cannot
+    build `Gemma4Processor` (its required `Gemma4VideoProcessor` needs torchvision), so this loads exactly what
+    `Gemma4Processor.from_pretrained` would, minus the video processor: the tokenizer (`AutoTokenizer`), the image
+    processor (`AutoImageProcessor`, PIL backend), the audio feature extractor (`AutoFeatureExtractor`) and the
+    processor's own settings and chat template from `processor_config.json` / `chat_template.jinja`, joined in
+    `Gemma4ProcessorWithoutVideo`. `kwargs` (`revision`, `trust_remote_code`, ...) go to every loader.
+    """
+    from transformers import AutoFeatureExtractor, AutoImageProcessor, AutoProcessor, AutoTokenizer
+    from transformers.utils import is_torchvision_available
+
+    if is_torchvision_available():
+        return AutoProcessor.from_pretrained(path, **kwargs)
+    processor_dict, _ = Gemma4ProcessorWithoutVideo.get_processor_dict(path, **kwargs)
+    args = [
+        AutoFeatureExtractor.from_pretrained(path, **kwargs),
+        AutoImageProcessor.from_pretrained(path, backend="pil", **kwargs),
+        AutoTokenizer.from_pretrained(path, **kwargs),
+        None,  # video_processor
+    ]
+    processor = Gemma4ProcessorWithoutVideo.from_args_and_dict(args, processor_dict)
+    if isinstance(processor_dict.get("video_processor"), dict):
+        processor.video_processor_config = processor_dict["video_processor"]
+    return processor

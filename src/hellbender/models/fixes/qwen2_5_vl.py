@@ -1,0 +1,76 @@
+"""Qwen2.5-VL: what hellbender needs for this family, checked against the installed transformers.
+
+Processor: `Qwen2_5_VLProcessor` always loads a `Qwen2VLVideoProcessor`, which needs torchvision, so
+`AutoProcessor.from_pretrained` fails on machines without it (ImportError). `load_processor` then loads the
+same directory through `ImageOnlyQwen2_5_VLProcessor` (image processor and tokenizer only; videos are refused),
+which saves the files a stock `Qwen2_5_VLProcessor` writes, so the saved directory loads anywhere.
+
+Batches: the model builds its 3-D (M-RoPE) image positions from `mm_token_type_ids` together with
+`image_grid_thw`; without `mm_token_type_ids` it silently falls back to 1-D positions. The processor returns
+both, and the collator passes every processor output on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import Qwen2_5_VLProcessor
+
+MODEL_TYPES = ("qwen2_5_vl",)
+
+
+class ImageOnlyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
+    """`Qwen2_5_VLProcessor` without a video processor, for machines without torchvision."""
+
+    def __init__(self, image_processor=None, tokenizer=None, video_processor=None, chat_template=None, **kwargs):
+        # `from_pretrained` passes the saved video processor settings (a dict) here; they are kept for saving.
+        self.video_processor_config = video_processor if isinstance(video_processor, dict) else None
+        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    @classmethod
+    def get_attributes(cls):
+        return ["image_processor", "tokenizer"]
+
+    def __call__(self, images=None, text=None, videos=None, *args, **kwargs):
+        if videos is not None:
+            raise ValueError(
+                "This Qwen2.5-VL processor was loaded without torchvision, so it has no video processor "
+                "(Qwen2VLVideoProcessor needs torchvision). Install torchvision to process videos."
+            )
+        return super().__call__(images, text, None, *args, **kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a stock `Qwen2_5_VLProcessor` saves: its own class name and a video processor entry (the stock
+        class cannot load a directory without one)."""
+        output = super().to_dict()
+        output["processor_class"] = "Qwen2_5_VLProcessor"
+        output["video_processor"] = dict(self.video_processor_config or self._video_config_from_images())
+        return output
+
+    def _video_config_from_images(self) -> dict[str, Any]:
+        images = self.image_processor
+        return {
+            "video_processor_type": "Qwen2VLVideoProcessor",
+            "patch_size": images.patch_size,
+            "merge_size": images.merge_size,
+            "temporal_patch_size": images.temporal_patch_size,
+            "size": dict(images.size),
+        }
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        files = super().save_pretrained(save_directory, *args, **kwargs)
+        self.tokenizer._set_processor_class("Qwen2_5_VLProcessor")
+        self.tokenizer.save_pretrained(save_directory)
+        return files
+
+
+def load_processor(path: str | Path, **kwargs: Any):
+    """`AutoProcessor.from_pretrained` where torchvision is installed; the image-only processor elsewhere."""
+    from transformers.utils import is_torchvision_available
+
+    if is_torchvision_available():
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(str(path), **kwargs)
+    return ImageOnlyQwen2_5_VLProcessor.from_pretrained(str(path), **kwargs)
