@@ -91,6 +91,48 @@ def text_rows(rng: random.Random, n: int) -> list[dict]:
     return rows
 
 
+SHAPE_COLOURS = {"red": (220, 30, 30), "green": (30, 180, 30), "blue": (30, 30, 220)}
+
+
+def shape_rows(rng: random.Random, n: int) -> list[dict]:
+    """Images of a coloured square on white (32x32 PNG) and the question of its colour; every fifth row
+    shows two squares and asks for both colours."""
+    from PIL import Image
+
+    image_dir = OUT / "shapes"
+    image_dir.mkdir(exist_ok=True)
+
+    def draw(index: int, colour: str) -> str:
+        img = Image.new("RGB", (32, 32), (255, 255, 255))
+        x, y = rng.randint(2, 14), rng.randint(2, 14)
+        img.paste(SHAPE_COLOURS[colour], (x, y, x + 16, y + 16))
+        name = f"shapes/{index:03d}.png"
+        img.save(OUT / name, optimize=True)
+        return name
+
+    rows, index = [], 0
+    for i in range(n):
+        colours = [rng.choice(sorted(SHAPE_COLOURS)) for _ in range(2 if i % 5 == 4 else 1)]
+        parts = []
+        for colour in colours:
+            parts.append({"type": "image", "path": draw(index, colour), "text": None})
+            index += 1
+        if len(colours) == 1:
+            question, answer = "What colour is the square?", f"The square is {colours[0]}."
+        else:
+            question, answer = "What colours are the two squares?", f"The squares are {colours[0]} and {colours[1]}."
+        parts.append({"type": "text", "path": None, "text": question})
+        rows.append(
+            {
+                "messages": [
+                    {"role": "user", "content": parts},
+                    {"role": "assistant", "content": [{"type": "text", "path": None, "text": answer}]},
+                ]
+            }
+        )
+    return rows
+
+
 def write_jsonl(name: str, rows: list[dict]) -> None:
     with open(OUT / name, "w") as f:
         for row in rows:
@@ -103,3 +145,4 @@ if __name__ == "__main__":
     write_jsonl("chat.jsonl", chat_rows(rng, 400))
     write_jsonl("alpaca.jsonl", alpaca_rows(rng, 200))
     write_jsonl("text.jsonl", text_rows(rng, 400))
+    write_jsonl("shapes.jsonl", shape_rows(rng, 60))
