@@ -263,10 +263,12 @@ def test_examples_copies_config_and_data(tmp_path):
     assert copied["datasets"][0].pop("path") == f"{dest.as_posix()}/data/chat.jsonl"
     original["datasets"][0].pop("path")
     assert copied == original
-    bundled = sorted(p.name for p in (EXAMPLES / "data").iterdir())
-    assert bundled and sorted(p.name for p in (dest / "data").iterdir()) == bundled
+    source = EXAMPLES / "data"
+    bundled = sorted(str(p.relative_to(source)) for p in source.rglob("*") if p.is_file())
+    copied = sorted(str(p.relative_to(dest / "data")) for p in (dest / "data").rglob("*") if p.is_file())
+    assert bundled and copied == bundled
     for name in bundled:
-        assert (dest / "data" / name).read_bytes() == (EXAMPLES / "data" / name).read_bytes()
+        assert (dest / "data" / name).read_bytes() == (source / name).read_bytes()
 
 
 def test_examples_unknown_name(tmp_path):
