@@ -63,3 +63,28 @@ def test_bf16_lora_with_packing_on_gpu_matches_the_cpu_loss_scale(tmp_path):
     assert sorted(losses) == list(range(1, 11))
     # The tiny model starts near ln(vocab) = ln(512) ~ 6.2 whatever the device.
     assert 5.0 < losses[1] < 7.5
+
+
+@pytest.mark.parametrize("model", ["hellbender/tiny-gemma4-vlm", "hellbender/tiny-qwen2.5-vl"])
+def test_vlm_lora_trains_in_bf16_with_activation_checkpointing_on_gpu(tmp_path, model):
+    from tests.conftest import EXAMPLES
+
+    cfg = validate_config(
+        base_config(
+            tmp_path,
+            base_model=model,
+            processor_type="AutoProcessor",
+            datasets=[{"path": str(EXAMPLES / "data" / "shapes.jsonl"), "type": "chat_template"}],
+            adapter="lora",
+            lora_target_linear=True,
+            bf16=True,
+            gradient_checkpointing=True,
+            sequence_len=512,
+            max_steps=12,
+            learning_rate=1e-2,
+        )
+    )
+    train(cfg)
+    losses = list(logged_losses(cfg.output_dir).values())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
