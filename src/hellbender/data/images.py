@@ -9,6 +9,7 @@ preparing, so a missing, corrupt or oversized image is found before training sta
 from __future__ import annotations
 
 import hashlib
+import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,12 @@ REMOTE_MAX_BYTES = 64 * 1024 * 1024
 
 
 class ImageProblem(Exception):
-    """An image that cannot be used; the message names the path and why."""
+    """An image that cannot be used; the message names the path and why, `reason` is the short kind of problem
+    under which `skip_bad_images` counts dropped rows."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,10 @@ def image_reference(part_or_path: Any) -> str:
             value = part_or_path.get(key)
             if isinstance(value, str) and value:
                 return value
-    raise ImageProblem(f"an image entry must be a path or URL string, or a part with `path` / `url`: {part_or_path!r}")
+    raise ImageProblem(
+        f"an image entry must be a path or URL string, or a part with `path` / `url`: {part_or_path!r}",
+        "bad image reference",
+    )
 
 
 def resolve_image(ref: str, policy: ImagePolicy) -> Path:
@@ -51,25 +60,29 @@ def resolve_image(ref: str, policy: ImagePolicy) -> Path:
         if not policy.allow_remote:
             raise ImageProblem(
                 f"image `{ref}` is a remote URL, and remote images are off; set `allow_remote_images: true` on the "
-                "dataset to fetch them"
+                "dataset to fetch them",
+                "remote image not allowed",
             )
         return _download(ref, policy)
     if "://" in ref:
-        raise ImageProblem(f"image `{ref}` uses an unsupported scheme; use a local path or an http(s) URL")
+        raise ImageProblem(
+            f"image `{ref}` uses an unsupported scheme; use a local path or an http(s) URL", "bad image reference"
+        )
     base = policy.base_dir.resolve()
     path = (base / ref).resolve()  # resolves `..` and symlinks, so both are caught by the check below
     if not path.is_relative_to(base):
         raise ImageProblem(
-            f"image `{ref}` resolves to `{path}`, outside `image_base_dir` `{base}`; images must stay inside it"
+            f"image `{ref}` resolves to `{path}`, outside `image_base_dir` `{base}`; images must stay inside it",
+            "image outside image_base_dir",
         )
     if not path.is_file():
-        raise ImageProblem(f"image `{ref}` does not exist (looked for `{path}`)")
+        raise ImageProblem(f"image `{ref}` does not exist (looked for `{path}`)", "image missing")
     return path
 
 
 def _download(url: str, policy: ImagePolicy) -> Path:
     if policy.download_dir is None:
-        raise ImageProblem(f"image `{url}` is remote but there is nowhere to store it")
+        raise ImageProblem(f"image `{url}` is remote but there is nowhere to store it", "image could not be fetched")
     target = policy.download_dir / hashlib.sha256(url.encode()).hexdigest()
     if target.is_file():
         return target
@@ -77,11 +90,13 @@ def _download(url: str, policy: ImagePolicy) -> Path:
         with urllib.request.urlopen(url, timeout=REMOTE_TIMEOUT_S) as response:  # noqa: S310 (scheme checked)
             data = response.read(REMOTE_MAX_BYTES + 1)
     except OSError as exc:
-        raise ImageProblem(f"image `{url}` could not be fetched: {exc}") from None
+        raise ImageProblem(f"image `{url}` could not be fetched: {exc}", "image could not be fetched") from None
     if len(data) > REMOTE_MAX_BYTES:
-        raise ImageProblem(f"image `{url}` is larger than {REMOTE_MAX_BYTES} bytes")
+        raise ImageProblem(f"image `{url}` is larger than {REMOTE_MAX_BYTES} bytes", "image too large")
     policy.download_dir.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
+    partial = target.with_name(f".{target.name}.{os.getpid()}")  # renamed into place whole, never half-written
+    partial.write_bytes(data)
+    os.replace(partial, target)
     return target
 
 
@@ -89,19 +104,24 @@ def open_image(path: Path, policy: ImagePolicy):
     """Decode an image as RGB (resized when the config asks), refusing corrupt and oversized files."""
     from PIL import Image
 
+    if not path.is_file():
+        raise ImageProblem(f"image `{path}` does not exist", "image missing")
     try:
         with Image.open(path) as img:
             width, height = img.size
             if width * height > policy.max_pixels:
                 raise ImageProblem(
-                    f"image `{path}` has {width}x{height} pixels, more than `max_image_pixels: {policy.max_pixels}`"
+                    f"image `{path}` has {width}x{height} pixels, more than `max_image_pixels: {policy.max_pixels}`",
+                    "image too large",
                 )
             img.load()
             rgb = img.convert("RGB")
     except ImageProblem:
         raise
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise ImageProblem(f"image `{path}` cannot be decoded ({exc}); the file is corrupt or not an image") from None
+        raise ImageProblem(
+            f"image `{path}` cannot be decoded ({exc}); the file is corrupt or not an image", "image corrupt"
+        ) from None
     if policy.resize_to:
         rgb = rgb.resize(policy.resize_to, getattr(Image.Resampling, policy.resample.upper()))
     return rgb

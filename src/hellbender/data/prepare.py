@@ -68,6 +68,7 @@ def vision_context(entry: DatasetEntry, cfg: HellbenderConfig, processor: Any) -
         processor=processor,
         policy=policy,
         vision_ids=frozenset(vision_token_ids(processor, cfg.vision_tokens_to_mask)),
+        image_ids=frozenset(vision_token_ids(processor, [])),
         placeholder_id=image_placeholder_id(processor),
         image_column=entry.image_column,
         skip_bad_images=entry.skip_bad_images,
@@ -83,10 +84,11 @@ def format_context(entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any, p
         for target, aliases in entry.roles.items():
             role_map.update({alias: target for alias in aliases})
     template = None
-    if entry.type == "chat_template":
-        template = resolve_chat_template(
-            entry.chat_template or cfg.chat_template, entry.chat_template_jinja or cfg.chat_template_jinja, tokenizer
-        )
+    name = entry.chat_template or cfg.chat_template
+    if entry.type == "chat_template" and processor is not None and name == "tokenizer_default":
+        template = processor.chat_template  # a VLM's own template lives with its processor
+    elif entry.type == "chat_template":
+        template = resolve_chat_template(name, entry.chat_template_jinja or cfg.chat_template_jinja, tokenizer)
     return FormatContext(
         tokenizer=tokenizer,
         train_on_inputs=train_on_inputs,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hellbender.data.formats.base import IGNORE_INDEX
-from hellbender.data.images import ImagePolicy, open_image
+from hellbender.data.images import ImagePolicy, ImageProblem, open_image
 from hellbender.errors import DataError
 from hellbender.train.collator import REAL_TOKENS_KEY
 
@@ -27,7 +27,13 @@ class MultimodalCollator:
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         texts = [row["text"] for row in rows]
-        images = [[open_image(Path(p), self.policy) for p in row["images"]] for row in rows]
+        try:
+            images = [[open_image(Path(p), self.policy) for p in row["images"]] for row in rows]
+        except ImageProblem as exc:
+            raise DataError(
+                f"An image of a prepared row can no longer be used: {exc}. The images changed since the data was "
+                "prepared; restore them, or delete the prepared data (`dataset_prepared_path`) and run again."
+            ) from None
         has_images = any(images)
         batch = self.processor(
             text=texts,

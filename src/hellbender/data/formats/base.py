@@ -22,7 +22,8 @@ class VisionContext:
 
     processor: Any
     policy: Any  # hellbender.data.images.ImagePolicy
-    vision_ids: frozenset[int]
+    vision_ids: frozenset[int]  # never trained: image tokens plus the config's `vision_tokens_to_mask`
+    image_ids: frozenset[int]  # the processor's own image / video tokens
     placeholder_id: int
     image_column: str = "images"
     skip_bad_images: bool = False

@@ -184,9 +184,11 @@ def conversation_labels(
     offsets: list[tuple[int, int]],
     special: set[int],
     ctx: FormatContext,
+    image_ids: frozenset[int] = frozenset(),
 ) -> list[int]:
     """Labels for the tokens of a rendered conversation: the trained roles' text, plus each turn's
-    end-of-turn token as `train_on_eos` says; everything else is IGNORE_INDEX."""
+    end-of-turn token as `train_on_eos` says; everything else is IGNORE_INDEX. `image_ids` are image
+    placeholders, which may sit between a message's last text and its end-of-turn token."""
     segments = text_segments(messages)
     trained = [m["role"] in ctx.roles_to_train for m in messages]
     for k, span in enumerate(spans):
@@ -210,8 +212,11 @@ def conversation_labels(
             token += 1
         if last_segment[i] != k:
             continue
-        # The end-of-turn marker: a special token right after the message's last text (only whitespace between).
-        while token < len(ids) and ids[token] not in special and not text[starts[token] : ends[token]].strip():
+        # The end-of-turn marker: a special token right after the message's last text, with only whitespace or
+        # the message's trailing images between.
+        while token < len(ids) and (
+            ids[token] in image_ids or (ids[token] not in special and not text[starts[token] : ends[token]].strip())
+        ):
             token += 1
         if token < len(ids) and ids[token] in special and _train_eos(ctx.train_on_eos, trained[i], i == last_trained):
             labels[token] = ids[token]

@@ -86,7 +86,7 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
         images = [open_image(path, vision.policy) for path in paths]
     except ImageProblem as exc:
         if vision.skip_bad_images:
-            raise RowDropped("bad image") from None
+            raise RowDropped(exc.reason) from None
         raise RowError(f"{exc}. Fix the file, or set `skip_bad_images: true` to drop such rows") from None
 
     def render(msgs: list[dict[str, Any]]) -> str:
@@ -101,7 +101,9 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
     if ctx.train_on_inputs:
         labels = list(ids)
     else:
-        labels = conversation_labels(text, spans, messages, ids, enc["offset_mapping"], special_ids(tok), ctx)
+        labels = conversation_labels(
+            text, spans, messages, ids, enc["offset_mapping"], special_ids(tok), ctx, vision.image_ids
+        )
     placeholders = sum(1 for i in ids if i == vision.placeholder_id)
     if placeholders != len(images):
         raise RowError(
