@@ -133,6 +133,21 @@ def shape_rows(rng: random.Random, n: int) -> list[dict]:
     return rows
 
 
+QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def shape_pretrain_rows(chat_rows: list[dict]) -> list[dict]:
+    """Raw image+text documents over the same images, in the tiny Qwen2.5-VL's image-token syntax."""
+    rows = []
+    for chat in chat_rows:
+        images = [p["path"] for p in chat["messages"][0]["content"] if p["type"] == "image"]
+        answer = chat["messages"][1]["content"][0]["text"]
+        colours = [w.strip(".,") for w in answer.split() if w.strip(".,") in SHAPE_COLOURS]
+        text = " ".join(f"{QWEN_IMAGE}A {c} square on a white background." for c in colours)
+        rows.append({"text": text, "images": images})
+    return rows
+
+
 def write_jsonl(name: str, rows: list[dict]) -> None:
     with open(OUT / name, "w") as f:
         for row in rows:
@@ -145,4 +160,6 @@ if __name__ == "__main__":
     write_jsonl("chat.jsonl", chat_rows(rng, 400))
     write_jsonl("alpaca.jsonl", alpaca_rows(rng, 200))
     write_jsonl("text.jsonl", text_rows(rng, 400))
-    write_jsonl("shapes.jsonl", shape_rows(rng, 60))
+    shapes = shape_rows(rng, 60)
+    write_jsonl("shapes.jsonl", shapes)
+    write_jsonl("shapes_pretrain.jsonl", shape_pretrain_rows(shapes))

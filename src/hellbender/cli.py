@@ -89,8 +89,9 @@ def preprocess(config: ConfigArg, set_: SetOpt = None, debug: DebugOpt = False) 
 
     def action() -> None:
         cfg = load_config(config, set_)
-        if cfg.uses_streaming and not cfg.test_datasets:
-            console.print("`pretraining_dataset` is streamed at training time; there is nothing to prepare.")
+        if (cfg.uses_streaming or cfg.skip_prepare_dataset) and not cfg.test_datasets:
+            why = "streamed at training time" if cfg.uses_streaming else "used as they are (`skip_prepare_dataset`)"
+            console.print(f"The training rows are {why}; there is nothing to prepare.")
             return
         from hellbender.data.prepare import prepare_datasets
         from hellbender.models.loading import load_tokenizer_and_processor

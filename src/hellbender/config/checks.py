@@ -87,35 +87,64 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
 
 
 MULTIMODAL_ONLY_KEYS = ("freeze_mm_modules", "image_size", "vision_tokens_to_mask")
-MULTIMODAL_ENTRY_KEYS = ("image_base_dir", "skip_bad_images", "allow_remote_images")
+MULTIMODAL_ENTRY_KEYS = ("image_base_dir", "image_token", "skip_bad_images", "allow_remote_images")
+MULTIMODAL_TYPES = {"chat_template", "multimodal_pretrain"}
 
 
 def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
     problems = []
+    entries = cfg.datasets + cfg.test_datasets + cfg.pretraining_dataset
+    mm_pretrain = [e for e in entries if e.type == "multimodal_pretrain"]
     if not cfg.is_multimodal:
         keys = [k for k in MULTIMODAL_ONLY_KEYS if getattr(cfg, k)]
-        keys += sorted({k for e in cfg.datasets + cfg.test_datasets for k in MULTIMODAL_ENTRY_KEYS if getattr(e, k)})
-        if keys:
+        keys += sorted({k for e in entries for k in MULTIMODAL_ENTRY_KEYS if getattr(e, k)})
+        if mm_pretrain:
+            keys.append("type: multimodal_pretrain")
+        if keys or cfg.skip_prepare_dataset:
+            keys += ["skip_prepare_dataset"] if cfg.skip_prepare_dataset else []
             problems.append(
-                f"{', '.join(f'`{k}`' for k in keys)} apply to vision-language models, which `processor_type` "
-                "selects (e.g. `processor_type: AutoProcessor`); set it or remove these keys."
+                f"{', '.join(f'`{k}`' for k in keys)} apply to vision-language models, and no processor is "
+                "configured: set `processor_type` (e.g. `processor_type: AutoProcessor`) or remove these keys."
             )
         return problems
     if cfg.sample_packing:
         problems.append("`sample_packing` is not supported yet with `processor_type` (vision-language models).")
-    other_types = sorted({e.type or "pretokenized" for e in cfg.datasets + cfg.test_datasets} - {"chat_template"})
+    other_types = sorted({e.type or "pretokenized" for e in cfg.datasets + cfg.test_datasets} - MULTIMODAL_TYPES)
+    other_types += sorted({e.type for e in cfg.pretraining_dataset} - MULTIMODAL_TYPES)
     if other_types:
         problems.append(
-            f"With `processor_type`, datasets must be `type: chat_template` (image+text conversations); "
-            f"{', '.join(other_types)} is not supported yet for vision-language models."
+            f"With `processor_type`, datasets must be `type: chat_template` (image+text conversations) or "
+            f"`type: multimodal_pretrain` (raw image+text); {', '.join(sorted(set(other_types)))} is not supported "
+            "yet for vision-language models."
         )
     if cfg.excess_length_strategy == "truncate":
         problems.append(
             "`excess_length_strategy: truncate` could cut through an image's tokens; with `processor_type` use "
             "`drop` (the default) or `raise`."
         )
-    if cfg.pretraining_dataset:
+    if mm_pretrain:
+        problems += _multimodal_pretrain_conflicts(cfg)
+    return problems
+
+
+def _multimodal_pretrain_conflicts(cfg: HellbenderConfig) -> list[str]:
+    problems = []
+    both = sorted({e.path for e in cfg.datasets} & {e.path for e in cfg.pretraining_dataset})
+    if both:
         problems.append(
-            "`pretraining_dataset` is not supported yet with `processor_type`; use `datasets:` with chat rows."
+            f"Dataset {', '.join(f'`{p}`' for p in both)} is declared under both `datasets:` and "
+            "`pretraining_dataset:`; keep it in one place (`datasets:` to prepare it, `pretraining_dataset:` to "
+            "stream it)."
         )
+    if cfg.streaming and any(e.type == "multimodal_pretrain" for e in cfg.datasets):
+        problems.append(
+            "`streaming: true` streams `pretraining_dataset:` entries, but a `multimodal_pretrain` entry is under "
+            "`datasets:`; move it to `pretraining_dataset:` to stream it, or set `streaming: false`."
+        )
+    if "chat_template" in cfg.model_fields_set and cfg.chat_template != "tokenizer_default":
+        problems.append(
+            "`chat_template` does not apply to `multimodal_pretrain` (raw image+text, no chat turns); remove it."
+        )
+    if cfg.skip_prepare_dataset and any(e.type != "multimodal_pretrain" for e in cfg.datasets):
+        problems.append("`skip_prepare_dataset: true` needs every `datasets:` entry to be `type: multimodal_pretrain`.")
     return problems

@@ -7,11 +7,38 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 DsType = Literal["json", "jsonl", "parquet", "csv", "text", "arrow"]
-DatasetType = Literal["alpaca", "chat_template", "completion", "pretokenized"]
+DatasetType = Literal["alpaca", "chat_template", "completion", "pretokenized", "multimodal_pretrain"]
 TrainOnEos = Literal["turn", "all", "last", "none"]
 
 
-class DatasetEntry(BaseModel):
+class ImageEntryKeys(BaseModel):
+    """Per-dataset image keys of vision-language datasets (chat rows and raw image+text rows)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image_column: str = Field(
+        "images",
+        description="VLM: column with a list of image paths / URLs (plain-text chat rows and `multimodal_pretrain` rows).",
+    )
+    image_base_dir: str | None = Field(
+        None,
+        description="VLM: directory that relative image paths start from and that no image path may leave; default "
+        "the dataset file's directory (the current directory for hub datasets).",
+    )
+    image_token: str | None = Field(
+        None,
+        description="`multimodal_pretrain`: the special token that marks an image in the text; default the "
+        "processor's image token.",
+    )
+    skip_bad_images: bool = Field(
+        False,
+        description="VLM: drop (and count) rows whose images are missing, corrupt or too large (`multimodal_pretrain`: "
+        "or whose tokens exceed `sequence_len`) instead of failing.",
+    )
+    allow_remote_images: bool = Field(False, description="VLM: allow `http(s)` image URLs to be fetched.")
+
+
+class DatasetEntry(ImageEntryKeys):
     """One entry of `datasets:` / `test_datasets:`."""
 
     model_config = ConfigDict(extra="forbid")
@@ -28,6 +55,9 @@ class DatasetEntry(BaseModel):
     split: str = Field("train", description="Split to load.")
     revision: str | None = Field(None, description="Git revision of a hub dataset.")
     field: str | None = Field(None, description="`completion`: the column holding the text (default `text`).")
+    text_column: str | None = Field(
+        None, description="`completion` / `multimodal_pretrain`: the column holding the text (default `text`)."
+    )
     field_messages: str | None = Field(
         None,
         description="`chat_template`: the column holding the conversation (default `messages`, else `conversations`).",
@@ -49,28 +79,17 @@ class DatasetEntry(BaseModel):
     chat_template: str | None = Field(None, description="Per-dataset chat template (same values as the top-level key).")
     chat_template_jinja: str | None = Field(None, description="Per-dataset Jinja template for `chat_template: jinja`.")
     train_on_inputs: bool | None = Field(None, description="Per-dataset override of the top-level `train_on_inputs`.")
-    image_column: str = Field(
-        "images", description="VLM: column with a list of image paths / URLs for rows whose messages are plain text."
-    )
-    image_base_dir: str | None = Field(
-        None,
-        description="VLM: directory that relative image paths start from and that no image path may leave; default "
-        "the dataset file's directory (the current directory for hub datasets).",
-    )
-    skip_bad_images: bool = Field(
-        False,
-        description="VLM: drop (and count) rows whose images are missing, corrupt or too large instead of failing.",
-    )
-    allow_remote_images: bool = Field(False, description="VLM: allow `http(s)` image URLs to be fetched.")
 
 
-class PretrainingDatasetEntry(BaseModel):
-    """One entry of `pretraining_dataset:` (raw text, streamed)."""
+class PretrainingDatasetEntry(ImageEntryKeys):
+    """One entry of `pretraining_dataset:` (raw text or raw image+text, streamed unless `streaming: false`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     path: str = Field(description="Local file, directory or glob; a hub dataset id; or an fsspec URL.")
-    type: Literal["completion", "pretrain"] = Field("pretrain", description="Raw text documents.")
+    type: Literal["completion", "pretrain", "multimodal_pretrain"] = Field(
+        "pretrain", description="Raw text documents, or `multimodal_pretrain` for raw image+text documents."
+    )
     ds_type: DsType | None = Field(None, description="File format; guessed from the extension when unset.")
     data_files: list[str] | str | None = Field(None, description="Files inside a hub dataset or directory.")
     name: str | None = Field(None, description="Configuration name of a hub dataset.")
@@ -113,3 +132,8 @@ class DataSettings(BaseModel):
         None, description="A Jinja chat template, used with `chat_template: jinja`."
     )
     shuffle_merged_datasets: bool = Field(True, description="Shuffle the rows of all datasets together.")
+    skip_prepare_dataset: bool = Field(
+        False,
+        description="Use already-tokenized `multimodal_pretrain` rows (`_mm_text`, `images`, `input_ids`, "
+        "`attention_mask`, `labels`) as they are; the processor expands their images at batch time.",
+    )

@@ -33,6 +33,10 @@ class PreparedData:
     from_cache: bool
 
 
+# Dataset types whose rows hold images.
+VISION_TYPES = ("chat_template", "multimodal_pretrain")
+
+
 def default_image_base_dir(entry: DatasetEntry) -> Path:
     """Image paths start from the dataset file's directory (the directory itself for a directory source)."""
     path = Path(entry.path).expanduser()
@@ -69,9 +73,10 @@ def vision_context(entry: DatasetEntry, cfg: HellbenderConfig, processor: Any) -
         policy=policy,
         vision_ids=frozenset(vision_token_ids(processor, cfg.vision_tokens_to_mask)),
         image_ids=frozenset(vision_token_ids(processor, [])),
-        placeholder_id=image_placeholder_id(processor),
+        placeholder_id=image_placeholder_id(processor, entry.image_token),
         image_column=entry.image_column,
         skip_bad_images=entry.skip_bad_images,
+        max_tokens=cfg.sequence_len,
     )
 
 
@@ -99,10 +104,8 @@ def format_context(entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any, p
         role_map=role_map,
         roles_to_train=tuple(entry.roles_to_train or ("assistant",)),
         train_on_eos=entry.train_on_eos or "turn",
-        text_field=entry.field or "text",
-        vision=vision_context(entry, cfg, processor)
-        if processor is not None and entry.type == "chat_template"
-        else None,
+        text_field=entry.field or entry.text_column or "text",
+        vision=vision_context(entry, cfg, processor) if processor is not None and entry.type in VISION_TYPES else None,
     )
 
 
@@ -147,23 +150,22 @@ def tokenize_entries(entries: list[DatasetEntry], cfg: HellbenderConfig, tokeniz
 
 
 def training_entries(cfg: HellbenderConfig) -> list[DatasetEntry]:
-    """`datasets:` plus any `pretraining_dataset:` entries that are prepared rather than streamed."""
+    """`datasets:` plus any `pretraining_dataset:` entries that are prepared rather than streamed (raw text as
+    `completion`, raw image+text as `multimodal_pretrain`). None when the training rows are streamed or used
+    as they are (`skip_prepare_dataset`)."""
+    if cfg.skip_prepare_dataset:
+        return []
     if cfg.uses_streaming:
         return list(cfg.datasets)
-    as_completion = [
+    prepared = [
         DatasetEntry(
-            path=e.path,
-            type="completion",
-            field=e.text_column,
-            ds_type=e.ds_type,
-            data_files=e.data_files,
-            name=e.name,
-            split=e.split,
-            revision=e.revision,
+            **e.model_dump(exclude={"type", "text_column"}),
+            type="multimodal_pretrain" if e.type == "multimodal_pretrain" else "completion",
+            text_column=e.text_column,
         )
         for e in cfg.pretraining_dataset
     ]
-    return list(cfg.datasets) + as_completion
+    return list(cfg.datasets) + prepared
 
 
 def _cache_parts(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> dict[str, Any]:

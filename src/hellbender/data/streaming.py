@@ -1,25 +1,42 @@
-"""Streamed raw-text continued pretraining (`pretraining_dataset:` with `streaming: true`).
+"""Streamed continued pretraining (`pretraining_dataset:` with `streaming: true`); the run's length comes
+from `max_steps`.
 
-Documents are read lazily, tokenized with EOS appended, and packed in order into `sequence_len` bins (long
-documents are split across bins). Nothing is cached; the run's length comes from `max_steps`.
+Raw text: documents are read lazily, tokenized with EOS appended, and packed in order into full
+`sequence_len` bins (long documents continue in the next bin).
+
+Raw image+text (`multimodal_pretrain`): each row is encoded like a prepared row (images checked, tokens
+expanded) and carries its position in the stream, `stream_row`. The trainer records how many rows it has
+trained on in every checkpoint, so a resumed run starts at the next unseen row: the rows before it are read
+and skipped without opening, decoding or processing a single image. The stream cycles through the data
+until `max_steps`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import count
 from typing import Any
 
 import torch
 
-from hellbender.config import HellbenderConfig, PretrainingDatasetEntry
+from hellbender.config import DatasetEntry, HellbenderConfig, PretrainingDatasetEntry
+from hellbender.data.formats import FORMATTERS, RowDropped, RowError
 from hellbender.data.packing import pack_stream
+from hellbender.data.prepare import format_context
 from hellbender.data.sources import load_rows
 from hellbender.errors import DataError
 
 SHUFFLE_BUFFER = 10_000
+STREAM_ROW_KEY = "stream_row"
+
+
+def _shuffled_rows(entry: PretrainingDatasetEntry, seed: int):
+    return load_rows(entry, streaming=True).shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
 
 
 class StreamingPretrainDataset(torch.utils.data.IterableDataset):
+    """Raw text, packed into full bins."""
+
     def __init__(self, entries: list[PretrainingDatasetEntry], tokenizer: Any, sequence_len: int, seed: int) -> None:
         self.entries = entries
         self.tokenizer = tokenizer
@@ -33,8 +50,7 @@ class StreamingPretrainDataset(torch.utils.data.IterableDataset):
     def _documents(self) -> Iterator[dict[str, list[int]]]:
         eos = self.tokenizer.eos_token_id
         for i, entry in enumerate(self.entries):
-            rows = load_rows(entry, streaming=True).shuffle(seed=self.seed + self.epoch, buffer_size=SHUFFLE_BUFFER)
-            for number, row in enumerate(rows):
+            for number, row in enumerate(_shuffled_rows(entry, self.seed + self.epoch)):
                 if entry.text_column not in row:
                     raise DataError(
                         f"pretraining_dataset[{i}] `{entry.path}`, row {number}: column `{entry.text_column}` is "
@@ -50,7 +66,52 @@ class StreamingPretrainDataset(torch.utils.data.IterableDataset):
         return pack_stream(self._documents(), self.sequence_len)
 
 
-def streaming_dataset(cfg: HellbenderConfig, tokenizer: Any) -> StreamingPretrainDataset:
+class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
+    """Raw image+text rows, one sample each, numbered in stream order and cycling without end."""
+
+    def __init__(self, cfg: HellbenderConfig, tokenizer: Any, processor: Any, start_row: int = 0) -> None:
+        self.entries = cfg.pretraining_dataset
+        self.contexts = [
+            format_context(
+                DatasetEntry(**e.model_dump(exclude={"type"}), type="multimodal_pretrain"), cfg, tokenizer, processor
+            )
+            for e in self.entries
+        ]
+        self.seed = cfg.seed
+        self.start_row = start_row  # rows already trained on (from the checkpoint being resumed)
+
+    def _raw_rows(self) -> Iterator[tuple[int, int, int, dict[str, Any]]]:
+        """(pass, entry index, row number within the entry, row), forever: pass p shuffles with seed + p."""
+        for epoch in count():
+            for i, entry in enumerate(self.entries):
+                for number, row in enumerate(_shuffled_rows(entry, self.seed + epoch)):
+                    yield epoch, i, number, row
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        encode = FORMATTERS["multimodal_pretrain"]
+        samples_per_pass: dict[int, int] = {}
+        for position, (epoch, i, number, row) in enumerate(self._raw_rows()):
+            if epoch >= 1 and samples_per_pass.get(epoch - 1, 1) == 0 and position >= self.start_row:
+                raise DataError(
+                    "Every row of the streamed `pretraining_dataset` was dropped; nothing is left to train on."
+                )
+            samples_per_pass.setdefault(epoch, 0)
+            if position < self.start_row:
+                samples_per_pass[epoch] += 1  # counted as usable: it was trained on before
+                continue  # trained on before the checkpoint: skipped without touching its images
+            try:
+                sample = encode(row, self.contexts[i])
+            except RowError as exc:
+                raise DataError(f"pretraining_dataset[{i}] `{self.entries[i].path}`, row {number}: {exc}.") from None
+            except RowDropped:
+                continue
+            samples_per_pass[epoch] += 1
+            yield {**sample, STREAM_ROW_KEY: position}
+
+
+def streaming_dataset(cfg: HellbenderConfig, tokenizer: Any, processor: Any = None, start_row: int = 0):
     if tokenizer.eos_token_id is None:
         raise DataError("The tokenizer has no EOS token to end documents with; set `special_tokens: {eos_token: ...}`.")
+    if processor is not None:
+        return StreamingMultimodalDataset(cfg, tokenizer, processor, start_row)
     return StreamingPretrainDataset(cfg.pretraining_dataset, tokenizer, cfg.sequence_len, cfg.seed)

@@ -83,13 +83,24 @@ def vision_token_ids(processor: Any, extra_tokens: list[str]) -> set[int]:
     return ids
 
 
-def image_placeholder_id(processor: Any) -> int:
-    """The token a chat template writes once per image, which the processor then expands (`image_token` in
-    every family hellbender knows)."""
+def image_placeholder_id(processor: Any, override: str | None = None) -> int:
+    """The token that marks one image in the text, which the processor expands: the processor's image token
+    (every family hellbender knows), or a dataset's `image_token`, which must be a special token."""
+    tokenizer = processor.tokenizer
+    if override is not None:
+        token_id = tokenizer.convert_tokens_to_ids(override)
+        special = {tok.content for tok in tokenizer.added_tokens_decoder.values() if tok.special}
+        if override not in special or token_id in (None, tokenizer.unk_token_id):
+            raise ConfigError(
+                f"`image_token: {override}` is not a special token of the tokenizer, so it could not be counted "
+                f"exactly; use one of the processor's image tokens (e.g. `{getattr(processor, 'image_token', '?')}`) "
+                "or add it with `special_tokens`."
+            )
+        return token_id
     token = getattr(processor, "image_token", None)
     if not token:
         raise ConfigError(f"{type(processor).__name__} names no image token; hellbender cannot count its images.")
-    return processor.tokenizer.convert_tokens_to_ids(token)
+    return tokenizer.convert_tokens_to_ids(token)
 
 
 def processor_fingerprint(processor: Any) -> str:

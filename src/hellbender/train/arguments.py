@@ -37,7 +37,11 @@ def checkpointing_arguments(enabled: bool) -> dict:
     return {name: enabled, f"{name}_kwargs": {"use_reentrant": False} if enabled else None}
 
 
-def training_arguments(cfg: HellbenderConfig, schedule: Schedule, has_eval: bool) -> TrainingArguments:
+def training_arguments(
+    cfg: HellbenderConfig, schedule: Schedule, has_eval: bool, data_resumes_itself: bool = False
+) -> TrainingArguments:
+    """`data_resumes_itself`: the training data starts at the right row on resume by itself, so the Trainer
+    must not skip batches."""
     import torch
 
     dtype = torch_dtype(cfg)
@@ -70,8 +74,12 @@ def training_arguments(cfg: HellbenderConfig, schedule: Schedule, has_eval: bool
         data_seed=cfg.seed,
         report_to=report_targets(cfg) or "none",
         remove_unused_columns=False,
-        ignore_data_skip=cfg.ignore_data_skip,
+        ignore_data_skip=cfg.ignore_data_skip or data_resumes_itself,
         restore_callback_states_from_checkpoint=True,  # token counters continue on resume
+        # Streamed data: every process reads the stream and keeps its share of the samples. Dispatching collated
+        # batches from one process would slice every tensor along its first dimension, which for image tensors
+        # (patches, grids) is not the batch dimension.
+        accelerator_config={"dispatch_batches": False} if cfg.uses_streaming else None,
         dataloader_num_workers=cfg.dataloader_num_workers,
         dataloader_pin_memory=torch.cuda.is_available(),
         include_num_input_tokens_seen="no",

@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
-from hellbender.data.formats.base import IGNORE_INDEX
+from hellbender.data.formats.base import IGNORE_INDEX, UNEXPANDED_KEY, RowError
+from hellbender.data.formats.multimodal_chat import align_labels
 from hellbender.data.images import ImagePolicy, ImageProblem, open_image
+from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.errors import DataError
 from hellbender.train.collator import REAL_TOKENS_KEY
 
@@ -24,6 +26,7 @@ from hellbender.train.collator import REAL_TOKENS_KEY
 class MultimodalCollator:
     processor: Any
     policy: ImagePolicy
+    vision_ids: frozenset[int] = frozenset()
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         texts = [row["text"] for row in rows]
@@ -43,17 +46,35 @@ class MultimodalCollator:
             return_tensors="pt",
         )
         input_ids = batch["input_ids"]
+        lengths = batch["attention_mask"].sum(dim=1).tolist()
         labels = torch.full_like(input_ids, IGNORE_INDEX)
         for i, row in enumerate(rows):
-            n = len(row["input_ids"])
-            if input_ids[i, :n].tolist() != list(row["input_ids"]) or batch["attention_mask"][i, n:].any():
+            n = lengths[i]
+            ids = input_ids[i, :n].tolist()
+            if row.get(UNEXPANDED_KEY):
+                row_labels = self._labels_for_user_tokens(row, ids)
+            elif ids != list(row["input_ids"]):
                 raise DataError(
                     f"The processor now expands the images of a prepared row differently ({', '.join(row['images'])}). "
                     "The images or the processor changed since the data was prepared; delete the prepared data "
                     "(`dataset_prepared_path`) and run again."
                 )
-            labels[i, :n] = torch.as_tensor(row["labels"])
+            else:
+                row_labels = row["labels"]
+            labels[i, :n] = torch.as_tensor(row_labels)
         out = dict(batch)
         out["labels"] = labels
-        out[REAL_TOKENS_KEY] = torch.tensor([len(row["input_ids"]) for row in rows])
+        out[REAL_TOKENS_KEY] = torch.tensor(lengths)
+        if STREAM_ROW_KEY in rows[0]:
+            out[STREAM_ROW_KEY] = torch.tensor([row[STREAM_ROW_KEY] for row in rows])
         return out
+
+    def _labels_for_user_tokens(self, row: dict[str, Any], ids: list[int]) -> list[int]:
+        try:
+            labels = align_labels(list(row["input_ids"]), list(row["labels"]), ids)
+        except RowError as exc:
+            raise DataError(
+                f"A pre-tokenized row ({row['text'][:60]!r}) does not match its `_mm_text`: {exc}. Its `input_ids` "
+                "must be the processor tokenizer's tokens of `_mm_text`."
+            ) from None
+        return [IGNORE_INDEX if token in self.vision_ids else label for token, label in zip(ids, labels, strict=True)]

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from hellbender.config import HellbenderConfig, dump_config
 from hellbender.data.prepare import image_policy, prepare_datasets
+from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
 from hellbender.data.streaming import streaming_dataset
 from hellbender.models.adapters import apply_adapter
 from hellbender.models.loading import load_model, load_tokenizer_and_processor
+from hellbender.models.processor import vision_token_ids
 from hellbender.train.arguments import training_arguments
 from hellbender.train.collator import CausalLMCollator
 from hellbender.train.multimodal_collator import MultimodalCollator
 from hellbender.train.resume import checkpoint_to_resume
 from hellbender.train.schedule import plan_schedule
-from hellbender.train.tokens import TokenCounter
+from hellbender.train.tokens import StreamPosition, TokenCounter
 from hellbender.train.trainer import HellbenderTrainer
 
 logger = logging.getLogger("hellbender")
@@ -31,22 +34,19 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     from transformers import set_seed
 
     set_seed(cfg.seed)
+    resume_from = checkpoint_to_resume(cfg)  # checked first, so a bad path fails before any work
     tokenizer, processor = load_tokenizer_and_processor(cfg)
-    if cfg.uses_streaming:
-        train_data, eval_data, train_rows = streaming_dataset(cfg, tokenizer), None, None
-        if cfg.test_datasets:
-            eval_data = prepare_datasets(cfg, tokenizer, processor).eval
-    else:
-        prepared = prepare_datasets(cfg, tokenizer, processor)
-        logger.info("Prepared data %s (%s)", prepared.cache_dir, "from cache" if prepared.from_cache else "new")
-        train_data, eval_data, train_rows = prepared.train, prepared.eval, len(prepared.train)
-
-    resume_from = checkpoint_to_resume(cfg)  # checked before the model loads, so a bad path fails fast
+    # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so
+    # the Trainer must not replay the stream to skip batches itself.
+    streams_images = cfg.uses_streaming and processor is not None
+    train_data, eval_data = _training_data(cfg, tokenizer, processor, resume_from, streams_images)
     model = apply_adapter(cfg, load_model(cfg, tokenizer))
-    schedule = plan_schedule(cfg, train_rows)
-    args = training_arguments(cfg, schedule, has_eval=eval_data is not None)
+    train_rows = len(train_data) if not cfg.uses_streaming else None
+    args = training_arguments(cfg, plan_schedule(cfg, train_rows), eval_data is not None, streams_images)
     if processor is not None:
-        collator = MultimodalCollator(processor, image_policy(cfg))
+        collator = MultimodalCollator(
+            processor, image_policy(cfg), frozenset(vision_token_ids(processor, cfg.vision_tokens_to_mask))
+        )
     else:
         collator = CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation)
     trainer = HellbenderTrainer(
@@ -56,7 +56,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
         eval_dataset=eval_data,
         data_collator=collator,
         processing_class=processor or tokenizer,
-        callbacks=[TokenCounter(), *(callbacks or [])],
+        callbacks=[TokenCounter(), *([StreamPosition()] if streams_images else []), *(callbacks or [])],
     )
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.output_dir) / RESOLVED_CONFIG_NAME).write_text(dump_config(cfg))
@@ -70,3 +70,27 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     metrics = dict(result.metrics)
     metrics.update(input_tokens=counter.input_tokens, trained_tokens=counter.trained_tokens)
     return metrics
+
+
+def _training_data(
+    cfg: HellbenderConfig, tokenizer: Any, processor: Any, resume_from: Path | None, streams_images: bool
+):
+    """(training data, evaluation data or None) for the three routes: streamed, used as is, prepared."""
+    if cfg.uses_streaming or cfg.skip_prepare_dataset:
+        # Only evaluation data is prepared; `prepare_datasets` leaves these training rows alone.
+        eval_data = prepare_datasets(cfg, tokenizer, processor).eval if cfg.test_datasets else None
+        if cfg.skip_prepare_dataset:
+            return pretokenized_multimodal_rows(cfg), eval_data
+        start_row = _stream_rows_consumed(resume_from) if streams_images and not cfg.ignore_data_skip else 0
+        return streaming_dataset(cfg, tokenizer, processor, start_row), eval_data
+    prepared = prepare_datasets(cfg, tokenizer, processor)
+    logger.info("Prepared data %s (%s)", prepared.cache_dir, "from cache" if prepared.from_cache else "new")
+    return prepared.train, prepared.eval
+
+
+def _stream_rows_consumed(checkpoint: Path | None) -> int:
+    if checkpoint is None:
+        return 0
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    stored = state.get("stateful_callbacks", {}).get(StreamPosition.__name__, {})
+    return int(stored.get("attributes", {}).get("rows_consumed", 0))

@@ -40,3 +40,17 @@ class TokenCounter(TrainerCallback, ExportableState):
 
     def state(self) -> dict:
         return {"args": {}, "attributes": {"input_tokens": self.input_tokens, "trained_tokens": self.trained_tokens}}
+
+
+class StreamPosition(TrainerCallback, ExportableState):
+    """How many rows of a streamed multimodal dataset training has consumed, saved in every checkpoint so a
+    resumed run starts at the next unseen row instead of replaying (and re-loading the images of) the rest."""
+
+    def __init__(self) -> None:
+        self.rows_consumed = 0
+
+    def advance(self, last_row: int) -> None:
+        self.rows_consumed = max(self.rows_consumed, last_row + 1)
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"rows_consumed": self.rows_consumed}}

@@ -7,23 +7,30 @@ from typing import Any
 from transformers import Trainer
 
 from hellbender.data.formats.base import IGNORE_INDEX
+from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.train.collator import REAL_TOKENS_KEY
-from hellbender.train.tokens import TokenCounter
+from hellbender.train.tokens import StreamPosition, TokenCounter
 
 
 class HellbenderTrainer(Trainer):
-    def token_counter(self) -> TokenCounter:
+    def _callback(self, cls: type) -> Any:
         # Looked up each time: on resume the Trainer replaces callbacks with restored copies.
         for callback in self.callback_handler.callbacks:
-            if isinstance(callback, TokenCounter):
+            if isinstance(callback, cls):
                 return callback
-        raise RuntimeError("TokenCounter callback missing")
+        return None
+
+    def token_counter(self) -> TokenCounter:
+        return self._callback(TokenCounter)
 
     def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         real_tokens = inputs.pop(REAL_TOKENS_KEY, None)
+        stream_rows = inputs.pop(STREAM_ROW_KEY, None)
         if model.training and real_tokens is not None:
             trained = (inputs["labels"][..., 1:] != IGNORE_INDEX).sum()
             self.token_counter().add(int(real_tokens.sum()), int(trained))
+        if model.training and stream_rows is not None:
+            self._callback(StreamPosition).advance(int(stream_rows.max()))
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:

@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hellbender.data.formats import alpaca, chat_template, completion, multimodal_chat, pretokenized
+from hellbender.data.formats import (
+    alpaca,
+    chat_template,
+    completion,
+    multimodal_chat,
+    multimodal_pretrain,
+    pretokenized,
+)
 from hellbender.data.formats.base import FormatContext, RowDropped, RowError, VisionContext
 
 Formatter = Callable[[dict[str, Any], FormatContext], dict[str, list[int]]]
@@ -20,8 +27,12 @@ FORMATTERS: dict[str, Formatter] = {
     "completion": completion.tokenize_row,
     "pretokenized": pretokenized.tokenize_row,
     "multimodal_chat": multimodal_chat.tokenize_row,
+    "multimodal_pretrain": multimodal_pretrain.tokenize_row,
 }
 # Columns a format adds beside input_ids / labels, with the value a dropped row gets.
-EXTRA_COLUMNS: dict[str, dict[str, Any]] = {"multimodal_chat": {"images": [], "text": ""}}
+EXTRA_COLUMNS: dict[str, dict[str, Any]] = {
+    "multimodal_chat": {"images": [], "text": ""},
+    "multimodal_pretrain": {"images": [], "text": ""},
+}
 
 __all__ = ["EXTRA_COLUMNS", "FORMATTERS", "FormatContext", "Formatter", "RowDropped", "RowError", "VisionContext"]

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 IGNORE_INDEX = -100
+# Rows of `skip_prepare_dataset` data carry this flag: their ids were tokenized by the user, possibly without the
+# images expanded, so the collator aligns their labels to the processor's ids instead of checking them.
+UNEXPANDED_KEY = "unexpanded"
 
 
 class RowError(Exception):
@@ -27,6 +30,7 @@ class VisionContext:
     placeholder_id: int
     image_column: str = "images"
     skip_bad_images: bool = False
+    max_tokens: int = 2048  # `sequence_len`; multimodal_pretrain refuses longer rows itself
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,73 @@
+"""`type: multimodal_pretrain`: raw image+text documents for continued pretraining of a vision-language model.
+
+A row holds text with one image token per image (`text_column`) and the image paths (`image_column`). The
+text is tokenized once, without truncation, by the processor's own tokenizer; images are counted by token
+id (so `<image>` inside `<image_soft_token>` never counts) and must match the row's images; EOS is appended
+once. The processor then expands the images. Every text token is trained, no image token is, and a row
+longer than `sequence_len` is refused with its index, never truncated through an image.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowDropped, RowError, text_value
+from hellbender.data.formats.multimodal_chat import expand
+from hellbender.data.images import ImageProblem, image_reference, open_image, resolve_image
+
+DROP_TOO_LONG = "longer than sequence_len"
+
+
+def document_text(text: str, tokenizer: Any) -> str:
+    """The text as the model sees it: BOS first when the tokenizer adds one, EOS last exactly once."""
+    bos = tokenizer.bos_token
+    if bos and tokenizer("x", add_special_tokens=True)["input_ids"][:1] == [tokenizer.bos_token_id]:
+        text = text if text.startswith(bos) else bos + text
+    eos = tokenizer.eos_token
+    if not eos:
+        raise RowError("the tokenizer has no EOS token; set one with `special_tokens: {eos_token: ...}`")
+    return text if text.endswith(eos) else text + eos
+
+
+def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
+    vision = ctx.vision
+    processor, tok = vision.processor, ctx.tokenizer
+    text = text_value(row, ctx.text_field)
+    refs = row.get(vision.image_column) or []
+    if not isinstance(refs, list):
+        raise RowError(f"column `{vision.image_column}` must be a list of image paths")
+    text = document_text(text, tok)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    placeholders = sum(1 for i in ids if i == vision.placeholder_id)
+    if placeholders != len(refs):
+        token = tok.convert_ids_to_tokens(vision.placeholder_id)
+        raise RowError(
+            f"the text has {placeholders} image token(s) `{token}` but the row has {len(refs)} image(s); write "
+            "one image token in the text for each image"
+        )
+    try:
+        paths = [resolve_image(image_reference(ref), vision.policy) for ref in refs]
+        images = [open_image(path, vision.policy) for path in paths]
+    except ImageProblem as exc:
+        if vision.skip_bad_images:
+            raise RowDropped(exc.reason) from None
+        raise RowError(f"{exc}. Fix the file, or set `skip_bad_images: true` to drop such rows") from None
+    model_text = processor_text(text, vision.placeholder_id, processor, tok)
+    expanded = expand(processor, model_text, images)
+    if len(expanded) > vision.max_tokens:
+        if vision.skip_bad_images:
+            raise RowDropped(DROP_TOO_LONG)
+        raise RowError(
+            f"{len(expanded)} tokens with its images expanded, more than `sequence_len: {vision.max_tokens}`; rows "
+            "are never truncated through an image. Raise `sequence_len`, shorten the row, or set "
+            "`skip_bad_images: true` to drop such rows"
+        )
+    labels = [IGNORE_INDEX if i in vision.vision_ids else i for i in expanded]
+    return {"input_ids": expanded, "labels": labels, "images": [str(p) for p in paths], "text": model_text}
+
+
+def processor_text(text: str, placeholder_id: int, processor: Any, tokenizer: Any) -> str:
+    """The text with the dataset's image token replaced by the processor's own, which it expands."""
+    own = getattr(processor, "image_token", None)
+    token = tokenizer.convert_ids_to_tokens(placeholder_id)
+    return text if token == own or own is None else text.replace(token, own)
