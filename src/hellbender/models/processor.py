@@ -36,7 +36,11 @@ TILE_MARKER = re.compile(r"^<(row_\d+_col_\d+|tile_\d+|global-img|image_\d+)>$")
 def load_processor(cfg: HellbenderConfig, source: str) -> Any:
     import transformers
 
-    from hellbender.models.fixes import processor_loader
+    from hellbender.models.fixes import processor_loader, unsupported_reason
+
+    reason = unsupported_reason(source)
+    if reason:
+        raise ConfigError(f"`{source}` is not supported yet as a vision-language model: {reason}.")
 
     name = cfg.processor_type or "AutoProcessor"
     cls = getattr(transformers, name, None)

@@ -22,6 +22,17 @@ def model_type_of(source: str) -> str | None:
         return None
 
 
+# Vision-language families whose images do not enter as tokens in the text, which everything hellbender does
+# for images (counting placeholders, expanding them, masking them) relies on.
+UNSUPPORTED_VISION_FAMILIES = {
+    "mllama": "Mllama (Llama 3.2 Vision) feeds images through cross-attention layers, not image tokens in the text",
+}
+
+
+def unsupported_reason(source: str) -> str | None:
+    return UNSUPPORTED_VISION_FAMILIES.get(model_type_of(source) or "")
+
+
 def processor_loader(source: str) -> Callable[..., Any] | None:
     """A family-specific way to load the processor, or None for `from_pretrained` of the configured class."""
     from hellbender.models.fixes import gemma4, qwen2_5_vl
