@@ -24,11 +24,20 @@ PREPARE_FORMAT_VERSION = 1
 COMPLETE_MARKER = "hellbender_prepared.json"
 
 
+def _backend_json(backend: Any) -> bytes:
+    """The fast tokenizer's definition without its padding / truncation state, which batching changes in place
+    and which does not change the tokens of a row."""
+    data = json.loads(backend.to_str())
+    data.pop("padding", None)
+    data.pop("truncation", None)
+    return json.dumps(data, sort_keys=True).encode()
+
+
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     h = hashlib.sha256()
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
     h.update(
-        backend.to_str().encode() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items())).encode()
+        _backend_json(backend) if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items())).encode()
     )
     h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
     h.update(json.dumps({k: str(v) for k, v in sorted(tokenizer.added_tokens_decoder.items())}).encode())

@@ -56,7 +56,13 @@ def load_tokenizer(cfg: HellbenderConfig) -> Any:
 def customise_tokenizer(cfg: HellbenderConfig, tokenizer: Any) -> None:
     """Apply `special_tokens` and `chat_template`, and make sure there is a pad token."""
     if cfg.special_tokens:
-        tokenizer.add_special_tokens(dict(cfg.special_tokens))
+        try:
+            tokenizer.add_special_tokens(dict(cfg.special_tokens))
+        except ValueError as exc:
+            raise ConfigError(
+                f"`special_tokens`: {exc}. Its keys are the tokenizer's named tokens (bos_token, eos_token, pad_token, "
+                "unk_token, ...)."
+            ) from None
     if tokenizer.pad_token is None:
         # Padding is always masked by the attention mask and labels, so reusing EOS for it is safe.
         tokenizer.pad_token = tokenizer.eos_token

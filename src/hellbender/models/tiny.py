@@ -93,7 +93,10 @@ def tiny_model_dir(name: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        _builder(name)(staging)
+        import torch
+
+        with torch.random.fork_rng(devices=[]):  # builders seed their own init; the caller's RNG stays as it was
+            _builder(name)(staging)
         if target.exists():  # built meanwhile by another process
             shutil.rmtree(staging)
         else:

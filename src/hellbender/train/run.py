@@ -36,8 +36,8 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     set_seed(cfg.seed)
     resume_from = checkpoint_to_resume(cfg)  # checked first, so a bad path fails before any work
     tokenizer, processor = load_tokenizer_and_processor(cfg)
-    # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so
-    # the Trainer must not replay the stream to skip batches itself.
+    # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so the
+    # Trainer must not replay the stream to skip batches itself (whatever `ignore_data_skip` says).
     streams_images = cfg.uses_streaming and processor is not None
     train_data, eval_data = _training_data(cfg, tokenizer, processor, resume_from, streams_images)
     model = apply_adapter(cfg, load_model(cfg, tokenizer))
@@ -62,6 +62,8 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     (Path(cfg.output_dir) / RESOLVED_CONFIG_NAME).write_text(dump_config(cfg))
     if resume_from:
         logger.info("Resuming from %s", resume_from)
+        if streams_images:
+            trainer.restore_rng_before_first_step(resume_from)
     result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     trainer.save_model(cfg.output_dir)
     counter = trainer.token_counter()
@@ -81,7 +83,7 @@ def _training_data(
         eval_data = prepare_datasets(cfg, tokenizer, processor).eval if cfg.test_datasets else None
         if cfg.skip_prepare_dataset:
             return pretokenized_multimodal_rows(cfg), eval_data
-        start_row = _stream_rows_consumed(resume_from) if streams_images and not cfg.ignore_data_skip else 0
+        start_row = _stream_rows_consumed(resume_from) if streams_images else 0
         return streaming_dataset(cfg, tokenizer, processor, start_row), eval_data
     prepared = prepare_datasets(cfg, tokenizer, processor)
     logger.info("Prepared data %s (%s)", prepared.cache_dir, "from cache" if prepared.from_cache else "new")

@@ -23,7 +23,8 @@ def plan_schedule(cfg: HellbenderConfig, train_rows: int | None, world_size: int
     steps_per_epoch = None
     if train_rows is not None:
         batches = math.ceil(train_rows / (cfg.micro_batch_size * world_size))
-        steps_per_epoch = max(1, batches // cfg.gradient_accumulation_steps)
+        # A last, shorter accumulation still makes a step, as in transformers: every row is trained each epoch.
+        steps_per_epoch = math.ceil(batches / cfg.gradient_accumulation_steps)
     total = cfg.max_steps or math.ceil(steps_per_epoch * cfg.num_epochs)
 
     def interval(steps: int | None, per_epoch: int | None) -> int:

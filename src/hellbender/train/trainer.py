@@ -20,6 +20,19 @@ class HellbenderTrainer(Trainer):
                 return callback
         return None
 
+    def restore_rng_before_first_step(self, checkpoint) -> None:
+        """Reload the checkpoint's RNG state just before the first step of a resumed run. Needed when the data
+        resumes itself (the Trainer skips no batches): the Trainer then restores the RNG before the data
+        iterator is created, and creating it draws from the RNG, so dropout would differ from the
+        uninterrupted run."""
+        self._rng_checkpoint = str(checkpoint)
+
+    def training_step(self, model, inputs: dict[str, Any], num_items_in_batch=None):
+        if getattr(self, "_rng_checkpoint", None):
+            self._load_rng_state(self._rng_checkpoint)  # transformers' own restore, same files and order
+            self._rng_checkpoint = None
+        return super().training_step(model, inputs, num_items_in_batch)
+
     def token_counter(self) -> TokenCounter:
         return self._callback(TokenCounter)
 

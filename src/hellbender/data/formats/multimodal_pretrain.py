@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowDropped, RowError, text_value
-from hellbender.data.formats.multimodal_chat import expand
+from hellbender.data.formats.multimodal_chat import align_labels, expand
 from hellbender.data.images import ImageProblem, image_reference, open_image, resolve_image
 
 DROP_TOO_LONG = "longer than sequence_len"
@@ -62,7 +62,11 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
             "are never truncated through an image. Raise `sequence_len`, shorten the row, or set "
             "`skip_bad_images: true` to drop such rows"
         )
-    labels = [IGNORE_INDEX if i in vision.vision_ids else i for i in expanded]
+    # Every text token is trained; labels follow the text into the expansion, so whatever the processor inserts
+    # for an image (soft tokens, markers, even the newlines between tiles) stays unlabelled.
+    text_labels = [IGNORE_INDEX if i in vision.vision_ids else i for i in ids]
+    labels = align_labels(tok(model_text, add_special_tokens=False)["input_ids"], text_labels, expanded)
+    labels = [IGNORE_INDEX if i in vision.vision_ids else label for i, label in zip(expanded, labels, strict=True)]
     return {"input_ids": expanded, "labels": labels, "images": [str(p) for p in paths], "text": model_text}
 
 
