@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from transformers import Trainer
+from transformers.loss.loss_utils import ForCausalLMLoss
 
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.streaming import STREAM_ROW_KEY
@@ -12,7 +14,20 @@ from hellbender.train.collator import REAL_TOKENS_KEY
 from hellbender.train.tokens import StreamPosition, TokenCounter
 
 
+def causal_lm_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None):
+    """Next-token cross-entropy summed over trained tokens and divided by the trained tokens of the whole
+    accumulated batch. Given to the Trainer as `compute_loss_func` so gradient accumulation is exact for every
+    model: several vision-language models (Gemma 4, Qwen2.5-VL) declare `accepts_loss_kwargs = False`, and the
+    Trainer would then average each micro-batch on its own."""
+    logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+    return ForCausalLMLoss(logits, labels, logits.shape[-1], num_items_in_batch=num_items_in_batch)
+
+
 class HellbenderTrainer(Trainer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("compute_loss_func", causal_lm_loss)
+        super().__init__(*args, **kwargs)
+
     def _callback(self, cls: type) -> Any:
         # Looked up each time: on resume the Trainer replaces callbacks with restored copies.
         for callback in self.callback_handler.callbacks:
