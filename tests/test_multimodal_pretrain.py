@@ -41,6 +41,12 @@ RGB = {"red": (220, 30, 30), "green": (30, 180, 30), "blue": (30, 30, 220), "yel
 N_IMAGES = 16
 
 
+def python_path() -> str:
+    """The repository first (for `tests.*`), then whatever the parent process had (the package itself, on
+    machines where it is on PYTHONPATH rather than installed)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def image_name(i: int) -> str:
     return f"img/{i:02d}.png"
 
@@ -548,7 +554,7 @@ def test_streamed_run_resumed_in_a_new_process_continues_at_the_next_unseen_row(
         done = subprocess.run(
             [sys.executable, str(script), str(config), str(stop), str(report)],
             cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "PYTHONPATH": python_path()},
             capture_output=True,
             text=True,
         )
@@ -604,7 +610,7 @@ def test_first_run_of_a_tiny_vlm_is_reproduced_by_later_runs(tmp_path, images):
 
     script = tmp_path / "recorded_run.py"
     script.write_text(RECORDER_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HELLBENDER_CACHE": str(tmp_path / "fresh-cache")}
+    env = {**os.environ, "PYTHONPATH": python_path(), "HELLBENDER_CACHE": str(tmp_path / "fresh-cache")}
     args = [sys.executable, str(script), str(config), "0", str(tmp_path / "report.json")]
     done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]

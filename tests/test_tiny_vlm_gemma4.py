@@ -124,10 +124,17 @@ def test_build_is_deterministic(gemma4_dir, tmp_path):
 
 def test_loaded_processor_saves_the_same_directory(gemma4_dir, processor, tmp_path):
     processor.save_pretrained(tmp_path)  # e.g. next to a fine-tuned checkpoint
-    for name in ("processor_config.json", "chat_template.jinja"):
-        assert (tmp_path / name).read_text() == (gemma4_dir / name).read_text(), name
+    assert (tmp_path / "chat_template.jinja").read_text() == (gemma4_dir / "chat_template.jinja").read_text()
+    saved = json.loads((tmp_path / "processor_config.json").read_text())
+    assert saved["processor_class"] == "Gemma4Processor"
     again = gemma4_fix.load_processor(tmp_path)
     assert again.tokenizer.get_vocab() == processor.tokenizer.get_vocab()
+    assert again.image_processor.to_dict() == processor.image_processor.to_dict()
+    assert (again.image_token, again.boi_token, again.eoi_token) == (
+        processor.image_token,
+        processor.boi_token,
+        processor.eoi_token,
+    )
 
 
 def test_chat_template_renders_gemma_turns(processor):

@@ -57,7 +57,8 @@ def test_processor_and_model_load_back_consistently(llava_dir, processor, model)
     from transformers import AutoTokenizer, LlavaForConditionalGeneration, LlavaProcessor
 
     assert type(processor) is LlavaProcessor
-    assert type(processor.image_processor).__name__ == "CLIPImageProcessorPil"  # no torchvision needed
+    # Without torchvision the PIL image processor loads; with it, the torchvision one (both read the same file).
+    assert type(processor.image_processor).__name__.startswith("CLIPImageProcessor")
     assert type(model) is LlavaForConditionalGeneration
     assert processor.image_token == "<image>"
     assert processor.image_token_id == IMAGE_ID == model.config.image_token_id
