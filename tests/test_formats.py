@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from hellbender.config import validate_config
+from hellbender.data.contexts import format_context
 from hellbender.data.formats import FORMATTERS, FormatContext, RowError
-from hellbender.data.prepare import format_context
 
 IGNORE = -100
 EOS = "<|endoftext|>"

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 import hellbender.data.prepare as prepare_mod
 from hellbender.cli import app
 from hellbender.config import validate_config
-from hellbender.data.prepare import image_policy, prepare_datasets
+from hellbender.data.contexts import image_policy
+from hellbender.data.prepare import prepare_datasets
 from hellbender.errors import ConfigError, DataError
 from hellbender.models.loading import load_tokenizer_and_processor
 from hellbender.models.tiny import tiny_model_dir

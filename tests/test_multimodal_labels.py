@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 
 from hellbender.config import validate_config
+from hellbender.data.contexts import format_context
 from hellbender.data.formats.multimodal_chat import tokenize_row
-from hellbender.data.prepare import format_context
 from hellbender.errors import ConfigError
 from hellbender.models.loading import load_tokenizer_and_processor
 

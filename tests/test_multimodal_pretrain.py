@@ -19,9 +19,10 @@ import torch
 import yaml
 
 from hellbender.config import load_config, validate_config
+from hellbender.data.contexts import format_context, image_policy
 from hellbender.data.formats.base import RowDropped, RowError
 from hellbender.data.formats.multimodal_pretrain import tokenize_row
-from hellbender.data.prepare import format_context, image_policy, prepare_datasets, training_entries
+from hellbender.data.prepare import prepare_datasets, training_entries
 from hellbender.errors import ConfigError, DataError
 from hellbender.models.tiny import tiny_model_dir
 from tests.conftest import REPO, write_jsonl
@@ -312,7 +313,7 @@ def pretokenized_row(model: str, raw: dict, padding: int = 0) -> dict:
 @pytest.mark.parametrize("model", FAMILIES)
 def test_collator_gives_pretokenized_rows_the_labels_of_prepared_rows(tmp_path, images, model):
     from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
-    from hellbender.models.processor import vision_token_ids
+    from hellbender.data.vision_tokens import vision_token_ids
     from hellbender.train.multimodal_collator import MultimodalCollator
 
     tok, proc = loaded(model)
@@ -400,8 +401,8 @@ def test_test_datasets_of_the_same_modality_give_the_eval_loss(tmp_path, images)
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
+    from hellbender.data.vision_tokens import vision_token_ids
     from hellbender.models.loading import resolve_model_path
-    from hellbender.models.processor import vision_token_ids
     from hellbender.train.collator import REAL_TOKENS_KEY
     from hellbender.train.multimodal_collator import MultimodalCollator
     from hellbender.train.run import train
@@ -673,7 +674,7 @@ def test_cache_is_reused_until_the_processor_or_a_multimodal_key_changes(tmp_pat
 
 
 def test_processor_fingerprint_covers_the_image_tokens():
-    from hellbender.models.processor import processor_fingerprint
+    from hellbender.data.vision_tokens import processor_fingerprint
 
     _, proc = loaded(GEMMA4)
     prints = {processor_fingerprint(proc)}

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from hellbender.config import HellbenderConfig
+from hellbender.data.contexts import default_image_base_dir, image_policy
 from hellbender.data.formats.base import IGNORE_INDEX, UNEXPANDED_KEY
 from hellbender.data.images import ImagePolicy, ImageProblem, image_reference, resolve_image
-from hellbender.data.prepare import default_image_base_dir, image_policy
 from hellbender.data.sources import load_rows
 from hellbender.errors import DataError
 

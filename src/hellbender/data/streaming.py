@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from hellbender.config import DatasetEntry, HellbenderConfig, PretrainingDatasetEntry
+from hellbender.data.contexts import format_context
 from hellbender.data.formats import FORMATTERS, RowDropped, RowError
 from hellbender.data.packing import pack_stream
-from hellbender.data.prepare import format_context
 from hellbender.data.sources import load_rows
 from hellbender.errors import DataError
 

@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from hellbender.config import HellbenderConfig, dump_config
-from hellbender.data.prepare import image_policy, prepare_datasets
+from hellbender.data.contexts import image_policy
+from hellbender.data.prepare import prepare_datasets
 from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
 from hellbender.data.streaming import streaming_dataset
+from hellbender.data.vision_tokens import vision_token_ids
 from hellbender.models.adapters import apply_adapter
 from hellbender.models.loading import load_model, load_tokenizer_and_processor
-from hellbender.models.processor import vision_token_ids
 from hellbender.train.arguments import training_arguments
 from hellbender.train.collator import CausalLMCollator
 from hellbender.train.multimodal_collator import MultimodalCollator

@@ -1,0 +1,88 @@
+"""The tokens of a vision-language processor that belong to images (never trained; the placeholder the text
+carries once per image) and the processor's fingerprint for the prepared-data cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from hellbender.errors import ConfigError
+
+# Processor attributes that name tokens belonging to images or videos (placeholders, soft tokens, markers).
+VISION_TOKEN_ATTRIBUTES = (
+    "image_token",
+    "boi_token",
+    "eoi_token",
+    "video_token",
+    "boa_token",
+    "eoa_token",
+    "audio_token",
+    "fake_image_token",
+    "global_image_tag",
+    "global_image_token",
+    "image_start_token",
+    "image_end_token",
+    "vision_start_token",
+    "vision_end_token",
+    "image_pad_token",
+    "video_pad_token",
+)
+# Tile / row / column markers of processors that split images into tiles.
+TILE_MARKER = re.compile(r"^<(row_\d+_col_\d+|tile_\d+|global-img|image_\d+)>$")
+
+
+def vision_token_ids(processor: Any, extra_tokens: list[str]) -> set[int]:
+    """Ids of every token that belongs to an image: never trained, whatever the conversation says."""
+    tokenizer = processor.tokenizer
+    names = [getattr(processor, attr, None) for attr in VISION_TOKEN_ATTRIBUTES]
+    names += [getattr(tokenizer, attr, None) for attr in VISION_TOKEN_ATTRIBUTES]
+    names += [tok for tok in tokenizer.get_vocab() if TILE_MARKER.match(tok)]
+    names += list(extra_tokens)
+    ids = set()
+    for name in names:
+        if isinstance(name, str) and name:
+            token_id = tokenizer.convert_tokens_to_ids(name)
+            if token_id is not None and token_id != tokenizer.unk_token_id:
+                ids.add(token_id)
+    for attr in ("image_token_id", "boi_token_id", "eoi_token_id", "video_token_id"):
+        value = getattr(processor, attr, None)
+        if isinstance(value, int):
+            ids.add(value)
+    missing = [t for t in extra_tokens if tokenizer.convert_tokens_to_ids(t) in (None, tokenizer.unk_token_id)]
+    if missing:
+        raise ConfigError(f"`vision_tokens_to_mask`: {', '.join(missing)} not in the tokenizer's vocabulary.")
+    return ids
+
+
+def image_placeholder_id(processor: Any, override: str | None = None) -> int:
+    """The token that marks one image in the text, which the processor expands: the processor's image token
+    (every family hellbender knows), or a dataset's `image_token`, which must be a special token."""
+    tokenizer = processor.tokenizer
+    if override is not None:
+        token_id = tokenizer.convert_tokens_to_ids(override)
+        special = {tok.content for tok in tokenizer.added_tokens_decoder.values() if tok.special}
+        if override not in special or token_id in (None, tokenizer.unk_token_id):
+            raise ConfigError(
+                f"`image_token: {override}` is not a special token of the tokenizer, so it could not be counted "
+                f"exactly; use one of the processor's image tokens (e.g. `{getattr(processor, 'image_token', '?')}`) "
+                "or add it with `special_tokens`."
+            )
+        return token_id
+    token = getattr(processor, "image_token", None)
+    if not token:
+        raise ConfigError(f"{type(processor).__name__} names no image token; hellbender cannot count its images.")
+    return tokenizer.convert_tokens_to_ids(token)
+
+
+def processor_fingerprint(processor: Any) -> str:
+    """Everything about the processor that changes prepared rows: image processor settings, chat template,
+    the image tokens (the tokenizer is fingerprinted separately)."""
+    h = hashlib.sha256()
+    h.update(type(processor).__name__.encode())
+    h.update(json.dumps(processor.image_processor.to_dict(), sort_keys=True, default=str).encode())
+    h.update(str(getattr(processor, "chat_template", None)).encode())
+    for attr in VISION_TOKEN_ATTRIBUTES + ("num_image_tokens", "image_seq_length", "patch_size"):
+        h.update(f"{attr}={getattr(processor, attr, None)}".encode())
+    return h.hexdigest()
