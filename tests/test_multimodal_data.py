@@ -424,3 +424,45 @@ def test_collator_reports_an_image_deleted_after_preparation_as_a_data_error(tmp
     collate = MultimodalCollator(loaded[QWEN][1], image_policy(cfg))
     with pytest.raises(DataError, match="red.png"):
         collate(list(prepared.train))
+
+
+# ------------------------------------------------------------------------------------------------ cache_images
+
+
+def test_cache_images_stores_the_pixels_so_training_opens_no_image_file(tmp_path, data):
+    rows = write_jsonl(data / "rows.jsonl", [row("red.png"), row("green.png", "red.png", answer="Green, red.")])
+    loaded_qwen = load_tokenizer_and_processor(make_cfg(tmp_path, rows))
+    tokenizer, processor = loaded_qwen
+    plain_cfg = make_cfg(tmp_path, rows)
+    cached_cfg = make_cfg(tmp_path, rows, cache_images=True)
+    plain = prepare_datasets(plain_cfg, tokenizer, processor)
+    cached = prepare_datasets(cached_cfg, tokenizer, processor)
+    assert cached.cache_dir != plain.cache_dir
+    assert [len(p) for p in cached.train["pixels"]] == [len(p) for p in cached.train["images"]] and plain.train[0][
+        "pixels"
+    ] == []
+
+    expected = MultimodalCollator(processor, image_policy(plain_cfg))([plain.train[i] for i in range(2)])
+    for name in ("red.png", "green.png"):
+        (data / name).unlink()  # training must not need the files any more
+    got = MultimodalCollator(processor, image_policy(cached_cfg))([cached.train[i] for i in range(2)])
+    assert got.keys() == expected.keys()
+    for key in expected:
+        assert torch.equal(got[key], expected[key]), key
+
+
+def test_text_only_rows_before_image_rows_keep_the_image_columns_typed(tmp_path, data):
+    """The first tokenized rows (a whole writer batch) have no images; their empty `images` lists must not fix
+    the column's type before the image rows arrive."""
+    text_only = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]},
+        ]
+    }
+    rows = write_jsonl(data / "rows.jsonl", [text_only] * 1001 + [row("red.png")])
+    prepared = prepare_datasets(
+        make_cfg(tmp_path, rows, shuffle_merged_datasets=False), *load_tokenizer_and_processor(make_cfg(tmp_path, rows))
+    )
+    assert prepared.train.features["images"].feature.dtype == "string"
+    assert prepared.train[1001]["images"] == [str(data / "red.png")]

@@ -86,7 +86,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     return problems
 
 
-MULTIMODAL_ONLY_KEYS = ("freeze_mm_modules", "image_size", "vision_tokens_to_mask")
+MULTIMODAL_ONLY_KEYS = ("freeze_mm_modules", "image_size", "vision_tokens_to_mask", "cache_images")
 MULTIMODAL_ENTRY_KEYS = ("image_base_dir", "image_token", "skip_bad_images", "allow_remote_images")
 MULTIMODAL_TYPES = {"chat_template", "multimodal_pretrain"}
 

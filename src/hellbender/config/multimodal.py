@@ -31,6 +31,12 @@ class MultimodalSettings(BaseModel):
         gt=0,
         description="Images with more pixels (width x height) are refused (or skipped with `skip_bad_images`).",
     )
+    cache_images: bool = Field(
+        False,
+        description="Store the decoded (and resized) images in the prepared data, so training opens no image file "
+        "(useful when images sit on slow or remote storage; the prepared data grows by width x height x 3 bytes "
+        "per image). The processor still runs at batch time.",
+    )
     vision_tokens_to_mask: list[str] = Field(
         default_factory=list,
         description="Extra tokens never to train, beside the image / video placeholders, soft tokens and vision "

@@ -55,6 +55,7 @@ def vision_context(entry: DatasetEntry, cfg: HellbenderConfig, processor: Any) -
         image_column=entry.image_column,
         skip_bad_images=entry.skip_bad_images,
         max_tokens=cfg.sequence_len,
+        cache_images=cfg.cache_images,
     )
 
 

@@ -125,3 +125,14 @@ def open_image(path: Path, policy: ImagePolicy):
     if policy.resize_to:
         rgb = rgb.resize(policy.resize_to, getattr(Image.Resampling, policy.resample.upper()))
     return rgb
+
+
+def pack_pixels(images: list[Any]) -> list[dict[str, Any]]:
+    """Decoded RGB images as plain data for the prepared dataset (`cache_images`)."""
+    return [{"width": img.width, "height": img.height, "rgb": img.tobytes()} for img in images]
+
+
+def unpack_pixels(stored: list[dict[str, Any]]) -> list[Any]:
+    from PIL import Image
+
+    return [Image.frombytes("RGB", (p["width"], p["height"]), p["rgb"]) for p in stored]

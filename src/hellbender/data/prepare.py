@@ -104,6 +104,7 @@ def _cache_parts(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> dict[
         "image_resize_algorithm",
         "max_image_pixels",
         "vision_tokens_to_mask",
+        "cache_images",
     ]
     return {
         "datasets": [e.model_dump() for e in training_entries(cfg)],

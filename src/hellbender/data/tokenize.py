@@ -61,6 +61,29 @@ def fit_length(ids: list[int], labels: list[int], max_len: int, strategy: str) -
     return ids, labels, DROP_TOO_LONG
 
 
+def output_features(extra: dict[str, Any]):
+    """Column types of tokenized rows, given up front: inferred from the first rows, an empty list (a text-only
+    row's images) would fix a column's type before rows with images arrive."""
+    import datasets
+
+    ints = datasets.List(datasets.Value("int64"))
+    features = {
+        "input_ids": ints,
+        "labels": ints,
+        "length": datasets.Value("int64"),
+        "trainable": datasets.Value("int64"),
+        "drop_reason": datasets.Value("string"),
+    }
+    vision = {
+        "images": datasets.List(datasets.Value("string")),
+        "text": datasets.Value("string"),
+        "pixels": datasets.List(
+            {"width": datasets.Value("int32"), "height": datasets.Value("int32"), "rgb": datasets.Value("binary")}
+        ),
+    }
+    return datasets.Features({**features, **{key: vision[key] for key in extra}})
+
+
 def tokenize_dataset(ds, fmt: str, ctx: FormatContext, max_len: int, strategy: str, where: str, num_proc: int | None):
     """Tokenize every row with format `fmt`; returns the kept rows (input_ids, labels, length) and stats."""
     formatter = FORMATTERS[fmt]
@@ -100,6 +123,7 @@ def tokenize_dataset(ds, fmt: str, ctx: FormatContext, max_len: int, strategy: s
 
     encoded = ds.map(
         encode,
+        features=output_features(extra),
         with_indices=True,
         remove_columns=ds.column_names,
         num_proc=num_proc,

@@ -16,7 +16,7 @@ import torch
 
 from hellbender.data.formats.base import IGNORE_INDEX, UNEXPANDED_KEY, RowError
 from hellbender.data.formats.multimodal_chat import align_labels
-from hellbender.data.images import ImagePolicy, ImageProblem, open_image
+from hellbender.data.images import ImagePolicy, ImageProblem, open_image, unpack_pixels
 from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.errors import DataError
 from hellbender.train.collator import REAL_TOKENS_KEY
@@ -31,7 +31,7 @@ class MultimodalCollator:
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         texts = [row["text"] for row in rows]
         try:
-            images = [[open_image(Path(p), self.policy) for p in row["images"]] for row in rows]
+            images = [self._images(row) for row in rows]
         except ImageProblem as exc:
             raise DataError(
                 f"An image of a prepared row can no longer be used: {exc}. The images changed since the data was "
@@ -68,6 +68,11 @@ class MultimodalCollator:
         if STREAM_ROW_KEY in rows[0]:
             out[STREAM_ROW_KEY] = torch.tensor([row[STREAM_ROW_KEY] for row in rows])
         return out
+
+    def _images(self, row: dict[str, Any]) -> list[Any]:
+        if row.get("pixels"):  # stored in the prepared data (`cache_images`)
+            return unpack_pixels(row["pixels"])
+        return [open_image(Path(p), self.policy) for p in row["images"]]
 
     def _labels_for_user_tokens(self, row: dict[str, Any], ids: list[int]) -> list[int]:
         try:

@@ -29,10 +29,8 @@ FORMATTERS: dict[str, Formatter] = {
     "multimodal_chat": multimodal_chat.tokenize_row,
     "multimodal_pretrain": multimodal_pretrain.tokenize_row,
 }
-# Columns a format adds beside input_ids / labels, with the value a dropped row gets.
-EXTRA_COLUMNS: dict[str, dict[str, Any]] = {
-    "multimodal_chat": {"images": [], "text": ""},
-    "multimodal_pretrain": {"images": [], "text": ""},
-}
+# Columns vision-language formats add beside input_ids / labels, with the value a dropped row gets.
+VISION_COLUMNS: dict[str, Any] = {"images": [], "text": "", "pixels": []}
+EXTRA_COLUMNS: dict[str, dict[str, Any]] = {"multimodal_chat": VISION_COLUMNS, "multimodal_pretrain": VISION_COLUMNS}
 
 __all__ = ["EXTRA_COLUMNS", "FORMATTERS", "FormatContext", "Formatter", "RowDropped", "RowError", "VisionContext"]

@@ -31,6 +31,7 @@ class VisionContext:
     image_column: str = "images"
     skip_bad_images: bool = False
     max_tokens: int = 2048  # `sequence_len`; multimodal_pretrain refuses longer rows itself
+    cache_images: bool = False  # store the decoded images in the prepared row (`cache_images`)
 
 
 @dataclass(frozen=True)

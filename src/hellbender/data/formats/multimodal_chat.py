@@ -18,7 +18,7 @@ from hellbender.data.formats.chat_template import (
     render_with_spans,
     special_ids,
 )
-from hellbender.data.images import ImageProblem, image_reference, open_image, resolve_image
+from hellbender.data.images import ImageProblem, image_reference, open_image, pack_pixels, resolve_image
 
 
 def _attach_column_images(messages: list[dict[str, Any]], refs: list[Any]) -> list[dict[str, Any]]:
@@ -113,7 +113,14 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
     expanded = expand(processor, text, images)
     labels = align_labels(ids, labels, expanded)
     labels = [IGNORE_INDEX if i in vision.vision_ids else label for i, label in zip(expanded, labels, strict=True)]
-    return {"input_ids": expanded, "labels": labels, "images": [str(p) for p in paths], "text": text}
+    return vision_row(expanded, labels, paths, images, text, vision)
+
+
+def vision_row(ids: list[int], labels: list[int], paths: list[Any], images: list[Any], text: str, vision: Any):
+    """A prepared vision-language row: tokens, labels, the text and image paths the collator processes again,
+    and the decoded images themselves when the config caches them."""
+    pixels = pack_pixels(images) if vision.cache_images else []
+    return {"input_ids": ids, "labels": labels, "images": [str(p) for p in paths], "text": text, "pixels": pixels}
 
 
 def expand(processor: Any, text: str, images: list[Any]) -> list[int]:

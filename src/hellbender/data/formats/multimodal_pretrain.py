@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowDropped, RowError, text_value
-from hellbender.data.formats.multimodal_chat import align_labels, expand
+from hellbender.data.formats.multimodal_chat import align_labels, expand, vision_row
 from hellbender.data.images import ImageProblem, image_reference, open_image, resolve_image
 
 DROP_TOO_LONG = "longer than sequence_len"
@@ -67,7 +67,7 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
     text_labels = [IGNORE_INDEX if i in vision.vision_ids else i for i in ids]
     labels = align_labels(tok(model_text, add_special_tokens=False)["input_ids"], text_labels, expanded)
     labels = [IGNORE_INDEX if i in vision.vision_ids else label for i, label in zip(expanded, labels, strict=True)]
-    return {"input_ids": expanded, "labels": labels, "images": [str(p) for p in paths], "text": model_text}
+    return vision_row(expanded, labels, paths, images, model_text, vision)
 
 
 def processor_text(text: str, placeholder_id: int, processor: Any, tokenizer: Any) -> str:
