@@ -764,3 +764,36 @@ def test_cross_attention_vlm_is_refused_as_unsupported(tmp_path, images):
     assert "is not supported yet as a vision-language model: Mllama" in result.output, detail
     assert "cross-attention" in result.output, detail
     assert not Path(mm_config(tmp_path)["output_dir"]).exists()
+
+
+def test_streamed_rows_are_cached_and_a_rerun_encodes_none_of_them(tmp_path, images, monkeypatch):
+    """The prepared stream lives under `dataset_prepared_path`: a second run over the same stream (another
+    output_dir) reads every encoded row from it and opens no image while encoding; a line cut short by a kill is
+    ignored; a changed setting gets another stream cache."""
+    import hellbender.data.formats.multimodal_pretrain as encoder_module
+
+    rows = write_jsonl(tmp_path / "stream.jsonl", [document(i) for i in range(6)])
+    common = dict(pretraining_dataset=[entry(rows, images)], streaming=True, max_steps=3)
+    opened = []
+    real_open = encoder_module.open_image
+    monkeypatch.setattr(
+        encoder_module, "open_image", lambda path, policy: opened.append(path) or real_open(path, policy)
+    )
+
+    first = mm_config(tmp_path / "first", **common, dataset_prepared_path=str(tmp_path / "prepared"))
+    cli_train(tmp_path, first, "first.yml")
+    assert len(opened) >= 6  # every row encoded once (the loader may run one batch ahead)
+    streams = list((tmp_path / "prepared").glob("stream-*"))
+    assert len(streams) == 1
+    part = next(streams[0].glob("rows-*.jsonl"))
+    part.write_text(part.read_text() + '{"position": 99, "row": {"input_')  # a writer killed mid-line
+
+    opened.clear()
+    second = mm_config(tmp_path / "second", **common, dataset_prepared_path=str(tmp_path / "prepared"))
+    cli_train(tmp_path, second, "second.yml")
+    assert opened == []
+    assert logged_losses(second["output_dir"]) == logged_losses(first["output_dir"])
+
+    third = mm_config(tmp_path / "third", **common, dataset_prepared_path=str(tmp_path / "prepared"), image_size=16)
+    cli_train(tmp_path, third, "third.yml")
+    assert opened and len(list((tmp_path / "prepared").glob("stream-*"))) == 2

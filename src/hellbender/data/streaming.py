@@ -5,7 +5,8 @@ Raw text: documents are read lazily, tokenized with EOS appended, and packed in 
 `sequence_len` bins (long documents continue in the next bin).
 
 Raw image+text (`multimodal_pretrain`): each row is encoded like a prepared row (images checked, tokens
-expanded) and carries its position in the stream, `stream_row`. The trainer records how many rows it has
+expanded), cached under `dataset_prepared_path` (see `stream_cache`), and carries its position in the stream,
+`stream_row`. The trainer records how many rows it has
 trained on in every checkpoint, so a resumed run starts at the next unseen row: the rows before it are read
 and skipped without opening, decoding or processing a single image. The stream cycles through the data
 until `max_steps`.
@@ -24,6 +25,7 @@ from hellbender.data.contexts import format_context
 from hellbender.data.formats import FORMATTERS, RowDropped, RowError
 from hellbender.data.packing import pack_stream
 from hellbender.data.sources import load_rows
+from hellbender.data.stream_cache import StreamCache, stream_cache_dir
 from hellbender.errors import DataError
 
 SHUFFLE_BUFFER = 10_000
@@ -79,6 +81,7 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
         ]
         self.seed = cfg.seed
         self.start_row = start_row  # rows already trained on (from the checkpoint being resumed)
+        self.cache = StreamCache(stream_cache_dir(cfg, tokenizer, processor))
 
     def _raw_rows(self) -> Iterator[tuple[int, int, int, dict[str, Any]]]:
         """(pass, entry index, row number within the entry, row), forever: pass p shuffles with seed + p."""
@@ -87,26 +90,34 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
                 for number, row in enumerate(_shuffled_rows(entry, self.seed + epoch)):
                     yield epoch, i, number, row
 
+    def _encode(self, i: int, number: int, row: dict[str, Any], position: int) -> dict[str, Any] | None:
+        try:
+            sample = FORMATTERS["multimodal_pretrain"](row, self.contexts[i])
+        except RowError as exc:
+            raise DataError(f"pretraining_dataset[{i}] `{self.entries[i].path}`, row {number}: {exc}.") from None
+        except RowDropped:
+            sample = None
+        self.cache.append(position, sample)
+        return sample
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        encode = FORMATTERS["multimodal_pretrain"]
-        samples_per_pass: dict[int, int] = {}
+        known = self.cache.load()
+        current_pass, usable_in_pass = 0, 0
         for position, (epoch, i, number, row) in enumerate(self._raw_rows()):
-            if epoch >= 1 and samples_per_pass.get(epoch - 1, 1) == 0 and position >= self.start_row:
-                raise DataError(
-                    "Every row of the streamed `pretraining_dataset` was dropped; nothing is left to train on."
-                )
-            samples_per_pass.setdefault(epoch, 0)
+            if epoch != current_pass:
+                if usable_in_pass == 0:
+                    raise DataError(
+                        "Every row of the streamed `pretraining_dataset` was dropped; nothing is left to train on."
+                    )
+                current_pass, usable_in_pass = epoch, 0
             if position < self.start_row:
-                samples_per_pass[epoch] += 1  # counted as usable: it was trained on before
+                usable_in_pass += 1
                 continue  # trained on before the checkpoint: skipped without touching its images
-            try:
-                sample = encode(row, self.contexts[i])
-            except RowError as exc:
-                raise DataError(f"pretraining_dataset[{i}] `{self.entries[i].path}`, row {number}: {exc}.") from None
-            except RowDropped:
-                continue
-            samples_per_pass[epoch] += 1
-            yield {**sample, STREAM_ROW_KEY: position}
+            sample = known[position] if position in known else self._encode(i, number, row, position)
+            if sample is None:
+                continue  # dropped by skip_bad_images
+            usable_in_pass += 1
+            yield {"pixels": [], **sample, STREAM_ROW_KEY: position}
 
 
 def streaming_dataset(cfg: HellbenderConfig, tokenizer: Any, processor: Any = None, start_row: int = 0):
