@@ -57,24 +57,35 @@ def build_tiny_tokenizer(
     )
 
 
+# The decoder shape every tiny model shares (the tiny Llama, and the language model of the tiny VLMs).
+TINY_DECODER = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+)
+
+
+def tiny_decoder_config(tokenizer, eos_token_id: int | None = None) -> dict:
+    """Keyword arguments of a tiny decoder config for `tokenizer` (untied embeddings, no BOS)."""
+    return dict(
+        vocab_size=len(tokenizer),
+        **TINY_DECODER,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id if eos_token_id is None else eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+
+
 def build_tiny_llama(target: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tiny_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    config = LlamaConfig(**tiny_decoder_config(tokenizer))
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(target)
     tokenizer.save_pretrained(target)

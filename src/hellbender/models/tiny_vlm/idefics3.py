@@ -100,9 +100,10 @@ def build(target: Path) -> None:
     import torch
     from transformers import GenerationConfig, Idefics3Config, Idefics3ForConditionalGeneration
 
+    from hellbender.models.tiny import tiny_decoder_config
+
     tokenizer = build_tokenizer()
     processor = build_processor(tokenizer)  # may add tokens to the tokenizer (all present already)
-    vocab_size = len(tokenizer)
     eos_ids = [tokenizer.convert_tokens_to_ids(END_OF_UTTERANCE), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
     config = Idefics3Config(
         vision_config={
@@ -113,21 +114,7 @@ def build(target: Path) -> None:
             "image_size": VISION_IMAGE_SIZE,
             "patch_size": PATCH_SIZE,
         },
-        text_config={
-            "model_type": "llama",
-            "vocab_size": vocab_size,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 2048,
-            "rms_norm_eps": 1e-5,
-            "bos_token_id": None,
-            "eos_token_id": eos_ids[0],
-            "pad_token_id": tokenizer.pad_token_id,
-            "tie_word_embeddings": False,
-        },
+        text_config={"model_type": "llama", **tiny_decoder_config(tokenizer, eos_ids[0]), "rms_norm_eps": 1e-5},
         scale_factor=SCALE_FACTOR,
         image_token_id=processor.image_token_id,
         pad_token_id=tokenizer.pad_token_id,

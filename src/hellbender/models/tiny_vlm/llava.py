@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hellbender.models.tiny import build_tiny_tokenizer
+from hellbender.models.tiny import build_tiny_tokenizer, tiny_decoder_config
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE = 32
@@ -107,19 +107,7 @@ def build_config(tokenizer):
         patch_size=PATCH_SIZE,
         projection_dim=32,
     )
-    text_config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    text_config = LlamaConfig(**tiny_decoder_config(tokenizer))
     return LlavaConfig(
         vision_config=vision_config,
         text_config=text_config,

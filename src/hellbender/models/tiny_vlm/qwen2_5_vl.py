@@ -28,7 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hellbender.models.fixes.qwen2_5_vl import ImageOnlyQwen2_5_VLProcessor
-from hellbender.models.tiny import build_tiny_tokenizer
+from hellbender.models.tiny import build_tiny_tokenizer, tiny_decoder_config
 
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
@@ -96,18 +96,9 @@ def build(target: Path) -> None:
     tokenizer = build_tokenizer()
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)), strict=True))
     text_config = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 2048,
+        **tiny_decoder_config(tokenizer),
         # head_dim 16: the three M-RoPE sections (temporal, height, width) must sum to head_dim / 2.
         "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [2, 3, 3]},
-        "bos_token_id": None,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
     }
     vision_config = {
         "depth": 2,
