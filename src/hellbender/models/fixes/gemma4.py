@@ -61,14 +61,14 @@ class Gemma4ProcessorWithoutVideo(Gemma4Processor):
         """What `ProcessorMixin.save_pretrained` writes for a `Gemma4Processor` (the tokenizer files,
         `chat_template.jinja`, `processor_config.json`), without touching the missing video processor."""
         if push_to_hub:
-            raise NotImplementedError("save locally, then upload the directory")
+            raise ValueError("This processor saves locally only; save it, then upload the directory.")
         os.makedirs(save_directory, exist_ok=True)
         self.tokenizer._set_processor_class("Gemma4Processor")
         self.tokenizer.save_pretrained(save_directory)
         if isinstance(self.chat_template, str):
             Path(save_directory, CHAT_TEMPLATE_FILE).write_text(self.chat_template, encoding="utf-8")
         elif self.chat_template is not None:
-            raise NotImplementedError("only a single chat template is supported here")
+            raise ValueError("This processor saves a single chat template; it has several.")
         output_file = os.path.join(save_directory, PROCESSOR_NAME)
         self.to_json_file(output_file)
         return [output_file]
