@@ -67,9 +67,8 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
             trainer.restore_rng_before_first_step(resume_from)
     result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     trainer.save_model(cfg.output_dir)
+    trainer.save_final_state()
     counter = trainer.token_counter()
-    trainer.state.stateful_callbacks[type(counter).__name__] = counter.state()
-    trainer.save_state()
     metrics = dict(result.metrics)
     metrics.update(input_tokens=counter.input_tokens, trained_tokens=counter.trained_tokens)
     return metrics

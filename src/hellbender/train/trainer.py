@@ -27,6 +27,7 @@ class HellbenderTrainer(Trainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("compute_loss_func", causal_lm_loss)
         super().__init__(*args, **kwargs)
+        self._rng_checkpoint: str | None = None
 
     def _callback(self, cls: type) -> Any:
         # Looked up each time: on resume the Trainer replaces callbacks with restored copies.
@@ -43,13 +44,22 @@ class HellbenderTrainer(Trainer):
         self._rng_checkpoint = str(checkpoint)
 
     def training_step(self, model, inputs: dict[str, Any], num_items_in_batch=None):
-        if getattr(self, "_rng_checkpoint", None):
+        if self._rng_checkpoint:
             self._load_rng_state(self._rng_checkpoint)  # transformers' own restore, same files and order
             self._rng_checkpoint = None
         return super().training_step(model, inputs, num_items_in_batch)
 
     def token_counter(self) -> TokenCounter:
         return self._callback(TokenCounter)
+
+    def save_final_state(self) -> None:
+        """trainer_state.json of the finished run, with the counters as they are now (the Trainer records
+        callback states only when it saves a checkpoint)."""
+        for cls in (TokenCounter, StreamPosition):
+            callback = self._callback(cls)
+            if callback is not None:
+                self.state.stateful_callbacks[cls.__name__] = callback.state()
+        self.save_state()
 
     def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         real_tokens = inputs.pop(REAL_TOKENS_KEY, None)
