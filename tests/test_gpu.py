@@ -88,3 +88,19 @@ def test_vlm_lora_trains_in_bf16_with_activation_checkpointing_on_gpu(tmp_path, 
     losses = list(logged_losses(cfg.output_dir).values())
     assert all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+
+
+def test_memory_watchdog_flags_a_gpu_leak_from_allocated_memory(tmp_path):
+    from transformers import TrainerCallback
+
+    from hellbender.train.memory_watchdog import MemoryLeak
+
+    class KeepGpuTensors(TrainerCallback):
+        kept: list = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.kept.append(torch.ones(8 * 1024 * 1024 // 4, device="cuda"))  # 8 MiB per step
+
+    cfg = validate_config(base_config(tmp_path, max_steps=30, memory_watchdog="error", save_steps=1000))
+    with pytest.raises(MemoryLeak, match=r"grows by (7\.\d|8\.\d) MiB per step \(allocated GPU memory"):
+        train(cfg, callbacks=[KeepGpuTensors()])

@@ -70,3 +70,8 @@ class TrainingSettings(BaseModel):
         False, description="On resume, do not fast-forward the data to where the checkpoint stopped."
     )
     dataloader_num_workers: int = Field(0, ge=0, description="Background processes loading batches.")
+    memory_watchdog: Literal["warn", "error", "off"] = Field(
+        "warn",
+        description="Watch memory per step and report steady growth (a leak) with its rate and the step it would run "
+        "out at: `warn`, `error` (stop the run), or `off`.",
+    )

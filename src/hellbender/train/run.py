@@ -17,6 +17,7 @@ from hellbender.models.adapters import apply_adapter
 from hellbender.models.loading import load_model, load_tokenizer_and_processor
 from hellbender.train.arguments import training_arguments
 from hellbender.train.collator import CausalLMCollator
+from hellbender.train.memory_watchdog import MemoryWatchdog
 from hellbender.train.multimodal_collator import MultimodalCollator
 from hellbender.train.resume import checkpoint_to_resume
 from hellbender.train.schedule import plan_schedule
@@ -57,7 +58,12 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
         eval_dataset=eval_data,
         data_collator=collator,
         processing_class=processor or tokenizer,
-        callbacks=[TokenCounter(), *([StreamPosition()] if streams_images else []), *(callbacks or [])],
+        callbacks=[
+            TokenCounter(),
+            *([StreamPosition()] if streams_images else []),
+            *([MemoryWatchdog(cfg.memory_watchdog)] if cfg.memory_watchdog != "off" else []),
+            *(callbacks or []),
+        ],
     )
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.output_dir) / RESOLVED_CONFIG_NAME).write_text(dump_config(cfg))
