@@ -111,6 +111,9 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
             "each image part must be rendered by the chat template exactly once"
         )
     expanded = expand(processor, text, images)
+    # Image tokens are unlabelled before the alignment (only text must survive it) and after it (whatever the
+    # expansion added).
+    labels = [IGNORE_INDEX if i in vision.vision_ids else label for i, label in zip(ids, labels, strict=True)]
     labels = align_labels(ids, labels, expanded)
     labels = [IGNORE_INDEX if i in vision.vision_ids else label for i, label in zip(expanded, labels, strict=True)]
     return vision_row(expanded, labels, paths, images, text, vision)
