@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -102,5 +103,6 @@ def test_memory_watchdog_flags_a_gpu_leak_from_allocated_memory(tmp_path):
             self.kept.append(torch.ones(8 * 1024 * 1024 // 4, device="cuda"))  # 8 MiB per step
 
     cfg = validate_config(base_config(tmp_path, max_steps=30, memory_watchdog="error", save_steps=1000))
-    with pytest.raises(MemoryLeak, match=r"grows by (7\.\d|8\.\d) MiB per step \(allocated GPU memory"):
+    with pytest.raises(MemoryLeak, match=r"grows by (7\.\d|8\.\d) MiB per step \(allocated GPU memory") as caught:
         train(cfg, callbacks=[KeepGpuTensors()])
+    assert re.search(r"held by the allocator: \d+ MiB, \+\d+\.\d MiB per step", str(caught.value))

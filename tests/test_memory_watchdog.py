@@ -49,6 +49,7 @@ def test_a_leak_is_stopped_within_ten_steps_naming_its_growth(tmp_path):
     assert step <= 10 and len(leak.kept) in (step - 1, step)  # the training stopped there
     assert 3.5 <= growth <= 4.5  # the injected 4 MiB per step
     assert "runs out around step" in message and "activation checkpointing" in message
+    assert "held by the allocator" in message
 
 
 def test_a_clean_run_of_100_steps_raises_no_alarm(tmp_path, caplog):

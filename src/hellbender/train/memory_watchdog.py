@@ -1,9 +1,10 @@
 """A watchdog for memory that grows step after step: the leak that ends a long run in an out-of-memory crash.
 
 After each optimizer step it records allocated and reserved memory (CUDA) or the process's resident memory
-(CPU). Past a warm-up it fits a line to the recent steps; memory that keeps rising (a steady slope over a
-window of steps) is reported with its growth per step and the step at which memory would run out — as a
-warning, or, with `memory_watchdog: error`, by stopping the run.
+(CPU); every sample stays in `samples`. Past a warm-up it fits a line to the recent steps; memory in use that
+keeps rising (a steady slope over a window of steps) is reported with its growth per step, the allocator's
+growth beside it, and the step at which memory would run out — as a warning, or, with
+`memory_watchdog: error`, by stopping the run.
 """
 
 from __future__ import annotations
@@ -57,39 +58,40 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 @dataclass
 class MemoryWatchdog(TrainerCallback):
     mode: str = "warn"  # "warn" or "error"
-    samples: list[tuple[int, int]] = field(default_factory=list)  # (step, bytes)
+    samples: list[tuple[int, int, int]] = field(default_factory=list)  # (step, bytes in use, bytes reserved)
     reported: bool = False
 
-    def measure(self) -> tuple[int, int, str]:
-        """(bytes in use, bytes left, what was measured)."""
+    def measure(self) -> tuple[int, int, int, str]:
+        """(bytes in use, bytes held by the allocator, bytes left, what was measured). On CPU the process's
+        resident memory is both in use and held."""
         import torch
 
         if torch.cuda.is_available():
             free, _total = torch.cuda.mem_get_info()
-            return (
-                torch.cuda.memory_allocated(),
-                free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated(),
-                "allocated GPU memory",
-            )
-        return _cpu_resident_bytes(), _cpu_available_bytes(), "resident memory"
+            allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+            return allocated, reserved, free + reserved - allocated, "allocated GPU memory"
+        resident = _cpu_resident_bytes()
+        return resident, resident, _cpu_available_bytes(), "resident memory"
 
     def on_step_end(self, args, state, control, **kwargs):
-        used, left, what = self.measure()
-        self.samples.append((state.global_step, used))
+        used, reserved, left, what = self.measure()
+        self.samples.append((state.global_step, used, reserved))
         recent = [s for s in self.samples if s[0] > WARMUP_STEPS][-WINDOW:]
         if self.reported or len(recent) < WINDOW:
             return
-        slope, fit = fit_line([float(s) for s, _ in recent], [float(b) for _, b in recent])
+        slope, fit = fit_line([float(s[0]) for s in recent], [float(s[1]) for s in recent])
         if slope < MIN_SLOPE or fit < MIN_FIT:
             return
         self.reported = True
+        reserved_slope, _ = fit_line([float(s[0]) for s in recent], [float(s[2]) for s in recent])
         runs_out = state.global_step + int(left / slope)
         message = (
             f"Memory grows by {slope / MIB:.1f} MiB per step ({what}: {used / MIB:.0f} MiB at step "
-            f"{state.global_step}, steady over the last {WINDOW} steps); at this rate it runs out around step "
-            f"{runs_out}. Likely causes: tensors kept across steps (a list of losses or outputs that are not "
-            "`.item()`-ed or detached), or a mutable container of tensors captured by activation checkpointing. "
-            "Set `memory_watchdog: off` to silence this, or `error` to stop runs that leak."
+            f"{state.global_step}, steady over the last {WINDOW} steps; held by the allocator: {reserved / MIB:.0f} "
+            f"MiB, {reserved_slope / MIB:+.1f} MiB per step); at this rate it runs out around step {runs_out}. "
+            "Likely causes: tensors kept across steps (a list of losses or outputs that are not `.item()`-ed or "
+            "detached), or a mutable container of tensors captured by activation checkpointing. Set "
+            "`memory_watchdog: off` to silence this, or `error` to stop runs that leak."
         )
         if self.mode == "error":
             raise MemoryLeak(message)
