@@ -26,7 +26,7 @@ from hellbender.data.prepare import prepare_datasets, training_entries
 from hellbender.errors import ConfigError, DataError
 from hellbender.models.tiny import tiny_model_dir
 from tests.conftest import REPO, write_jsonl
-from tests.test_training import final_weights, logged_losses
+from tests.test_training import base_config, final_weights, logged_losses
 
 QWEN = "hellbender/tiny-qwen2.5-vl"
 GEMMA4 = "hellbender/tiny-gemma4-vlm"
@@ -77,22 +77,18 @@ def entry(path: Path, images: Path, **keys) -> dict:
 
 
 def mm_config(tmp_path: Path, **overrides) -> dict:
-    cfg = {
-        "base_model": QWEN,
-        "processor_type": "AutoProcessor",
-        "sequence_len": 256,
-        "micro_batch_size": 2,
-        "adapter": "lora",
-        "lora_target_linear": True,
-        "learning_rate": 3e-3,
-        "lr_scheduler": "constant",
-        "logging_steps": 1,
-        "bf16": False,
-        "output_dir": str(tmp_path / "out"),
-        "dataset_prepared_path": str(tmp_path / "prepared"),
-    }
-    cfg.update(overrides)
-    return cfg
+    """A LoRA run of the tiny Qwen2.5-VL; the data (and, for streams, max_steps) come from `overrides`."""
+    defaults = dict(
+        base_model=QWEN,
+        processor_type="AutoProcessor",
+        datasets=[],
+        max_steps=None,
+        sequence_len=256,
+        micro_batch_size=2,
+        adapter="lora",
+        lora_target_linear=True,
+    )
+    return base_config(tmp_path, **{**defaults, **overrides})
 
 
 def fresh(model: str):

@@ -17,7 +17,7 @@ import yaml
 from hellbender.config import validate_config
 from hellbender.train.run import train
 from tests.conftest import EXAMPLES, write_jsonl
-from tests.test_training import StepSnapshot, final_weights, logged_losses
+from tests.test_training import StepSnapshot, base_config, final_weights, logged_losses
 
 SHAPES_DATA = EXAMPLES / "data" / "shapes.jsonl"
 CHAT_DATA = EXAMPLES / "data" / "chat.jsonl"
@@ -38,22 +38,15 @@ VISION_PARTS = ("vision_tower", "embed_vision", "visual", "multi_modal_projector
 
 
 def vlm_config(tmp_path: Path, base_model: str, **overrides) -> dict:
-    cfg = {
-        "base_model": base_model,
-        "processor_type": "AutoProcessor",
-        "datasets": [{"path": str(SHAPES_DATA), "type": "chat_template"}],
-        "sequence_len": 256,
-        "micro_batch_size": 4,
-        "max_steps": 3,
-        "learning_rate": 1e-3,
-        "lr_scheduler": "constant",
-        "logging_steps": 1,
-        "bf16": False,
-        "output_dir": str(tmp_path / "out"),
-        "dataset_prepared_path": str(tmp_path / "prepared"),
-    }
-    cfg.update(overrides)
-    return cfg
+    defaults = dict(
+        base_model=base_model,
+        processor_type="AutoProcessor",
+        datasets=[{"path": str(SHAPES_DATA), "type": "chat_template"}],
+        sequence_len=256,
+        max_steps=3,
+        learning_rate=1e-3,
+    )
+    return base_config(tmp_path, **{**defaults, **overrides})
 
 
 def model_dir(name: str) -> Path:
