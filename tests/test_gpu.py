@@ -106,3 +106,62 @@ def test_memory_watchdog_flags_a_gpu_leak_from_allocated_memory(tmp_path):
     with pytest.raises(MemoryLeak, match=r"grows by (7\.\d|8\.\d) MiB per step \(allocated GPU memory") as caught:
         train(cfg, callbacks=[KeepGpuTensors()])
     assert re.search(r"held by the allocator: \d+ MiB, \+\d+\.\d MiB per step", str(caught.value))
+
+
+def _attention_peak_mib(function, enable_gqa_baseline: bool = False) -> tuple[float, torch.Tensor]:
+    """Peak memory above the inputs of one causal attention call, forward and backward, at Gemma 4's full-layer
+    shape (8 query heads, 1 K/V head, head_dim 512) and 8k tokens, bf16."""
+    from types import SimpleNamespace
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    shape = (1, 8, 8192, 512)
+    query = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator).requires_grad_()
+    key, value = (
+        torch.randn(1, 1, 8192, 512, device="cuda", dtype=torch.bfloat16, generator=generator).requires_grad_()
+        for _ in range(2)
+    )
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    if enable_gqa_baseline:
+        output = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
+        output = output.transpose(1, 2)
+    else:
+        module = SimpleNamespace(num_key_value_groups=8, is_causal=True, training=True)
+        output, _ = function(module, query, key, value, None, scaling=None)
+    output.float().sum().backward()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20, output.detach()
+
+
+def test_head_dim_512_attention_at_8k_tokens_avoids_the_math_kernel():
+    from hellbender.models.attention import large_head_sdpa
+
+    ours, output = _attention_peak_mib(large_head_sdpa)
+    baseline, expected = _attention_peak_mib(None, enable_gqa_baseline=True)
+    # The math kernel holds the 8 x 8k x 8k scores (1 GiB in bf16, more for softmax and its gradient).
+    assert baseline > 1024, baseline
+    assert ours < 512, ours
+    torch.testing.assert_close(output, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_offloaded_checkpointing_gives_the_same_gradients_on_gpu():
+    from transformers import AutoModelForCausalLM
+
+    from hellbender.models.activation_checkpointing import enable_activation_checkpointing
+    from hellbender.models.tiny import tiny_model_dir
+
+    ids = torch.randint(10, 200, (2, 40), generator=torch.Generator().manual_seed(0)).cuda()
+
+    def grads(mode: str | None) -> dict[str, torch.Tensor]:
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("hellbender/tiny-gemma4"), dtype=torch.float32)
+        model.cuda().train()
+        if mode is not None:
+            enable_activation_checkpointing(model, offload=mode == "offload")
+        model(input_ids=ids, labels=ids).loss.backward()
+        return {n: p.grad for n, p in model.named_parameters()}
+
+    plain, checkpointed, offloaded = grads(None), grads("checkpoint"), grads("offload")
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(offloaded[name], grad, atol=1e-6, rtol=1e-5, msg=name)

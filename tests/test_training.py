@@ -308,13 +308,15 @@ def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
 def test_gradients_with_and_without_activation_checkpointing_match(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
+    from hellbender.models.activation_checkpointing import enable_activation_checkpointing
+
     ids = torch.randint(5, 500, (2, 24), generator=torch.Generator().manual_seed(0))
 
     def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
         model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
         model.train()
         if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(model)
         model(input_ids=ids, labels=ids).loss.backward()
         return {n: p.grad for n, p in model.named_parameters()}
 

@@ -39,8 +39,10 @@ class TrainingSettings(BaseModel):
     adam_beta2: float | None = Field(None, description="Adam beta2 (transformers' default when unset).")
     adam_epsilon: float | None = Field(None, description="Adam epsilon (transformers' default when unset).")
     max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables clipping.")
-    gradient_checkpointing: bool = Field(
-        False, description="Recompute activations in backward to save memory (always non-reentrant)."
+    gradient_checkpointing: bool | Literal["offload"] = Field(
+        False,
+        description="Recompute each layer's activations in backward to save memory (always non-reentrant); "
+        "`offload` also keeps the layers' saved inputs in host memory until backward.",
     )
     logging_steps: int | None = Field(
         None, gt=0, description="Log every N steps; default about 10 logs per run, at least every 10 steps."

@@ -95,7 +95,8 @@ def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if cfg.adapter == "qlora":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
+        # Checkpointing is enabled later, by hellbender (train/run.py), for every kind of training.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     lora = LoraConfig(
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,

@@ -22,6 +22,7 @@ TINY_VERSION = 1
 # name -> "module:function" building the model into a directory (imported only when that model is used).
 TINY_MODELS: dict[str, str] = {
     "hellbender/tiny-llama": "hellbender.models.tiny:build_tiny_llama",
+    "hellbender/tiny-gemma4": "hellbender.models.tiny_vlm.gemma4:build_text",
     "hellbender/tiny-gemma4-vlm": "hellbender.models.tiny_vlm.gemma4:build",
     "hellbender/tiny-qwen2.5-vl": "hellbender.models.tiny_vlm.qwen2_5_vl:build",
     "hellbender/tiny-llava": "hellbender.models.tiny_vlm.llava:build",

@@ -26,17 +26,6 @@ def report_targets(cfg: HellbenderConfig) -> list[str]:
     return targets
 
 
-def checkpointing_arguments(enabled: bool) -> dict:
-    """Non-reentrant activation checkpointing: reentrant checkpointing gives wrong gradients for models that
-    share state across layers. transformers renamed the argument (gradient_ -> activation_checkpointing)."""
-    name = (
-        "activation_checkpointing"
-        if "activation_checkpointing" in TrainingArguments.__dataclass_fields__
-        else "gradient_checkpointing"
-    )
-    return {name: enabled, f"{name}_kwargs": {"use_reentrant": False} if enabled else None}
-
-
 def training_arguments(
     cfg: HellbenderConfig, schedule: Schedule, has_eval: bool, data_resumes_itself: bool = False
 ) -> TrainingArguments:
@@ -62,7 +51,6 @@ def training_arguments(
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
         tf32=cfg.tf32 or None,
-        **checkpointing_arguments(cfg.gradient_checkpointing),
         logging_steps=schedule.logging_steps,
         logging_first_step=True,
         save_strategy="steps",

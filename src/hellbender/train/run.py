@@ -13,7 +13,9 @@ from hellbender.data.prepare import prepare_datasets
 from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
 from hellbender.data.streaming import streaming_dataset
 from hellbender.data.vision_tokens import vision_token_ids
+from hellbender.models.activation_checkpointing import enable_activation_checkpointing
 from hellbender.models.adapters import apply_adapter
+from hellbender.models.fixes import prepare_for_training
 from hellbender.models.loading import load_model, load_tokenizer_and_processor
 from hellbender.train.arguments import training_arguments
 from hellbender.train.collator import CausalLMCollator
@@ -42,7 +44,9 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     # Trainer must not replay the stream to skip batches itself (whatever `ignore_data_skip` says).
     streams_images = cfg.uses_streaming and processor is not None
     train_data, eval_data = _training_data(cfg, tokenizer, processor, resume_from, streams_images)
-    model = apply_adapter(cfg, load_model(cfg, tokenizer))
+    model = apply_adapter(cfg, prepare_for_training(load_model(cfg, tokenizer), cfg.attn_implementation))
+    if cfg.gradient_checkpointing:  # hellbender's own setup, not the Trainer's: see activation_checkpointing.py
+        enable_activation_checkpointing(model, offload=cfg.gradient_checkpointing == "offload")
     train_rows = len(train_data) if not cfg.uses_streaming else None
     args = training_arguments(cfg, plan_schedule(cfg, train_rows), eval_data is not None, streams_images)
     if processor is not None:

@@ -10,6 +10,7 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.streaming import STREAM_ROW_KEY
+from hellbender.models.activation_checkpointing import side_channel_of
 from hellbender.train.collator import REAL_TOKENS_KEY
 from hellbender.train.tokens import StreamPosition, TokenCounter
 
@@ -47,7 +48,11 @@ class HellbenderTrainer(Trainer):
         if self._rng_checkpoint:
             self._load_rng_state(self._rng_checkpoint)  # transformers' own restore, same files and order
             self._rng_checkpoint = None
-        return super().training_step(model, inputs, num_items_in_batch)
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        channel = side_channel_of(self.model)
+        if channel is not None:  # backward is done: nothing routed around a checkpoint outlives the step
+            channel.clear()
+        return loss
 
     def token_counter(self) -> TokenCounter:
         return self._callback(TokenCounter)

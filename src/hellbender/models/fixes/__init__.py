@@ -42,3 +42,12 @@ def processor_loader(source: str) -> Callable[..., Any] | None:
         if model_type in family.MODEL_TYPES:
             return family.load_processor
     return None
+
+
+def prepare_for_training(model: Any, attn_implementation: str) -> Any:
+    """What the model's family must change or check before training (nothing for most families)."""
+    from hellbender.models.fixes import gemma4
+
+    if getattr(model.config, "model_type", None) in gemma4.TEXT_MODEL_TYPES:
+        return gemma4.prepare_for_training(model, attn_implementation)
+    return model

@@ -7,6 +7,16 @@ a `Gemma4Processor` saves. With torchvision installed, it is plain `AutoProcesso
 
 Images: the chat template writes the image token (`<image_soft_token>`) once per image, and the processor
 expands it to `<start_of_image>` + n soft tokens + `<end_of_image>`.
+
+Shared K/V (`num_kv_shared_layers > 0`): the last layers reuse the keys and values of the last earlier layer of
+the same type. The text model passes them from layer to layer in a mutable dict, a keyword argument of every
+decoder layer; under activation checkpointing hellbender routes it around the checkpoint
+(`models/activation_checkpointing.py`). transformers changed the dict's key: up to 5.5 the index of the storing
+layer (`attention.kv_shared_layer_index`), from 5.8 the layer type (`attention.layer_type`);
+`shared_kv_key` reads the convention off the attention modules and refuses a model that has neither.
+
+Attention: the full-attention layers have head_dim 512, wider than flash attention takes; training uses
+`models/attention.py`'s SDPA so they never fall back to the math kernel.
 """
 
 from __future__ import annotations
@@ -18,7 +28,11 @@ from typing import Any
 from transformers import Gemma4Processor
 from transformers.utils import CHAT_TEMPLATE_FILE, PROCESSOR_NAME
 
+from hellbender.errors import EnvironmentProblem
+from hellbender.models.attention import FLASH_MAX_HEAD_DIM, register_large_head_sdpa, widest_head_dim
+
 MODEL_TYPES = ("gemma4",)
+TEXT_MODEL_TYPES = ("gemma4", "gemma4_text")  # the image-text model, and the text-only one
 
 
 # What a `Gemma4VideoProcessor` saved with this model's image settings looks like (other keys: class defaults).
@@ -100,3 +114,36 @@ def load_processor(path: str | os.PathLike, **kwargs: Any):
     if isinstance(processor_dict.get("video_processor"), dict):
         processor.video_processor_config = processor_dict["video_processor"]
     return processor
+
+
+def shared_kv_key(attention: Any) -> str | int | None:
+    """The key under which this attention layer stores or reads shared K/V in the installed transformers, or None
+    for a layer that does neither."""
+    if hasattr(attention, "kv_shared_layer_index"):  # transformers <= 5.5: keyed by the storing layer's index
+        if attention.kv_shared_layer_index is not None:
+            return attention.kv_shared_layer_index
+        return attention.layer_idx if getattr(attention, "store_full_length_kv", False) else None
+    if hasattr(attention, "is_kv_shared_layer") and hasattr(attention, "layer_type"):  # >= 5.8: by layer type
+        sharing = attention.is_kv_shared_layer or getattr(attention, "store_full_length_kv", False)
+        return attention.layer_type if sharing else None
+    import transformers
+
+    raise EnvironmentProblem(
+        f"This Gemma 4 attention module ({type(attention).__name__}, transformers {transformers.__version__}) has "
+        "neither `kv_shared_layer_index` nor `is_kv_shared_layer` + `layer_type`, so hellbender cannot tell how it "
+        "shares K/V between layers and will not train it. Install a transformers release hellbender supports "
+        "(`pip install -U 'transformers>=5.8'`)."
+    )
+
+
+def text_attention_modules(model: Any) -> list[Any]:
+    return [m for m in model.modules() if type(m).__name__ == "Gemma4TextAttention"]
+
+
+def prepare_for_training(model: Any, attn_implementation: str) -> Any:
+    """Check the shared-K/V convention, and give full-attention layers wider than 256 the math-free SDPA."""
+    for attention in text_attention_modules(model):
+        shared_kv_key(attention)
+    if attn_implementation == "sdpa" and widest_head_dim(model) > FLASH_MAX_HEAD_DIM:
+        model.set_attn_implementation(register_large_head_sdpa())
+    return model

@@ -208,3 +208,15 @@ def build(target: Path) -> None:
     )
     model.save_pretrained(target)
     processor.save_pretrained(target)  # also writes the tokenizer files and the chat template
+
+
+def build_text(target: Path) -> None:
+    """Save the text-only tiny Gemma 4 (`hellbender/tiny-gemma4`): the same language model as the image-text one
+    (sliding + full attention, shared K/V, per-layer embeddings) as a `Gemma4ForCausalLM`, with its tokenizer."""
+    import torch
+    from transformers import Gemma4ForCausalLM
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    Gemma4ForCausalLM(build_config(tokenizer).text_config).save_pretrained(target)
+    tokenizer.save_pretrained(target)

@@ -1,0 +1,375 @@
+"""Activation checkpointing: nothing of one step outlives it, the side channel works from any thread and for two
+models at once, gradients are exact, and Gemma 4's wide heads get an SDPA without the math fallback."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, TrainerCallback
+
+from hellbender.config import validate_config
+from hellbender.errors import EnvironmentProblem
+from hellbender.models.activation_checkpointing import (
+    MUTABLE_CONTAINERS,
+    enable_activation_checkpointing,
+    side_channel_of,
+)
+from hellbender.models.tiny import tiny_model_dir
+from hellbender.train.run import train
+from tests.test_multimodal_training import GEMMA4, IDEFICS3, LLAVA, QWEN, vlm_config
+from tests.test_training import base_config
+
+GEMMA4_TEXT = "hellbender/tiny-gemma4"
+
+
+# --- nothing from step k survives step k --------------------------------------------------------------------------
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):  # ModelOutput is a dict too
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+class StepLeakCheck(TrainerCallback):
+    """With the garbage collector off, holds weak references to every tensor a module returns during a step and
+    to every mutable container passed to a module, and records which are still alive when the step has ended."""
+
+    def __init__(self) -> None:
+        self.refs: list[tuple[str, weakref.ref]] = []
+        self.survivors: list[list[str]] = []
+        self.seen: list[tuple[int, int]] = []  # (tensors, containers) watched per step
+        self.channel_sizes: list[int] = []
+        self.handles: list[Any] = []
+        self.collecting = False
+        self.model: Any = None
+
+    def _watch(self, what: str, value: Any) -> None:
+        try:
+            self.refs.append((what, weakref.ref(value)))
+        except TypeError:  # a plain dict cannot be weakly referenced; its tensors can
+            for tensor in _tensors(value):
+                self.refs.append((f"{what} item", weakref.ref(tensor)))
+
+    def _pre_hook(self, module, args, kwargs) -> None:
+        if self.collecting:
+            for name, value in kwargs.items():
+                if isinstance(value, MUTABLE_CONTAINERS) and not isinstance(value, torch.nn.Module):
+                    self._watch(f"{type(module).__name__}({name}=)", value)
+
+    def _hook(self, module, args, output) -> None:
+        if self.collecting:
+            for tensor in _tensors(output):
+                self.refs.append((f"{type(module).__name__} output", weakref.ref(tensor)))
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.model = model
+        for module in model.modules():
+            self.handles.append(module.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+            self.handles.append(module.register_forward_hook(self._hook))
+        gc.disable()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.refs = []
+        self.collecting = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.collecting = False
+        containers = sum(1 for what, _ in self.refs if "=)" in what)
+        self.seen.append((len(self.refs) - containers, containers))
+        self.survivors.append(sorted({what for what, ref in self.refs if ref() is not None}))
+        channel = side_channel_of(self.model)
+        self.channel_sizes.append(len(channel) if channel is not None else 0)
+        self.refs = []
+
+    def on_train_end(self, args, state, control, **kwargs):
+        gc.enable()
+        for handle in self.handles:
+            handle.remove()
+
+
+FAMILIES = {
+    "llama": dict(base_model="hellbender/tiny-llama"),
+    "gemma4-text": dict(base_model=GEMMA4_TEXT),
+    "gemma4-vlm": dict(vlm=GEMMA4),
+    "qwen2.5-vl": dict(vlm=QWEN),
+    "llava": dict(vlm=LLAVA),
+    "idefics3": dict(vlm=IDEFICS3),
+}
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_nothing_created_in_a_steps_forward_survives_the_step(tmp_path, family, checkpointing):
+    common = dict(max_steps=3, adapter="lora", gradient_checkpointing=checkpointing, memory_watchdog="off")
+    spec = FAMILIES[family]
+    if "vlm" in spec:
+        cfg = vlm_config(tmp_path, spec["vlm"], micro_batch_size=2, **common)
+    else:
+        cfg = base_config(tmp_path, base_model=spec["base_model"], micro_batch_size=2, **common)
+    check = StepLeakCheck()
+    try:
+        train(validate_config(cfg), callbacks=[check])
+    finally:
+        gc.enable()
+    assert len(check.survivors) == 3
+    assert all(tensors > 50 for tensors, _ in check.seen), check.seen  # the hooks did watch the forward
+    if family.startswith("gemma4"):
+        # The shared K/V dict reached every decoder layer (and is what this test is mostly about).
+        assert all(containers >= 5 for _, containers in check.seen), check.seen
+    assert check.survivors == [[], [], []], check.survivors
+    assert check.channel_sizes == [0, 0, 0]
+
+
+# --- Gemma 4 at model level ---------------------------------------------------------------------------------------
+
+
+def gemma4(name: str = GEMMA4_TEXT, seed: int | None = None) -> torch.nn.Module:
+    cls = AutoModelForImageTextToText if name == GEMMA4 else AutoModelForCausalLM
+    model = cls.from_pretrained(tiny_model_dir(name), dtype=torch.float32)
+    if seed is not None:  # a different model of the same shape
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    model.train()
+    return model
+
+
+def token_batch(seed: int = 0) -> torch.Tensor:
+    # Longer than the tiny model's sliding window (16), so the shared K/V crosses sliding and full layers.
+    return torch.randint(10, 200, (2, 40), generator=torch.Generator().manual_seed(seed))
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    return model.get_decoder().layers
+
+
+def shared_kv_refs(model: torch.nn.Module) -> list[weakref.ref]:
+    """Weak references, filled during each forward, to the shared K/V dict and its tensors as the last layer sees
+    them (all K/V stored by then)."""
+    refs: list[weakref.ref] = []
+
+    def grab(module, args, kwargs):
+        shared = kwargs["shared_kv_states"]
+        refs.append(weakref.ref(shared))
+        refs.extend(weakref.ref(t) for pair in shared.values() for t in pair)
+
+    decoder_layers(model)[-1].register_forward_pre_hook(grab, with_kwargs=True)
+    return refs
+
+
+def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", [GEMMA4_TEXT, GEMMA4])
+def test_a_forward_without_backward_leaves_its_shared_kv_to_the_next_forward_only(name):
+    """A forward whose backward never runs (a step skipped after an error, a probe in training mode) leaves the
+    checkpoint replay functions alive in a reference cycle with the K/V tensors. Captured in the replay function
+    (transformers' default), the shared K/V dict stays in that cycle until the garbage collector runs; routed
+    through the side channel it is released when the model's next forward starts."""
+    survived = {}
+    for side_channel in (True, False):
+        model = gemma4(name)
+        enable_activation_checkpointing(model, side_channel=side_channel)
+        refs = shared_kv_refs(model)
+        gc.disable()
+        try:
+            model(input_ids=token_batch(), labels=token_batch()).loss  # noqa: B018 - the forward is the point
+            first_step = list(refs)
+            assert len(first_step) == 5  # the dict, and K and V of one sliding and one full layer
+            model(input_ids=token_batch(1), labels=token_batch(1)).loss  # noqa: B018
+            survived[side_channel] = sum(ref() is not None for ref in first_step)
+        finally:
+            gc.enable()
+    assert survived == {True: 0, False: 5}
+
+
+def test_backward_replayed_on_another_thread_reads_the_side_channel():
+    """Autograd may replay a checkpointed layer on one of its worker threads; the side channel is an attribute of
+    the model, so that thread sees it (thread-local storage would not)."""
+    plain = gemma4()
+    plain(input_ids=token_batch(), labels=token_batch()).loss.backward()
+
+    model = gemma4()
+    enable_activation_checkpointing(model)
+    threads: list[int] = []
+    reader = decoder_layers(model)[-1].self_attn  # reads the shared K/V
+    reader.register_forward_pre_hook(lambda *_: threads.append(threading.get_ident()))
+    loss = model(input_ids=token_batch(), labels=token_batch()).loss
+    worker = threading.Thread(target=loss.backward)
+    worker.start()
+    worker.join()
+    assert threads[0] == threading.get_ident() and threads[1] == worker.ident  # forward here, replay there
+    assert grads(model).keys() == grads(plain).keys()
+    for name, grad in grads(plain).items():
+        torch.testing.assert_close(grads(model)[name], grad, atol=1e-7, rtol=1e-6, msg=name)
+
+
+def test_two_gemma4_models_with_interleaved_forwards_match_each_run_alone():
+    """Policy and reference, student and teacher: two models alive at once, forwards interleaved before either
+    backward. Each model's replay reads its own shared K/V (a process-wide store would hand one model the
+    other's)."""
+
+    def alone(seed: int | None) -> tuple[float, dict[str, torch.Tensor]]:
+        model = gemma4(seed=seed)
+        enable_activation_checkpointing(model)
+        loss = model(input_ids=token_batch(seed or 0), labels=token_batch(seed or 0)).loss
+        loss.backward()
+        return loss.item(), grads(model)
+
+    expected = {seed: alone(seed) for seed in (None, 7)}
+    first, second = gemma4(), gemma4(seed=7)
+    for model in (first, second):
+        enable_activation_checkpointing(model)
+    loss_first = first(input_ids=token_batch(0), labels=token_batch(0)).loss
+    loss_second = second(input_ids=token_batch(7), labels=token_batch(7)).loss
+    loss_first.backward()
+    loss_second.backward()
+    for seed, model, loss in ((None, first, loss_first), (7, second, loss_second)):
+        expected_loss, expected_grads = expected[seed]
+        assert loss.item() == expected_loss
+        assert expected_loss != expected[7 if seed is None else None][0]  # the two models do differ
+        for name, grad in expected_grads.items():
+            torch.testing.assert_close(grads(model)[name], grad, atol=0, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("offload", [False, True], ids=["in-place", "offloaded"])
+def test_gradients_are_exact_with_the_side_channel_on_and_off(offload):
+    plain = gemma4()
+    plain(input_ids=token_batch(), labels=token_batch()).loss.backward()
+    for side_channel in (True, False):
+        model = gemma4()
+        enable_activation_checkpointing(model, offload=offload, side_channel=side_channel)
+        model(input_ids=token_batch(), labels=token_batch()).loss.backward()
+        for name, grad in grads(plain).items():
+            torch.testing.assert_close(grads(model)[name], grad, atol=1e-7, rtol=1e-6, msg=f"{side_channel} {name}")
+
+
+def test_a_replay_after_the_models_next_forward_fails_loudly():
+    model = gemma4()
+    enable_activation_checkpointing(model)
+    loss = model(input_ids=token_batch(), labels=token_batch()).loss
+    model(input_ids=token_batch(1), labels=token_batch(1))  # a second forward before the first backward
+    with pytest.raises(RuntimeError, match="started another forward"):
+        loss.backward()
+
+
+def test_checkpointing_is_inactive_outside_training():
+    model = gemma4()
+    channel = enable_activation_checkpointing(model)
+    model.eval()
+    model(input_ids=token_batch())
+    with torch.no_grad():
+        model.train()
+        model(input_ids=token_batch())
+    model.train()
+    deposits = []
+    original = channel.deposit
+    channel.deposit = lambda arguments: deposits.append(arguments) or original(arguments)
+    model(input_ids=token_batch())
+    assert len(deposits) == len(decoder_layers(model))  # only now, in training with gradients
+
+
+# --- shared K/V key convention ------------------------------------------------------------------------------------
+
+
+def test_the_shared_kv_key_follows_the_installed_transformers_convention():
+    from hellbender.models.fixes.gemma4 import shared_kv_key, text_attention_modules
+
+    keys = [shared_kv_key(attention) for attention in text_attention_modules(gemma4())]
+    # Layers 1 and 2 store K/V, 3 and 4 reuse them (see tiny_vlm/gemma4.py); this transformers keys by layer type.
+    assert keys == [None, "sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    older = SimpleNamespace(kv_shared_layer_index=2, layer_idx=4, store_full_length_kv=False)
+    storing = SimpleNamespace(kv_shared_layer_index=None, layer_idx=2, store_full_length_kv=True)
+    assert (shared_kv_key(older), shared_kv_key(storing)) == (2, 2)  # up to transformers 5.5: the storing index
+    with pytest.raises(EnvironmentProblem, match="neither `kv_shared_layer_index` nor"):
+        shared_kv_key(SimpleNamespace(layer_idx=0))
+
+
+# --- attention heads wider than 256 ---------------------------------------------------------------------------------
+
+
+def reference_attention(query, key, value, mask: torch.Tensor | None) -> torch.Tensor:
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    scores = query @ key.transpose(-1, -2)
+    if mask is None:
+        mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ value).transpose(1, 2)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 512])
+def test_large_head_sdpa_computes_grouped_query_attention(head_dim, masked):
+    from hellbender.models.attention import large_head_sdpa
+
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(2, 8, 12, head_dim, generator=generator)
+    key, value = (torch.randn(2, 2, 12, head_dim, generator=generator) for _ in range(2))
+    mask = torch.ones(12, 12, dtype=torch.bool).tril()
+    mask[:, :3] = False
+    mask[torch.arange(12), torch.arange(12)] = True
+    module = SimpleNamespace(num_key_value_groups=4, is_causal=True, training=True)
+    output, _ = large_head_sdpa(module, query, key, value, mask[None, None] if masked else None, scaling=1.0)
+    expected = reference_attention(query, key, value, mask if masked else None)
+    torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5)
+
+
+def wide_head_gemma4(tmp_path: Path) -> Path:
+    """The tiny text Gemma 4 with Gemma 4's real full-attention head_dim, 512."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    from hellbender.models.tiny_vlm.gemma4 import build_config, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    settings = build_config(tokenizer).text_config.to_dict()
+    del settings["per_layer_config"]  # derived from the head dims at construction
+    torch.manual_seed(0)
+    Gemma4ForCausalLM(Gemma4TextConfig(**{**settings, "global_head_dim": 512})).save_pretrained(tmp_path / "wide")
+    tokenizer.save_pretrained(tmp_path / "wide")
+    return tmp_path / "wide"
+
+
+def test_gemma4_full_attention_wider_than_256_trains_with_the_large_head_sdpa(tmp_path):
+    from hellbender.models.attention import LARGE_HEAD_SDPA
+    from hellbender.models.fixes import prepare_for_training
+
+    path = wide_head_gemma4(tmp_path)
+    narrow = prepare_for_training(gemma4(), "sdpa")
+    assert narrow.config._attn_implementation == "sdpa"  # head_dim 32: nothing to change
+    stock = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    wide = prepare_for_training(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), "sdpa")
+    assert wide.config._attn_implementation == LARGE_HEAD_SDPA
+    for model in (stock, wide):
+        model.train()
+        model(input_ids=token_batch(), labels=token_batch()).loss.backward()
+    for name, grad in grads(stock).items():
+        torch.testing.assert_close(grads(wide)[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+    # And through `hellbender train`, checkpointed.
+    cfg = base_config(tmp_path, base_model=str(path), max_steps=2, gradient_checkpointing=True, adapter="lora")
+    metrics = train(validate_config(cfg))
+    assert metrics["train_loss"] > 0
+
+
+def test_gradient_checkpointing_accepts_offload_and_refuses_other_words(tmp_path):
+    from hellbender.errors import ConfigError
+
+    assert validate_config(base_config(tmp_path, gradient_checkpointing="offload")).gradient_checkpointing == "offload"
+    with pytest.raises(ConfigError, match="gradient_checkpointing"):
+        validate_config(base_config(tmp_path, gradient_checkpointing="sometimes"))
