@@ -28,6 +28,28 @@ from tests.test_multimodal_training import GEMMA4, IDEFICS3, LLAVA, QWEN, vlm_co
 from tests.test_training import base_config
 
 GEMMA4_TEXT = "hellbender/tiny-gemma4"
+MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+
+
+def gemma4_variant(target: Path, **changes: Any) -> Path:
+    """The tiny text Gemma 4 with some settings changed (Gemma 4's real head_dim 512, an MoE block), saved."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    from hellbender.models.tiny_vlm.gemma4 import build_config, build_tokenizer
+
+    if not (target / "config.json").is_file():
+        tokenizer = build_tokenizer()
+        settings = build_config(tokenizer).text_config.to_dict()
+        del settings["per_layer_config"]  # derived from the other settings at construction
+        torch.manual_seed(0)
+        Gemma4ForCausalLM(Gemma4TextConfig(**{**settings, **changes})).save_pretrained(target)
+        tokenizer.save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def moe_gemma4(tmp_path_factory) -> Path:
+    return gemma4_variant(tmp_path_factory.mktemp("gemma4-moe"), **MOE)
 
 
 # --- nothing from step k survives step k --------------------------------------------------------------------------
@@ -104,6 +126,7 @@ class StepLeakCheck(TrainerCallback):
 FAMILIES = {
     "llama": dict(base_model="hellbender/tiny-llama"),
     "gemma4-text": dict(base_model=GEMMA4_TEXT),
+    "gemma4-moe": dict(base_model="moe"),
     "gemma4-vlm": dict(vlm=GEMMA4),
     "qwen2.5-vl": dict(vlm=QWEN),
     "llava": dict(vlm=LLAVA),
@@ -113,13 +136,14 @@ FAMILIES = {
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_nothing_created_in_a_steps_forward_survives_the_step(tmp_path, family, checkpointing):
+def test_nothing_created_in_a_steps_forward_survives_the_step(tmp_path, family, checkpointing, request):
     common = dict(max_steps=3, adapter="lora", gradient_checkpointing=checkpointing, memory_watchdog="off")
     spec = FAMILIES[family]
     if "vlm" in spec:
         cfg = vlm_config(tmp_path, spec["vlm"], micro_batch_size=2, **common)
     else:
-        cfg = base_config(tmp_path, base_model=spec["base_model"], micro_batch_size=2, **common)
+        base_model = str(request.getfixturevalue("moe_gemma4")) if spec["base_model"] == "moe" else spec["base_model"]
+        cfg = base_config(tmp_path, base_model=base_model, micro_batch_size=2, **common)
     check = StepLeakCheck()
     try:
         train(validate_config(cfg), callbacks=[check])
@@ -137,9 +161,9 @@ def test_nothing_created_in_a_steps_forward_survives_the_step(tmp_path, family, 
 # --- Gemma 4 at model level ---------------------------------------------------------------------------------------
 
 
-def gemma4(name: str = GEMMA4_TEXT, seed: int | None = None) -> torch.nn.Module:
+def gemma4(name: str | Path = GEMMA4_TEXT, seed: int | None = None) -> torch.nn.Module:
     cls = AutoModelForImageTextToText if name == GEMMA4 else AutoModelForCausalLM
-    model = cls.from_pretrained(tiny_model_dir(name), dtype=torch.float32)
+    model = cls.from_pretrained(name if isinstance(name, Path) else tiny_model_dir(name), dtype=torch.float32)
     if seed is not None:  # a different model of the same shape
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -249,11 +273,15 @@ def test_two_gemma4_models_with_interleaved_forwards_match_each_run_alone():
 
 
 @pytest.mark.parametrize("offload", [False, True], ids=["in-place", "offloaded"])
-def test_gradients_are_exact_with_the_side_channel_on_and_off(offload):
-    plain = gemma4()
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_gradients_are_exact_with_the_side_channel_on_and_off(offload, moe, request):
+    source = request.getfixturevalue("moe_gemma4") if moe else GEMMA4_TEXT
+    plain = gemma4(source)
+    if moe:
+        assert plain.config.enable_moe_block and plain.config.num_kv_shared_layers == 2
     plain(input_ids=token_batch(), labels=token_batch()).loss.backward()
     for side_channel in (True, False):
-        model = gemma4()
+        model = gemma4(source)
         enable_activation_checkpointing(model, offload=offload, side_channel=side_channel)
         model(input_ids=token_batch(), labels=token_batch()).loss.backward()
         for name, grad in grads(plain).items():
@@ -331,26 +359,11 @@ def test_large_head_sdpa_computes_grouped_query_attention(head_dim, masked):
     torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5)
 
 
-def wide_head_gemma4(tmp_path: Path) -> Path:
-    """The tiny text Gemma 4 with Gemma 4's real full-attention head_dim, 512."""
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
-
-    from hellbender.models.tiny_vlm.gemma4 import build_config, build_tokenizer
-
-    tokenizer = build_tokenizer()
-    settings = build_config(tokenizer).text_config.to_dict()
-    del settings["per_layer_config"]  # derived from the head dims at construction
-    torch.manual_seed(0)
-    Gemma4ForCausalLM(Gemma4TextConfig(**{**settings, "global_head_dim": 512})).save_pretrained(tmp_path / "wide")
-    tokenizer.save_pretrained(tmp_path / "wide")
-    return tmp_path / "wide"
-
-
 def test_gemma4_full_attention_wider_than_256_trains_with_the_large_head_sdpa(tmp_path):
     from hellbender.models.attention import LARGE_HEAD_SDPA
     from hellbender.models.fixes import prepare_for_training
 
-    path = wide_head_gemma4(tmp_path)
+    path = gemma4_variant(tmp_path / "wide", global_head_dim=512)
     narrow = prepare_for_training(gemma4(), "sdpa")
     assert narrow.config._attn_implementation == "sdpa"  # head_dim 32: nothing to change
     stock = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
