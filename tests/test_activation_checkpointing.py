@@ -68,11 +68,16 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 
 class StepLeakCheck(TrainerCallback):
     """With the garbage collector off, holds weak references to every tensor a module returns during a step and
-    to every mutable container passed to a module, and records which are still alive when the step has ended."""
+    to every mutable container passed to a module, and records which are still alive when the step has ended and
+    when the next step has ended. A tensor the model keeps as its own attribute until its next forward (Qwen2.5-VL's
+    `rope_deltas`) is reported apart, as model state."""
 
     def __init__(self) -> None:
         self.refs: list[tuple[str, weakref.ref]] = []
-        self.survivors: list[list[str]] = []
+        self.previous: list[tuple[str, weakref.ref]] = []
+        self.survivors: list[list[str]] = []  # alive at the end of their own step
+        self.model_state: list[list[str]] = []  # of those, held as a module attribute
+        self.survivors_next: list[list[str]] = []  # alive at the end of the following step
         self.seen: list[tuple[int, int]] = []  # (tensors, containers) watched per step
         self.channel_sizes: list[int] = []
         self.handles: list[Any] = []
@@ -97,6 +102,9 @@ class StepLeakCheck(TrainerCallback):
             for tensor in _tensors(output):
                 self.refs.append((f"{type(module).__name__} output", weakref.ref(tensor)))
 
+    def _held_by_a_module(self, value: Any) -> bool:
+        return any(any(v is value for v in vars(m).values()) for m in self.model.modules())
+
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.model = model
         for module in model.modules():
@@ -112,10 +120,16 @@ class StepLeakCheck(TrainerCallback):
         self.collecting = False
         containers = sum(1 for what, _ in self.refs if "=)" in what)
         self.seen.append((len(self.refs) - containers, containers))
-        self.survivors.append(sorted({what for what, ref in self.refs if ref() is not None}))
+        alive = [(what, ref()) for what, ref in self.refs if ref() is not None]
+        state_held = [what for what, value in alive if self._held_by_a_module(value)]
+        self.model_state.append(sorted(set(state_held)))
+        self.survivors.append(sorted({what for what, _ in alive} - set(state_held)))
+        del alive
+        if self.previous:
+            self.survivors_next.append(sorted({what for what, ref in self.previous if ref() is not None}))
         channel = side_channel_of(self.model)
         self.channel_sizes.append(len(channel) if channel is not None else 0)
-        self.refs = []
+        self.previous, self.refs = self.refs, []
 
     def on_train_end(self, args, state, control, **kwargs):
         gc.enable()
@@ -136,7 +150,7 @@ FAMILIES = {
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_nothing_created_in_a_steps_forward_survives_the_step(tmp_path, family, checkpointing, request):
+def test_nothing_created_in_a_steps_forward_survives_it(tmp_path, family, checkpointing, request):
     common = dict(max_steps=3, adapter="lora", gradient_checkpointing=checkpointing, memory_watchdog="off")
     spec = FAMILIES[family]
     if "vlm" in spec:
@@ -155,6 +169,9 @@ def test_nothing_created_in_a_steps_forward_survives_the_step(tmp_path, family, 
         # The shared K/V dict reached every decoder layer (and is what this test is mostly about).
         assert all(containers >= 5 for _, containers in check.seen), check.seen
     assert check.survivors == [[], [], []], check.survivors
+    assert check.survivors_next == [[], []], check.survivors_next
+    if family.startswith("gemma4"):
+        assert check.model_state == [[], [], []], check.model_state
     assert check.channel_sizes == [0, 0, 0]
 
 
