@@ -76,6 +76,8 @@ def train(config: ConfigArg, set_: SetOpt = None, debug: DebugOpt = False) -> No
         from hellbender.train.run import train as run_training
 
         metrics = run_training(cfg)
+        if metrics.get("exit_code"):  # stopped by SIGTERM / SIGINT after saving a checkpoint
+            raise typer.Exit(metrics["exit_code"])
         console.print(f"[green]done[/]: saved to {cfg.output_dir}")
         console.print(json.dumps({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, indent=1))
 

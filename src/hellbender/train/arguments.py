@@ -55,7 +55,7 @@ def training_arguments(
         logging_first_step=True,
         save_strategy="steps",
         save_steps=schedule.save_steps,
-        save_total_limit=cfg.save_total_limit,
+        save_total_limit=None,  # CheckpointKeeper rotates, after the newer checkpoint is complete
         eval_strategy="steps" if has_eval else "no",
         eval_steps=schedule.eval_steps,
         seed=cfg.seed,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from hellbender.data.prepare import prepare_datasets
 from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
 from hellbender.data.streaming import streaming_dataset
 from hellbender.data.vision_tokens import vision_token_ids
+from hellbender.errors import ConfigError
 from hellbender.models.activation_checkpointing import enable_activation_checkpointing
 from hellbender.models.adapters import apply_adapter
 from hellbender.models.fixes import prepare_for_training
@@ -21,7 +23,15 @@ from hellbender.train.arguments import training_arguments
 from hellbender.train.collator import CausalLMCollator
 from hellbender.train.memory_watchdog import MemoryWatchdog
 from hellbender.train.multimodal_collator import MultimodalCollator
-from hellbender.train.resume import checkpoint_to_resume
+from hellbender.train.preemption import StopOnSignal
+from hellbender.train.resume import (
+    CheckpointKeeper,
+    StopIfAlreadyDone,
+    TrainingAlreadyDone,
+    checkpoint_to_resume,
+    remove_incomplete_checkpoints,
+    write_atomically,
+)
 from hellbender.train.schedule import plan_schedule
 from hellbender.train.tokens import StreamPosition, TokenCounter
 from hellbender.train.trainer import HellbenderTrainer
@@ -39,6 +49,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
 
     set_seed(cfg.seed)
     resume_from = checkpoint_to_resume(cfg)  # checked first, so a bad path fails before any work
+    remove_incomplete_checkpoints(cfg.output_dir)  # a killed save's leftovers; never trusted, written again
     tokenizer, processor = load_tokenizer_and_processor(cfg)
     # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so the
     # Trainer must not replay the stream to skip batches itself (whatever `ignore_data_skip` says).
@@ -55,6 +66,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
         )
     else:
         collator = CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation)
+    stop_on_signal = StopOnSignal()
     trainer = HellbenderTrainer(
         model=model,
         args=args,
@@ -66,21 +78,42 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
             TokenCounter(),
             *([StreamPosition()] if streams_images else []),
             *([MemoryWatchdog(cfg.memory_watchdog)] if cfg.memory_watchdog != "off" else []),
+            CheckpointKeeper(cfg.save_total_limit),
+            stop_on_signal,
+            *([StopIfAlreadyDone()] if resume_from else []),
             *(callbacks or []),
         ],
     )
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-    (Path(cfg.output_dir) / RESOLVED_CONFIG_NAME).write_text(dump_config(cfg))
+    write_atomically(Path(cfg.output_dir) / RESOLVED_CONFIG_NAME, dump_config(cfg))
     if resume_from:
         logger.info("Resuming from %s", resume_from)
         if streams_images:
             trainer.restore_rng_before_first_step(resume_from)
-    result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    trainer.save_model(cfg.output_dir)
-    trainer.save_final_state()
+    try:
+        metrics = dict(trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None).metrics)
+    except TrainingAlreadyDone:
+        logger.info("%s is the last step: saving the final model", resume_from)
+        metrics = {}
+    except pickle.UnpicklingError as exc:  # the Trainer loads checkpoint states with `weights_only=True`
+        raise ConfigError(
+            f"Resuming from {resume_from} failed: one of its files holds Python objects that a weights-only load "
+            f"refuses ({_unpickling_reason(exc)}). hellbender never unpickles arbitrary objects, "
+            "which could run code. Resume from a checkpoint you wrote yourself, or remove this one."
+        ) from None
     counter = trainer.token_counter()
-    metrics = dict(result.metrics)
     metrics.update(input_tokens=counter.input_tokens, trained_tokens=counter.trained_tokens)
+    if stop_on_signal.received is not None:
+        logger.warning(
+            "Stopped by %s after step %s; checkpoint-%s is saved. Run again with `auto_resume_from_checkpoints: "
+            "true` to continue.",
+            stop_on_signal.received.name,
+            stop_on_signal.stopped_at_step,
+            stop_on_signal.stopped_at_step,
+        )
+        metrics["exit_code"] = stop_on_signal.exit_code
+        return metrics
+    trainer.save_final_model(cfg.output_dir)
     return metrics
 
 
@@ -106,3 +139,9 @@ def _stream_rows_consumed(checkpoint: Path | None) -> int:
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     stored = state.get("stateful_callbacks", {}).get(StreamPosition.__name__, {})
     return int(stored.get("attributes", {}).get("rows_consumed", 0))
+
+
+def _unpickling_reason(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    detail = [line for line in lines if "WeightsUnpickler error" in line]
+    return (detail or lines or [type(exc).__name__])[0].split(". Please use")[0]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,7 +15,11 @@ from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.models.activation_checkpointing import side_channel_of
 from hellbender.train.collator import REAL_TOKENS_KEY
+from hellbender.train.resume import write_manifest
 from hellbender.train.tokens import StreamPosition, TokenCounter
+
+FINAL_STAGING = ".final-model-staging"
+FINAL_MANIFEST = "hellbender_model.json"
 
 
 def causal_lm_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None):
@@ -57,14 +64,28 @@ class HellbenderTrainer(Trainer):
     def token_counter(self) -> TokenCounter:
         return self._callback(TokenCounter)
 
-    def save_final_state(self) -> None:
-        """trainer_state.json of the finished run, with the counters as they are now (the Trainer records
-        callback states only when it saves a checkpoint)."""
+    def save_final_model(self, output_dir: str) -> None:
+        """The trained model (or adapter), its tokenizer/processor and trainer_state.json (with the counters as they
+        are now: the Trainer records callback states only in checkpoints), saved into `output_dir` so that a kill
+        never leaves a part: everything is written to a staging directory, moved in file by file, and
+        `hellbender_model.json` (the file list, as for checkpoints) is written last."""
         for cls in (TokenCounter, StreamPosition):
             callback = self._callback(cls)
             if callback is not None:
                 self.state.stateful_callbacks[cls.__name__] = callback.state()
-        self.save_state()
+        final = Path(output_dir)
+        staging = final / FINAL_STAGING
+        shutil.rmtree(staging, ignore_errors=True)
+        self.save_model(str(staging))
+        if self.args.should_save:
+            self.state.save_to_json(str(staging / "trainer_state.json"))
+            write_manifest(staging, FINAL_MANIFEST)
+            (final / FINAL_MANIFEST).unlink(missing_ok=True)  # the old model, if any, is no longer whole
+            for path in sorted(staging.iterdir(), key=lambda p: p.name == FINAL_MANIFEST):  # manifest last
+                if path.is_dir():
+                    shutil.rmtree(final / path.name, ignore_errors=True)
+                os.replace(path, final / path.name)
+            staging.rmdir()
 
     def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         real_tokens = inputs.pop(REAL_TOKENS_KEY, None)
