@@ -165,3 +165,47 @@ def test_offloaded_checkpointing_gives_the_same_gradients_on_gpu():
     for name, grad in plain.items():
         torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
         torch.testing.assert_close(offloaded[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("family", ["hellbender/tiny-llama", "hellbender/tiny-gemma4"])
+def test_each_liger_kernel_matches_the_unfused_loss_and_gradients_in_bf16(family):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from hellbender.models.tiny import tiny_model_dir
+
+    pytest.importorskip("liger_kernel")
+    script = Path(__file__).with_name("liger_numerics.py")
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_model_dir(family))], capture_output=True, text=True, env=os.environ
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "liger_fused_linear_cross_entropy" in results and "liger_rms_norm" in results
+    for keys, result in results.items():
+        assert result["loss"] == pytest.approx(result["reference_loss"], rel=1e-2), keys
+        assert result["worst_relative_grad_error"] < 3e-2, (keys, result)
+
+
+def test_fused_cross_entropy_keeps_gradient_accumulation_exact(tmp_path):
+    """Micro-batch 4 equals 2 x 2 accumulation with Liger's fused loss (which sees the accumulated token count)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("liger_kernel")
+    script = Path(__file__).with_name("liger_numerics.py")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, str(script), "--accumulation", str(tmp_path)], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["max_weight_difference"] < 1e-5, result
+    assert result["losses"][0] == pytest.approx(result["losses"][1], rel=1e-4), result

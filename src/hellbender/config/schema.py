@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hellbender.config.adapter import AdapterSettings
 from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatasetEntry
+from hellbender.config.kernels import KernelSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.training import TrainingSettings
@@ -11,7 +12,9 @@ from hellbender.config.training import TrainingSettings
 __all__ = ["HellbenderConfig", "DatasetEntry", "PretrainingDatasetEntry"]
 
 
-class HellbenderConfig(ModelSettings, MultimodalSettings, AdapterSettings, DataSettings, TrainingSettings):
+class HellbenderConfig(
+    ModelSettings, MultimodalSettings, AdapterSettings, DataSettings, TrainingSettings, KernelSettings
+):
     """A validated training config. Build it with `hellbender.config.load_config`, which also checks
     combinations of keys and fills derived defaults."""
 
@@ -22,6 +25,11 @@ class HellbenderConfig(ModelSettings, MultimodalSettings, AdapterSettings, DataS
     @property
     def is_multimodal(self) -> bool:
         return self.processor_type is not None
+
+    @property
+    def fuses_the_loss(self) -> bool:
+        """The model computes its own loss without logits (Liger's fused linear cross-entropy)."""
+        return self.liger_fused_linear_cross_entropy
 
     @property
     def has_eval_data(self) -> bool:

@@ -18,6 +18,7 @@ from hellbender.errors import ConfigError
 from hellbender.models.activation_checkpointing import enable_activation_checkpointing
 from hellbender.models.adapters import apply_adapter
 from hellbender.models.fixes import prepare_for_training
+from hellbender.models.kernels import apply_liger_kernels
 from hellbender.models.loading import load_model, load_tokenizer_and_processor
 from hellbender.train.arguments import training_arguments
 from hellbender.train.collator import CausalLMCollator
@@ -55,7 +56,9 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     # Trainer must not replay the stream to skip batches itself (whatever `ignore_data_skip` says).
     streams_images = cfg.uses_streaming and processor is not None
     train_data, eval_data = _training_data(cfg, tokenizer, processor, resume_from, streams_images)
-    model = apply_adapter(cfg, prepare_for_training(load_model(cfg, tokenizer), cfg.attn_implementation))
+    model = prepare_for_training(load_model(cfg, tokenizer), cfg.attn_implementation)
+    apply_liger_kernels(cfg, model)  # before the adapter, so LoRA wraps the projections the fused modules call
+    model = apply_adapter(cfg, model)
     if cfg.gradient_checkpointing:  # hellbender's own setup, not the Trainer's: see activation_checkpointing.py
         enable_activation_checkpointing(model, offload=cfg.gradient_checkpointing == "offload")
     train_rows = len(train_data) if not cfg.uses_streaming else None
@@ -68,6 +71,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
         collator = CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation)
     stop_on_signal = StopOnSignal()
     trainer = HellbenderTrainer(
+        fused_loss=cfg.fuses_the_loss,
         model=model,
         args=args,
         train_dataset=train_data,

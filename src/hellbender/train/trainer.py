@@ -32,9 +32,16 @@ def causal_lm_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch
 
 
 class HellbenderTrainer(Trainer):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("compute_loss_func", causal_lm_loss)
+    def __init__(self, *args: Any, fused_loss: bool = False, **kwargs: Any) -> None:
+        """`fused_loss`: the model computes its loss itself without logits (Liger's fused linear cross-entropy);
+        it is then given the accumulated batch's trained-token count, so accumulation stays exact."""
+        if not fused_loss:
+            kwargs.setdefault("compute_loss_func", causal_lm_loss)
         super().__init__(*args, **kwargs)
+        if fused_loss:
+            # The Trainer passes `num_items_in_batch` to models that declare they accept loss kwargs; Liger's fused
+            # forwards take it for every family, including those whose stock forward declares they do not.
+            self.model_accepts_loss_kwargs = True
         self._rng_checkpoint: str | None = None
 
     def _callback(self, cls: type) -> Any:

@@ -1,0 +1,18 @@
+"""Config keys for fused kernels (Liger) and compilation: speed and memory, never a change in what is computed."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class KernelSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    liger_rope: bool = Field(False, description="Liger's fused rotary embedding (needs `liger-kernel` and CUDA).")
+    liger_rms_norm: bool = Field(False, description="Liger's fused RMSNorm.")
+    liger_glu_activation: bool = Field(False, description="Liger's fused SwiGLU / GeGLU MLP activation.")
+    liger_layer_norm: bool = Field(False, description="Liger's fused LayerNorm (families that have one).")
+    liger_fused_linear_cross_entropy: bool = Field(
+        False,
+        description="Liger's fused LM head + cross-entropy: the [tokens x vocab] logits are never materialised.",
+    )
