@@ -2,7 +2,7 @@
 
 The reference run records every file-system write under its run directory (tests/crash_run.py). Kill points are
 drawn (seeded) from those writes, by where they land: checkpoint writes (including rotation), prepared-dataset
-cache writes and the final model, plus points a random number of milliseconds into a random step. For each
+cache writes, the data loading and tokenizing writes of `datasets` and the final model, plus points a random number of milliseconds into a random step. For each
 point a fresh run is killed there, every checkpoint a resume would trust is checked to load completely, and the
 run is started again with the same config; its per-step losses must equal the reference run's.
 
@@ -60,7 +60,12 @@ def run_config(root: Path) -> Path:
 
 
 def crash_run(config: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        # Inside the run directory, so the writes of loading and tokenizing the data are kill points too.
+        "HF_DATASETS_CACHE": str(config.parent / "hf-datasets"),
+    }
     return subprocess.run(
         [sys.executable, str(SCRIPT), str(config), *args], capture_output=True, text=True, env=env, timeout=300
     )
@@ -88,9 +93,10 @@ def all_kill_points(events: list[tuple[str, str]]) -> list[tuple[str, list[str]]
     categories = {
         "checkpoint": [i for i, (_, p) in enumerate(events) if "checkpoint-" in p],
         "cache": [i for i, (_, p) in enumerate(events) if p.startswith("prepared")],
+        "tokenization": [i for i, (_, p) in enumerate(events) if p.startswith("hf-datasets")],
         "final model": [i for i, (_, p) in enumerate(events) if "final-model" in p or FINAL_MANIFEST in p],
     }
-    wanted = {"checkpoint": 10, "cache": 5, "final model": 3}
+    wanted = {"checkpoint": 10, "cache": 5, "tokenization": 4, "final model": 3}
     points = []
     for category, indices in categories.items():
         assert indices, f"the reference run made no {category} write: the harness would not test it"
@@ -136,7 +142,7 @@ def kill_and_resume(root: Path, arguments: list[str], expected: dict[int, float]
     assert [p.name for _, p in checkpoint_dirs(root / "out")] == [f"checkpoint-{MAX_STEPS}"]
 
 
-CI_POINTS = ("checkpoint", "cache", "final model", "step")
+CI_POINTS = ("checkpoint", "cache", "tokenization", "final model", "step")
 
 
 @pytest.mark.parametrize("category", CI_POINTS)
