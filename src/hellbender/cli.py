@@ -26,7 +26,8 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
-ConfigArg = Annotated[Path, typer.Argument(help="YAML config file.", dir_okay=False)]
+# Not checked by click: `read_yaml` says what is wrong with the path in the one error format of the CLI.
+ConfigArg = Annotated[Path, typer.Argument(help="YAML config file.")]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -55,9 +56,21 @@ def _run(debug: bool, action: Callable[[], Any]) -> Any:
         user_error = _find_user_error(exc)
         if user_error is None or debug:
             raise
+        _close_progress_bars()
         err_console.print("error:", style="bold red", end=" ")
         err_console.print(str(user_error), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(user_error.exit_code) from None
+
+
+def _close_progress_bars() -> None:
+    """An error raised inside a loop leaves its tqdm bar open, without a newline; closing it ends the line, so the
+    error paragraph starts on a line of its own."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
 
 
 def _setup_logging() -> None:

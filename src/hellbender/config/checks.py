@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hellbender.chat_templates import TEMPLATE_NAMES
+from hellbender.config.data import CHAT_ROLES
 from hellbender.config.schema import HellbenderConfig
 
 
@@ -75,6 +78,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
                 f"{where}`chat_template: {name}` is not supported yet. Use `tokenizer_default` (the model's own "
                 "template), `chatml`, or `jinja` with the template text in `chat_template_jinja`."
             )
+    problems += _roles_to_train_problems(cfg)
     problems += _multimodal_conflicts(cfg)
     if cfg.chat_template == "jinja" and not cfg.chat_template_jinja:
         problems.append("`chat_template: jinja` needs the template itself in `chat_template_jinja`.")
@@ -82,6 +86,58 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
         if entry.chat_template == "jinja" and not entry.chat_template_jinja:
             problems.append(
                 f"Dataset `{entry.path}`: `chat_template: jinja` needs `chat_template_jinja` in the same entry."
+            )
+    return problems
+
+
+def _roles_to_train_problems(cfg: HellbenderConfig) -> list[str]:
+    """A role in `roles_to_train` that no message can have trains nothing, silently, in every row."""
+    problems = []
+    for list_key, entries in (("datasets", cfg.datasets), ("test_datasets", cfg.test_datasets)):
+        for i, entry in enumerate(entries):
+            known = set(CHAT_ROLES) | set(entry.roles or {})
+            for role in entry.roles_to_train or []:
+                if role not in known:
+                    problems.append(
+                        f"`{list_key}[{i}].roles_to_train`: `{role}` is not a role a message can have; the roles are "
+                        f"{', '.join(sorted(known))}. Dataset role names (`gpt`, `human`, ...) map onto these, and "
+                        "`roles:` adds more, e.g. `roles: {assistant: [bot]}`."
+                    )
+    return problems
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """`path`, or the nearest of its parents that exists, when that is not a directory: nothing can be written
+    under it."""
+    for candidate in (path, *path.parents):
+        if candidate.exists() or candidate.is_symlink():
+            return None if candidate.is_dir() else candidate
+    return None
+
+
+def find_path_problems(cfg: HellbenderConfig, prepared_path_is_default: bool = False) -> list[str]:
+    """Directories the run writes into that cannot be created, found before any work is done (a run would
+    otherwise prepare the data, load the model, and only then fail to create `output_dir`)."""
+    problems = []
+    keys = [("output_dir", cfg.output_dir), ("dataset_prepared_path", cfg.dataset_prepared_path)]
+    for key, value in keys:
+        blocker = _file_in_the_way(Path(value)) if value else None
+        if blocker is None:
+            continue
+        if key == "dataset_prepared_path" and prepared_path_is_default:
+            problems.append(
+                f"`dataset_prepared_path` defaults to `{value}` (beside `output_dir`), and `{blocker}` is a file. "
+                "Move the file away, or set `dataset_prepared_path` to a directory for the prepared data."
+            )
+        elif blocker == Path(value):
+            problems.append(
+                f"`{key}: {value}` is a file; it must be a directory (or a path that does not exist yet), where the "
+                "run writes its files. Point it somewhere else, or move the file away."
+            )
+        else:
+            problems.append(
+                f"`{key}: {value}` cannot be created: `{blocker}` is a file. Point `{key}` at a directory (or a path "
+                "that does not exist yet)."
             )
     return problems
 

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 DsType = Literal["json", "jsonl", "parquet", "csv", "text", "arrow"]
 DatasetType = Literal["alpaca", "chat_template", "completion", "pretokenized", "multimodal_pretrain"]
 TrainOnEos = Literal["turn", "all", "last", "none"]
+# The roles of chat-template messages; dataset role names map onto these (`roles:` adds more).
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 class ImageEntryKeys(BaseModel):

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from hellbender.config.checks import find_conflicts
+from hellbender.config.checks import find_conflicts, find_path_problems
 from hellbender.config.defaults import apply_derived_defaults
 from hellbender.config.schema import DatasetEntry, HellbenderConfig, PretrainingDatasetEntry
 from hellbender.errors import ConfigError
@@ -30,23 +30,113 @@ def _axolotl_keys(filename: str) -> frozenset[str]:
     return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses a key set twice in one mapping: plain YAML keeps the last value silently."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, str):  # other keys are refused by the base class, or are not config keys
+                continue
+            if key in seen:
+                raise _DuplicateKey(key, seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str, first: int, second: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+def _line(lines: list[str], mark: Any) -> str:
+    """The text of the line a YAML mark points at, for the error message."""
+    if mark is None or not 0 <= mark.line < len(lines):
+        return ""
+    return f" (`{lines[mark.line].strip()}`)" if lines[mark.line].strip() else ""
+
+
+def _yaml_hint(exc: yaml.YAMLError) -> str:
+    text = f"{getattr(exc, 'context', '')} {getattr(exc, 'problem', '')}"
+    if "'\\t'" in text:
+        return "YAML does not allow tab characters for indentation; indent with spaces."
+    if "another document" in text:
+        return "A config is a single YAML document: remove the `---` line and keep one set of keys."
+    if "mapping values are not allowed" in text:
+        return (
+            "Check the indentation of that line (keys of one mapping line up; a nested key is indented under its "
+            "parent), and quote a value that holds `: `."
+        )
+    if "alias" in text:
+        return "A `*name` refers to an `&name` anchor defined earlier; quote the value if it is text."
+    if "tag" in text:
+        return "Tags such as `!!python/...` are not allowed in a config; write plain values."
+    return "Check the indentation, brackets and quotes around that line."
+
+
+def _yaml_error(path: Path, lines: list[str], exc: yaml.YAMLError) -> ConfigError:
+    problem = getattr(exc, "problem", None) or str(exc)
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}{_line(lines, mark)}" if mark else ""
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    # Where the unclosed quote / bracket / mapping started is often the line to fix, not where parsing stopped.
+    started = ""
+    if context and context_mark is not None and (mark is None or context_mark.line != mark.line):
+        started = f"; {context}, which starts at line {context_mark.line + 1}{_line(lines, context_mark)}"
+    elif context:
+        started = f" ({context})"
+    return ConfigError(f"Config file `{path}` is not valid YAML: {problem}{where}{started}. {_yaml_hint(exc)}")
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if p.suffix in (".yml", ".yaml"))[:5]
+        holds = f" (it holds {', '.join(inside)})" if inside else ""
+        raise ConfigError(
+            f"`{path}` is a directory; pass the path of the YAML file inside it that holds the config{holds}."
+        )
     if not path.is_file():
         raise ConfigError(
             f"Config file `{path}` does not exist. Pass the path of a YAML config (see `hellbender examples`)."
         )
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"Config file `{path}` is not valid YAML{where}: {getattr(exc, 'problem', exc)}.") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
         raise ConfigError(
-            f"Config file `{path}` must be a YAML mapping of keys to values, not a {type(data).__name__}."
+            f"Config file `{path}` is not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}); save it as UTF-8."
+        ) from None
+    lines = text.splitlines()
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except _DuplicateKey as dup:
+        raise ConfigError(
+            f"Config file `{path}`: `{dup.key}` is set twice in the same mapping (lines {dup.first} and {dup.second}); "
+            "YAML would silently keep only the last value. Keep one."
+        ) from None
+    except yaml.YAMLError as exc:
+        raise _yaml_error(path, lines, exc) from None
+    if data is None:
+        return {}  # empty, or comments only: `load_config` says so unless overrides give the keys
+    if isinstance(data, list):
+        raise ConfigError(
+            f"Config file `{path}` must be a YAML mapping of keys to values, not a list: remove the `- ` in front "
+            "of the top-level keys (`base_model: ...`, not `- base_model: ...`)."
+        )
+    if not isinstance(data, dict):
+        hint = (
+            " (a key needs a space after the colon: `key: value`)"
+            if isinstance(data, str) and ":" in data and ": " not in data
+            else ""
+        )
+        raise ConfigError(
+            f"Config file `{path}` must be a YAML mapping of keys to values, not the single value `{data}`{hint}; "
+            "write one `key: value` per line, e.g. `base_model: ...`."
         )
     return data
 
@@ -119,6 +209,10 @@ def _check_keys(raw: dict[str, Any], model: type[BaseModel], axolotl_keys: froze
                 f"silently change your run. Remove it, or set it to false / null if you do not need it."
             )
             continue
+        misplaced = _misplaced(key, model)
+        if misplaced:
+            problems.append(f"{where}{misplaced}")
+            continue
         close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6) or difflib.get_close_matches(
             key, sorted(axolotl_keys), n=1, cutoff=0.6
         )
@@ -127,16 +221,116 @@ def _check_keys(raw: dict[str, Any], model: type[BaseModel], axolotl_keys: froze
     return problems
 
 
-def _format_validation_error(exc: ValidationError) -> list[str]:
-    problems = []
+def _misplaced(key: str, model: type[BaseModel]) -> str | None:
+    """A key written at the wrong level: a dataset-entry key at the top (an entry's indentation lost) or a top-level
+    key inside an entry."""
+    if model is HellbenderConfig and key in DatasetEntry.model_fields:
+        layout = "`- path: ...`" if key == "path" else f"`- path: ...` then `  {key}: ...`"
+        return (
+            f"`{key}` is not a top-level key: it is a key of a dataset entry. Indent it under the entry of "
+            f"`datasets:` it belongs to ({layout})."
+        )
+    if model is not HellbenderConfig and key in HellbenderConfig.model_fields:
+        return f"`{key}` is a top-level key, not a key of a dataset entry: move it out of the dataset entry."
+    return None
+
+
+_MISSING = object()
+# List keys whose items are dataset entries: a wrong item gets a hint on how an entry is written.
+_ENTRY_LIST_HINT = ", each starting with `- path: ...` and its other keys indented below"
+
+
+def _split_loc(loc: tuple[Any, ...], raw: Any) -> tuple[tuple[Any, ...], str | None]:
+    """The key path the user wrote, and the union member pydantic named after it, if any.
+
+    pydantic puts the member of a union type (`bool`, `literal['auto']`, `list[str]`) into the error location;
+    a location part that is not in the user's data at that point is such a member."""
+    node: Any = raw
+    for i, part in enumerate(loc):
+        in_mapping = isinstance(node, dict) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if not (in_mapping or in_list):
+            return tuple(loc[:i]), str(part)
+        node = node[part]
+    return tuple(loc), None
+
+
+def _value_at(raw: Any, path: tuple[Any, ...]) -> Any:
+    for part in path:
+        raw = raw[part]
+    return raw
+
+
+def _describe_member(tag: str) -> str:
+    """What a union member accepts, in YAML words: `bool` is true or false, `literal['a','b']` is 'a' or 'b'."""
+    simple = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "text"}
+    if tag in simple:
+        return simple[tag]
+    inner = tag[tag.find("[") + 1 : -1] if tag.endswith("]") else ""
+    if tag.startswith("literal["):
+        values = [v.strip() for v in inner.split(",")]
+        return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+    if tag.startswith("list["):
+        return f"a list of {_describe_member(inner)}"
+    if tag.startswith("tuple["):
+        return f"a pair [{inner.replace('int', 'integer')}]"
+    if tag.startswith("dict["):
+        return "a mapping of keys to values"
+    return tag
+
+
+def _field_description(path: tuple[Any, ...]) -> str:
+    if len(path) == 1 and path[0] in HellbenderConfig.model_fields:
+        return HellbenderConfig.model_fields[path[0]].description or ""
+    if len(path) == 3 and path[0] in ENTRY_MODELS and path[2] in ENTRY_MODELS[path[0]].model_fields:
+        return ENTRY_MODELS[path[0]].model_fields[path[2]].description or ""
+    return ""
+
+
+def _shown(value: Any) -> str:
+    return "nothing" if value is _MISSING else "a mapping" if isinstance(value, dict) else repr(value)
+
+
+def _plain_message(err: dict[str, Any], path: tuple[Any, ...]) -> str:
+    """pydantic's message, in YAML words where it speaks Python (a dictionary, an instance of a model)."""
+    if err["type"] == "list_type" and len(path) == 1 and path[0] in ENTRY_MODELS:
+        return f"must be a list of entries{_ENTRY_LIST_HINT}"
+    if err["type"] in ("model_type", "model_attributes_type") and len(path) == 2 and path[0] in ENTRY_MODELS:
+        return f"must be a mapping of keys to values: `{path[0]}` is a list of entries{_ENTRY_LIST_HINT}"
+    if err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        return "Input should be a mapping of keys to values (`key: value` lines)"
+    return err["msg"].rstrip(".")
+
+
+def _format_validation_error(exc: ValidationError, raw: dict[str, Any]) -> list[str]:
+    """One paragraph per wrong key: the key path as `--set` writes it (`datasets.0.type`), what it accepts and the
+    value it got. The errors pydantic gives for each member of a union type are merged into one."""
+    groups: dict[tuple[Any, ...], list[tuple[str | None, dict[str, Any]]]] = {}
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        value = err.get("input")
-        shown = repr(value) if not isinstance(value, dict) else "a mapping"
         if err["type"] == "missing":
-            problems.append(f"`{loc}` is required but missing.")
+            path, member = tuple(err["loc"]), None
         else:
-            problems.append(f"`{loc}`: {err['msg'].rstrip('.')} (got {shown}).")
+            path, member = _split_loc(err["loc"], raw)
+        groups.setdefault(path, []).append((member, err))
+    problems = []
+    for path, errs in groups.items():
+        loc = ".".join(str(p) for p in path)
+        members = list(dict.fromkeys(m for m, _ in errs if m is not None))
+        if errs[0][1]["type"] == "missing":
+            description = _field_description(path).rstrip(".")
+            problems.append(f"`{loc}` is required but missing" + (f": {description}." if description else "."))
+        elif members:
+            try:
+                value = _value_at(raw, path)
+            except (KeyError, IndexError, TypeError):
+                value = _MISSING
+            accepted = ", or ".join(_describe_member(m) for m in members)
+            problems.append(f"`{loc}` must be {accepted} (got {_shown(value)}).")
+        else:
+            for _, err in errs:
+                msg = _plain_message(err, path)
+                colon = "" if msg.startswith("must") else ":"
+                problems.append(f"`{loc}`{colon} {msg} (got {_shown(err.get('input'))}).")
     return problems
 
 
@@ -156,16 +350,26 @@ def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
     try:
         cfg = HellbenderConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError("\n\n".join(_format_validation_error(exc))) from None
+        raise ConfigError("\n\n".join(_format_validation_error(exc, raw))) from None
     conflicts = find_conflicts(cfg)
     if conflicts:
         raise ConfigError("\n\n".join(conflicts))
-    return apply_derived_defaults(cfg)
+    prepared_path_is_default = cfg.dataset_prepared_path is None
+    cfg = apply_derived_defaults(cfg)
+    problems = find_path_problems(cfg, prepared_path_is_default)  # after the defaults, which place the cache
+    if problems:
+        raise ConfigError("\n\n".join(problems))
+    return cfg
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> HellbenderConfig:
-    raw = apply_overrides(read_yaml(path), overrides or [])
-    return validate_config(raw)
+    raw = read_yaml(path)
+    if not raw and not overrides:
+        raise ConfigError(
+            f"Config file `{path}` is empty: `base_model` is required, and `datasets:` to train on (see "
+            "`hellbender examples` for complete configs)."
+        )
+    return validate_config(apply_overrides(raw, overrides or []))
 
 
 def dump_config(cfg: HellbenderConfig) -> str:

@@ -12,6 +12,7 @@ from hellbender.data.formats import FormatContext, VisionContext
 from hellbender.data.formats.chat_template import DEFAULT_ROLE_ALIASES
 from hellbender.data.images import ImagePolicy
 from hellbender.data.vision_tokens import image_placeholder_id, vision_token_ids
+from hellbender.errors import DataError
 
 # Dataset types whose rows hold images.
 VISION_TYPES = ("chat_template", "multimodal_pretrain")
@@ -40,10 +41,19 @@ def image_policy(cfg: HellbenderConfig, base_dir: Path = Path("."), allow_remote
     )
 
 
-def vision_context(entry: DatasetEntry, cfg: HellbenderConfig, processor: Any) -> VisionContext:
+def vision_context(entry: DatasetEntry, cfg: HellbenderConfig, processor: Any, where: str = "") -> VisionContext:
+    if entry.image_base_dir:
+        base_dir = Path(entry.image_base_dir).expanduser()
+        if not base_dir.is_dir():  # else every row would fail, each naming only its own image
+            state = "does not exist" if not base_dir.exists() else "is not a directory"
+            raise DataError(
+                f"{where or f'Dataset `{entry.path}`'}: `image_base_dir: {entry.image_base_dir}` {state}. Relative "
+                "image paths start from it: point it at the directory that holds the images, or remove it to start "
+                "from the dataset file's directory."
+            )
     policy = image_policy(
         cfg,
-        base_dir=Path(entry.image_base_dir) if entry.image_base_dir else default_image_base_dir(entry),
+        base_dir=Path(entry.image_base_dir).expanduser() if entry.image_base_dir else default_image_base_dir(entry),
         allow_remote=entry.allow_remote_images,
     )
     return VisionContext(
@@ -59,7 +69,10 @@ def vision_context(entry: DatasetEntry, cfg: HellbenderConfig, processor: Any) -
     )
 
 
-def format_context(entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any, processor: Any = None) -> FormatContext:
+def format_context(
+    entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any, processor: Any = None, where: str = ""
+) -> FormatContext:
+    """`where` names the dataset entry in errors about its settings."""
     train_on_inputs = cfg.train_on_inputs if entry.train_on_inputs is None else entry.train_on_inputs
     mappings = entry.message_property_mappings or {}
     role_map = None
@@ -84,5 +97,7 @@ def format_context(entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any, p
         roles_to_train=tuple(entry.roles_to_train or ("assistant",)),
         train_on_eos=entry.train_on_eos or "turn",
         text_field=entry.field or entry.text_column or "text",
-        vision=vision_context(entry, cfg, processor) if processor is not None and entry.type in VISION_TYPES else None,
+        vision=vision_context(entry, cfg, processor, where)
+        if processor is not None and entry.type in VISION_TYPES
+        else None,
     )

@@ -48,8 +48,11 @@ def image_reference(part_or_path: Any) -> str:
             value = part_or_path.get(key)
             if isinstance(value, str) and value:
                 return value
+    if isinstance(part_or_path, dict):
+        shown = {k: v for k, v in part_or_path.items() if v is not None}  # Arrow fills absent keys with None
+        raise ImageProblem(f"an image part needs a `path` or `url` (got {shown!r})", "bad image reference")
     raise ImageProblem(
-        f"an image entry must be a path or URL string, or a part with `path` / `url`: {part_or_path!r}",
+        f"an image entry must be a path or URL string, or a part with `path` / `url` (got {part_or_path!r})",
         "bad image reference",
     )
 
@@ -75,6 +78,8 @@ def resolve_image(ref: str, policy: ImagePolicy) -> Path:
             f"image `{ref}` resolves to `{path}`, outside `image_base_dir` `{base}`; images must stay inside it",
             "image outside image_base_dir",
         )
+    if path.is_dir():
+        raise ImageProblem(f"image `{ref}` is a directory (`{path}`), not an image file", "image missing")
     if not path.is_file():
         raise ImageProblem(f"image `{ref}` does not exist (looked for `{path}`)", "image missing")
     return path
@@ -106,6 +111,8 @@ def open_image(path: Path, policy: ImagePolicy):
 
     if not path.is_file():
         raise ImageProblem(f"image `{path}` does not exist", "image missing")
+    if path.stat().st_size == 0:
+        raise ImageProblem(f"image `{path}` is empty (0 bytes); the file is corrupt", "image corrupt")
     try:
         with Image.open(path) as img:
             width, height = img.size

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from hellbender.config import DatasetEntry, HellbenderConfig
 from hellbender.data import cache
 from hellbender.data.contexts import format_context
 from hellbender.data.packing import pack_dataset
-from hellbender.data.sources import load_rows
+from hellbender.data.sources import first_non_utf8_line, is_url, load_rows, local_data_files, looks_local
 from hellbender.data.tokenize import TokenizeStats, tokenize_dataset
 from hellbender.data.vision_tokens import processor_fingerprint
 from hellbender.errors import DataError
@@ -30,7 +31,7 @@ class PreparedData:
     from_cache: bool
 
 
-def _row_format(entry: DatasetEntry, columns: list[str], multimodal: bool) -> str:
+def _row_format(entry: DatasetEntry, columns: list[str], multimodal: bool, where: str) -> str:
     if entry.type == "chat_template" and multimodal:
         return "multimodal_chat"
     if entry.type is not None:
@@ -38,36 +39,54 @@ def _row_format(entry: DatasetEntry, columns: list[str], multimodal: bool) -> st
     if "input_ids" in columns:
         return "pretokenized"
     raise DataError(
-        f"Dataset `{entry.path}` has no `type` and its rows hold no `input_ids` (columns: {', '.join(columns)}). "
+        f"{where} has no `type` and its rows hold no `input_ids` (columns: {', '.join(columns)}). "
         "Set `type: alpaca`, `chat_template` or `completion`."
     )
 
 
-def tokenize_entries(entries: list[DatasetEntry], cfg: HellbenderConfig, tokenizer: Any, processor: Any, role: str):
-    """Load and tokenize each entry; returns the concatenated rows and the summed stats."""
+def tokenize_entries(
+    entries: list[DatasetEntry], cfg: HellbenderConfig, tokenizer: Any, processor: Any, names: list[str]
+):
+    """Load and tokenize each entry (`names` say where each sits in the config, for errors); returns the
+    concatenated rows and the summed stats."""
     import datasets
 
     parts = []
     stats = TokenizeStats()
-    for i, entry in enumerate(entries):
-        where = f"{role}[{i}] `{entry.path}`"
-        rows = load_rows(entry)
+    for name, entry in zip(names, entries, strict=True):
+        where = f"Dataset {name} `{entry.path}`"
+        rows = load_rows(entry, where=where)
         if len(rows) == 0:
-            raise DataError(f"Dataset {where} has no rows. Check the file or the `split`.")
-        fmt = _row_format(entry, rows.column_names, processor is not None)
-        kept, entry_stats = tokenize_dataset(
-            rows,
-            fmt,
-            format_context(entry, cfg, tokenizer, processor),
-            cfg.sequence_len,
-            cfg.excess_length_strategy,
-            f"Dataset {where}",
-            cfg.dataset_processes,
-        )
+            raise DataError(f"{where} has no rows. Check the file or the `split`.")
+        fmt = _row_format(entry, rows.column_names, processor is not None, where)
+        try:
+            kept, entry_stats = tokenize_dataset(
+                rows,
+                fmt,
+                format_context(entry, cfg, tokenizer, processor, where),
+                cfg.sequence_len,
+                cfg.excess_length_strategy,
+                where,
+                cfg.dataset_processes,
+            )
+        except UnicodeDecodeError:
+            # Arrow reads bytes that are not UTF-8 into text columns; they fail only when a row is decoded.
+            raise DataError(_not_utf8(entry, where)) from None
         stats.add(entry_stats)
         parts.append(kept)
     merged = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
     return merged, stats
+
+
+def _not_utf8(entry: DatasetEntry, where: str) -> str:
+    files = local_data_files(entry, where) if looks_local(entry.path) and not is_url(entry.path) else []
+    for f in files:
+        bad = first_non_utf8_line(f)
+        if bad is not None:
+            return (
+                f"{where}: `{f}` line {bad[0]} is {bad[1]}; save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
+            )
+    return f"{where}: the data holds text that is not UTF-8; save the file(s) as UTF-8."
 
 
 def training_entries(cfg: HellbenderConfig) -> list[DatasetEntry]:
@@ -87,6 +106,16 @@ def training_entries(cfg: HellbenderConfig) -> list[DatasetEntry]:
         for e in cfg.pretraining_dataset
     ]
     return list(cfg.datasets) + prepared
+
+
+def training_entry_names(cfg: HellbenderConfig) -> list[str]:
+    """Where each of `training_entries` sits in the config (`datasets[0]`, `pretraining_dataset[1]`)."""
+    if cfg.skip_prepare_dataset:
+        return []
+    names = [f"datasets[{i}]" for i in range(len(cfg.datasets))]
+    if not cfg.uses_streaming:
+        names += [f"pretraining_dataset[{i}]" for i in range(len(cfg.pretraining_dataset))]
+    return names
 
 
 def _cache_parts(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> dict[str, Any]:
@@ -121,21 +150,28 @@ def _build(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> tuple[Any |
     train = train_stats = None
     entries = training_entries(cfg)
     if entries:
-        train, train_stats = tokenize_entries(entries, cfg, tokenizer, processor, "datasets")
+        train, train_stats = tokenize_entries(entries, cfg, tokenizer, processor, training_entry_names(cfg))
         if train_stats.rows_kept == 0:
             raise DataError(
                 f"Every training row was dropped ({_reasons(train_stats)}); nothing is left to train on. "
-                "Check `sequence_len`, `excess_length_strategy` and the masking settings."
+                f"{_drop_hints(train_stats)}"
             )
         if cfg.shuffle_merged_datasets:
             train = train.shuffle(seed=cfg.seed).flatten_indices()
     eval_ds = eval_stats = None
     if cfg.test_datasets:
-        eval_ds, eval_stats = tokenize_entries(cfg.test_datasets, cfg, tokenizer, processor, "test_datasets")
+        names = [f"test_datasets[{i}]" for i in range(len(cfg.test_datasets))]
+        eval_ds, eval_stats = tokenize_entries(cfg.test_datasets, cfg, tokenizer, processor, names)
     elif cfg.val_set_size > 0 and train is not None:
         size = cfg.val_set_size if cfg.val_set_size < 1 else int(cfg.val_set_size)
-        if len(train) < 2 or (size >= 1 and size >= len(train)):
-            raise DataError(f"`val_set_size: {cfg.val_set_size}` leaves no training rows out of {len(train)}.")
+        # The evaluation rows as `train_test_split` counts them (a fraction rounds up), so that a split that would
+        # leave no training rows is refused here, by name, instead of inside `datasets`.
+        eval_rows = math.ceil(size * len(train)) if size < 1 else size
+        if eval_rows >= len(train):
+            raise DataError(
+                f"`val_set_size: {cfg.val_set_size}` leaves no training rows out of {len(train)}: lower "
+                "`val_set_size` (a fraction below 1, or a row count below the number of rows), or add training rows."
+            )
         split = train.train_test_split(test_size=size, seed=cfg.seed, shuffle=True)
         train, eval_ds = split["train"], split["test"]
     stats = {
@@ -152,6 +188,23 @@ def _build(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> tuple[Any |
         if eval_ds is not None:
             eval_ds = pack_dataset(eval_ds, cfg.sequence_len, cfg.dataset_processes)
     return train, eval_ds, stats
+
+
+# What to change for each reason a row is dropped (see `tokenize` and the vision formats).
+DROP_HINTS = {
+    "longer than sequence_len": "raise `sequence_len`, or set `excess_length_strategy: truncate`",
+    "empty": "check that the text column holds text (`field` / `text_column`, default `text`)",
+    "no trainable tokens": "check `roles_to_train` (the roles whose turns are trained, default `[assistant]`), "
+    "`train_on_inputs` and `train_on_eos`",
+}
+
+
+def _drop_hints(stats: TokenizeStats) -> str:
+    hints = [DROP_HINTS.get(reason) for reason in stats.dropped]
+    hints = [h for h in hints if h]
+    if any(reason not in DROP_HINTS for reason in stats.dropped):  # image problems dropped by `skip_bad_images`
+        hints.append("fix the images, or set `skip_bad_images: false` to see the first bad row and its file")
+    return f"To keep rows: {'; '.join(hints)}." if hints else "Check the data and the masking settings."
 
 
 def _reasons(stats: TokenizeStats) -> str:

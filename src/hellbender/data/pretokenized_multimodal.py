@@ -65,6 +65,11 @@ def pretokenized_multimodal_rows(cfg: HellbenderConfig) -> torch.utils.data.Data
         base = entry.image_base_dir or default_image_base_dir(entry)
         policy = image_policy(cfg, base_dir=Path(base), allow_remote=entry.allow_remote_images)
         parts.append(
-            PretokenizedMultimodalRows(load_rows(entry), policy, f"datasets[{i}] `{entry.path}`", entry.image_column)
+            PretokenizedMultimodalRows(
+                load_rows(entry, where=f"Dataset datasets[{i}] `{entry.path}`"),
+                policy,
+                f"datasets[{i}] `{entry.path}`",
+                entry.image_column,
+            )
         )
     return parts[0] if len(parts) == 1 else torch.utils.data.ConcatDataset(parts)

@@ -55,7 +55,14 @@ def local_files(path: str) -> list[str]:
 
 
 def looks_local(path: str) -> bool:
-    return path.startswith((".", "/", "~")) or any(ch in path for ch in "*?[") or Path(path).expanduser().exists()
+    """A path that names local files: it exists, starts like a path, is a glob, or ends in a data file's extension
+    (`data/train.jsonl` is a missing file, not a hub id)."""
+    return (
+        path.startswith((".", "/", "~"))
+        or any(ch in path for ch in "*?[")
+        or Path(path).expanduser().exists()
+        or Path(path).suffix in EXTENSION_TO_BUILDER
+    )
 
 
 def builder_for(files: list[str], ds_type: str | None, where: str) -> str:
@@ -71,21 +78,30 @@ def builder_for(files: list[str], ds_type: str | None, where: str) -> str:
     return builders.pop()
 
 
-def load_rows(entry: Any, streaming: bool = False):
-    """Load the rows of one dataset entry as a `datasets.Dataset` (or `IterableDataset` when streaming)."""
+def load_rows(entry: Any, streaming: bool = False, where: str | None = None):
+    """Load the rows of one dataset entry as a `datasets.Dataset` (or `IterableDataset` when streaming).
+
+    `where` names the entry in error messages (default: its path)."""
     import datasets
 
-    where = f"Dataset `{entry.path}`"
+    where = where or f"Dataset `{entry.path}`"
     path = entry.path
     if is_url(path):
         files = [path] if entry.data_files is None else _as_list(entry.data_files)
         builder = builder_for(files, entry.ds_type, where)
         kwargs = dict(data_files=files)  # fsspec finds credentials in the usual environment variables
     elif looks_local(path):
-        files = _local_data_files(entry)
+        files = local_data_files(entry, where)
         if not files:
+            if Path(path).expanduser().is_dir():
+                raise DataError(
+                    f"{where}: the directory `{path}` holds no data files "
+                    f"({', '.join(sorted(set(EXTENSION_TO_BUILDER)))}; hidden files are skipped). Put the data files "
+                    "in it, point `path` at the files themselves, or name them with `data_files`."
+                )
             raise DataError(
-                f"{where}: no such file, directory or matching files. Check `path` (relative paths start from the current directory)."
+                f"{where}: no such file, directory or matching files. Check `path` (relative paths start from the "
+                "current directory)."
             )
         if all(os.path.getsize(f) == 0 for f in files):
             raise DataError(f"{where} has no rows: {', '.join(files[:3])} {'is' if len(files) == 1 else 'are'} empty.")
@@ -104,11 +120,33 @@ def load_rows(entry: Any, streaming: bool = False):
     return ds
 
 
-def _local_data_files(entry: Any) -> list[str]:
+def local_data_files(entry: Any, where: str) -> list[str]:
+    """The files of a local dataset entry: `path` itself, or the `data_files` patterns inside the directory `path`.
+
+    A `data_files` pattern may not leave `path` (`../other.jsonl`, an absolute path elsewhere): an entry reads
+    what its directory holds, nothing beside it. The check is on the written pattern, so a data directory made
+    of symlinks (as the hub cache is) still works."""
     if entry.data_files is None:
         return local_files(entry.path)
     base = Path(entry.path).expanduser()
-    return [f for pattern in _as_list(entry.data_files) for f in local_files(str(base / pattern))]
+    root = Path(os.path.normpath(base.absolute()))
+    files = []
+    for pattern in _as_list(entry.data_files):
+        target = Path(os.path.normpath(root / Path(pattern).expanduser()))
+        if not target.is_relative_to(root):
+            raise DataError(
+                f"{where}: `data_files` entry `{pattern}` points outside the dataset directory `{entry.path}` (to "
+                f"`{target}`). `data_files` names files inside `path`: point `path` at the directory that holds them, "
+                "or add a separate dataset entry for them."
+            )
+        matched = local_files(str(target))
+        if not matched and base.is_dir():
+            raise DataError(
+                f"{where}: `data_files` entry `{pattern}` matches no file in `{entry.path}`. Check the name; it is "
+                "relative to `path`."
+            )
+        files += matched
+    return files
 
 
 def _load_hub(entry: Any, streaming: bool, where: str):
@@ -140,18 +178,29 @@ def _describe_load_failure(where: str, builder: str, files: list[str], exc: Exce
             bad = first_bad_json_line(f)
             if bad is not None:
                 line, err = bad
-                return (
-                    f"{where}: `{f}` line {line} is not valid JSON ({err}). Fix or remove that line; each line of a "
-                    "JSONL file must be one JSON object."
+                kind = (
+                    "the file must be one JSON array of objects"
+                    if "JSON array" in err
+                    else ("each line of a JSONL file must be one JSON object")
                 )
+                return f"{where}: `{f}` line {line} is not valid JSON ({err}). Fix or remove that line; {kind}."
     cause = exc.__cause__ or exc
-    return f"{where}: could not read the {builder} file(s) {', '.join(files[:3])}: {cause}"
+    if "corresponds to no data" in str(exc):  # what `datasets` says when the files hold no rows
+        return (
+            f"{where} has no rows: {', '.join(files[:3])} {'holds' if len(files) == 1 else 'hold'} none (blank "
+            "lines, an empty JSON array, or a CSV with only its header). Add rows, or remove the dataset entry."
+        )
+    return (
+        f"{where}: could not read the {builder} file(s) {', '.join(files[:3])}: {str(cause).strip().rstrip('.')}. "
+        f"Check that the file holds {builder} data, or set `ds_type` to the format it holds."
+    )
 
 
 def first_bad_json_line(path: str) -> tuple[int, str] | None:
     """Line number and reason of the first line of a JSONL file that is not a JSON object (None if all are)."""
     if is_url(path):
         return None
+    bad_text = first_non_utf8_line(path)
     with open(path, encoding="utf-8", errors="replace") as f:
         head = f.read(1).lstrip()
         f.seek(0)
@@ -159,15 +208,34 @@ def first_bad_json_line(path: str) -> tuple[int, str] | None:
             try:
                 json.load(f)
             except json.JSONDecodeError as exc:
-                return exc.lineno, exc.msg
-            return None
+                return exc.lineno, f"{exc.msg}; the file is one JSON array, so the mistake may be just before it"
+            return bad_text
         for number, line in enumerate(f, start=1):
+            if bad_text is not None and number == bad_text[0]:
+                return bad_text
             if not line.strip():
                 continue
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as exc:
-                return number, exc.msg
+                return number, _json_reason(exc, line)
             if not isinstance(value, dict):
                 return number, f"expected an object, got {type(value).__name__}"
+    return None
+
+
+def _json_reason(exc: json.JSONDecodeError, line: str) -> str:
+    if exc.msg.startswith("Expecting property name enclosed in double quotes") and "'" in line:
+        return f"{exc.msg}: JSON strings and keys use double quotes, not single quotes"
+    return exc.msg
+
+
+def first_non_utf8_line(path: str) -> tuple[int, str] | None:
+    """Line number and reason of the first line of a local text file that is not UTF-8 (None if all are)."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return number, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
     return None

@@ -32,8 +32,12 @@ SHUFFLE_BUFFER = 10_000
 STREAM_ROW_KEY = "stream_row"
 
 
-def _shuffled_rows(entry: PretrainingDatasetEntry, seed: int):
-    return load_rows(entry, streaming=True).shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
+def _where(i: int, entry: PretrainingDatasetEntry) -> str:
+    return f"Dataset pretraining_dataset[{i}] `{entry.path}`"
+
+
+def _shuffled_rows(entry: PretrainingDatasetEntry, seed: int, where: str):
+    return load_rows(entry, streaming=True, where=where).shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
 
 
 class StreamingPretrainDataset(torch.utils.data.IterableDataset):
@@ -52,7 +56,7 @@ class StreamingPretrainDataset(torch.utils.data.IterableDataset):
     def _documents(self) -> Iterator[dict[str, list[int]]]:
         eos = self.tokenizer.eos_token_id
         for i, entry in enumerate(self.entries):
-            for number, row in enumerate(_shuffled_rows(entry, self.seed + self.epoch)):
+            for number, row in enumerate(_shuffled_rows(entry, self.seed + self.epoch, _where(i, entry))):
                 if entry.text_column not in row:
                     raise DataError(
                         f"pretraining_dataset[{i}] `{entry.path}`, row {number}: column `{entry.text_column}` is "
@@ -87,7 +91,7 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
         """(pass, entry index, row number within the entry, row), forever: pass p shuffles with seed + p."""
         for epoch in count():
             for i, entry in enumerate(self.entries):
-                for number, row in enumerate(_shuffled_rows(entry, self.seed + epoch)):
+                for number, row in enumerate(_shuffled_rows(entry, self.seed + epoch, _where(i, entry))):
                     yield epoch, i, number, row
 
     def _encode(self, i: int, number: int, row: dict[str, Any], position: int) -> dict[str, Any] | None:
@@ -123,6 +127,10 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
 def streaming_dataset(cfg: HellbenderConfig, tokenizer: Any, processor: Any = None, start_row: int = 0):
     if tokenizer.eos_token_id is None:
         raise DataError("The tokenizer has no EOS token to end documents with; set `special_tokens: {eos_token: ...}`.")
+    # Rows are read lazily, at the first training step; open every source now, so that a missing, empty or
+    # unreadable file fails before the model is loaded and anything is written.
+    for i, entry in enumerate(cfg.pretraining_dataset):
+        load_rows(entry, streaming=True, where=_where(i, entry))
     if processor is not None:
         return StreamingMultimodalDataset(cfg, tokenizer, processor, start_row)
     return StreamingPretrainDataset(cfg.pretraining_dataset, tokenizer, cfg.sequence_len, cfg.seed)

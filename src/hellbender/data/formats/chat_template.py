@@ -13,16 +13,16 @@ import bisect
 from collections.abc import Callable
 from typing import Any
 
+from hellbender.config.data import CHAT_ROLES
 from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowError
+from hellbender.errors import ConfigError
 
+# Each template role under its own name, and ShareGPT's names for them.
 DEFAULT_ROLE_ALIASES = {
-    "system": "system",
-    "user": "user",
+    **{role: role for role in CHAT_ROLES},
     "human": "user",
-    "assistant": "assistant",
     "gpt": "assistant",
     "model": "assistant",
-    "tool": "tool",
 }
 
 
@@ -34,6 +34,11 @@ def read_messages(row: dict[str, Any], ctx: FormatContext, allow_parts: bool = F
     """
     field = ctx.field_messages or ("messages" if "messages" in row else "conversations")
     if field not in row:
+        if ctx.field_messages is None:
+            raise RowError(
+                f"there is no `messages` or `conversations` column: the conversation is missing (columns: "
+                f"{', '.join(sorted(row))}); name the column that holds it with `field_messages`"
+            )
         raise RowError(f"column `{field}` with the conversation is missing (columns: {', '.join(sorted(row))})")
     raw = row[field]
     if not isinstance(raw, list) or not raw:
@@ -45,7 +50,19 @@ def read_messages(row: dict[str, Any], ctx: FormatContext, allow_parts: bool = F
     messages = []
     for i, message in enumerate(raw):
         if not isinstance(message, dict) or role_key not in message or content_key not in message:
-            raise RowError(f"message {i} needs `{role_key}` and `{content_key}` keys")
+            has = (
+                f"it has keys {', '.join(sorted(map(str, message)))}"
+                if isinstance(message, dict)
+                else "it is not a mapping"
+            )
+            mapped = (
+                "; `message_property_mappings` names them"
+                if (ctx.role_key, ctx.content_key) != ("role", "content")
+                else ""
+            )
+            raise RowError(f"message {i} needs `{role_key}` and `{content_key}` keys ({has}){mapped}")
+        if not isinstance(message[role_key], str):
+            raise RowError(f"message {i} has the role {message[role_key]!r}; a role must be text, e.g. `user`")
         role = role_map.get(message[role_key])
         if role is None:
             name = message[role_key]
@@ -160,12 +177,25 @@ def render_with_spans(render: Render, messages: list[dict[str, Any]]) -> tuple[s
     )
 
 
+def template_failure(exc: Exception) -> Exception:
+    """The error to raise when rendering failed: a template that does not parse is wrong for every row (the
+    config's to fix); anything else is this conversation's problem."""
+    from jinja2 import TemplateSyntaxError
+
+    if isinstance(exc, TemplateSyntaxError):
+        return ConfigError(
+            f"The chat template is not valid Jinja: {str(exc.message).rstrip('.')} (template line {exc.lineno}). Fix "
+            "`chat_template_jinja`, or choose another `chat_template` (`tokenizer_default`, `chatml`)."
+        )
+    return RowError(f"the chat template failed on this conversation: {exc}")
+
+
 def tokenizer_renderer(tokenizer: Any, template: str | None) -> Render:
     def render(messages: list[dict[str, Any]]) -> str:
         try:
             return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False)
         except Exception as exc:  # jinja raises many kinds (TemplateError, TypeError, ...) for bad conversations
-            raise RowError(f"the chat template failed on this conversation: {exc}") from None
+            raise template_failure(exc) from None
 
     return render
 

@@ -17,6 +17,7 @@ from hellbender.data.formats.chat_template import (
     read_messages,
     render_with_spans,
     special_ids,
+    template_failure,
 )
 from hellbender.data.images import ImageProblem, image_reference, open_image, pack_pixels, resolve_image
 
@@ -93,7 +94,7 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
         try:
             return processor.apply_chat_template(_bare(msgs), chat_template=ctx.chat_template, tokenize=False)
         except Exception as exc:  # jinja raises many kinds for bad conversations
-            raise RowError(f"the chat template failed on this conversation: {exc}") from None
+            raise template_failure(exc) from None
 
     text, spans = render_with_spans(render, messages)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
