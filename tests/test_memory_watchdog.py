@@ -1,5 +1,5 @@
 """The memory watchdog flags steady growth from step to step and stays quiet on a clean run. It watches
-resident memory on CPU and allocated memory on a GPU, so the injected leak lives where the watchdog looks."""
+malloc's allocated memory on CPU and allocated memory on a GPU, so the injected leak lives where the watchdog looks."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from hellbender.chat_templates import resolve_chat_template
@@ -10,9 +11,21 @@ from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.models.tiny import is_tiny_model, tiny_model_dir
 
 
-def resolve_model_path(name: str) -> str:
-    """Built-in tiny models are built locally on first use; any other name goes to transformers as is."""
-    return str(tiny_model_dir(name)) if is_tiny_model(name) else name
+def resolve_model_path(name: str, key: str = "base_model") -> str:
+    """Built-in tiny models are built locally on first use; a path that is plainly local (`./`, `../`, `/`, `~`)
+    must exist; any other name goes to transformers as is (a hub id)."""
+    if is_tiny_model(name):
+        return str(tiny_model_dir(name))
+    if name.startswith((".", "/", "~")) and not Path(name).expanduser().exists():
+        raise ConfigError(
+            f"`{key}: {name}` is a local path, but no such directory exists (relative paths start from the current "
+            "directory). Check the path, or give a hub id such as `org/model`."
+        )
+    return name
+
+
+def _tokenizer_source(cfg: HellbenderConfig) -> tuple[str, str]:
+    return (cfg.tokenizer_config, "tokenizer_config") if cfg.tokenizer_config else (cfg.base_model, "base_model")
 
 
 def _transformers_class(name: str, key: str):
@@ -30,7 +43,7 @@ def load_tokenizer_and_processor(cfg: HellbenderConfig) -> tuple[Any, Any | None
         return load_tokenizer(cfg), None
     from hellbender.models.processor import load_processor
 
-    processor = load_processor(cfg, resolve_model_path(cfg.tokenizer_config or cfg.base_model))
+    processor = load_processor(cfg, resolve_model_path(*_tokenizer_source(cfg)))
     customise_tokenizer(cfg, processor.tokenizer)
     if cfg.chat_template != "tokenizer_default":
         processor.chat_template = processor.tokenizer.chat_template
@@ -40,7 +53,7 @@ def load_tokenizer_and_processor(cfg: HellbenderConfig) -> tuple[Any, Any | None
 
 
 def load_tokenizer(cfg: HellbenderConfig) -> Any:
-    source = resolve_model_path(cfg.tokenizer_config or cfg.base_model)
+    source = resolve_model_path(*_tokenizer_source(cfg))
     cls = _transformers_class(cfg.tokenizer_type, "tokenizer_type")
     try:
         tokenizer = cls.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model)

@@ -1,7 +1,7 @@
 """A watchdog for memory that grows step after step: the leak that ends a long run in an out-of-memory crash.
 
-After each optimizer step it records allocated and reserved memory (CUDA) or the process's resident memory
-(CPU); every sample stays in `samples`. Past a warm-up it fits a line to the recent steps; memory in use that
+After each optimizer step it records allocated and reserved memory (CUDA), or on CPU the bytes malloc has handed
+out (glibc) and the process's resident memory; every sample stays in `samples`. Past a warm-up it fits a line to the recent steps; memory in use that
 keeps rising (a steady slope over a window of steps) is reported with its growth per step, the allocator's
 growth beside it, and the step at which memory would run out — as a warning, or, with
 `memory_watchdog: error`, by stopping the run.
@@ -9,6 +9,7 @@ growth beside it, and the step at which memory would run out — as a warning, o
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 from dataclasses import dataclass, field
@@ -32,6 +33,25 @@ class MemoryLeak(UserError):
 def _cpu_resident_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
+
+
+def _cpu_allocated_bytes() -> int | None:
+    """Bytes malloc has handed out and not taken back (glibc >= 2.33), the CPU's counterpart of CUDA's allocated
+    memory; None elsewhere. Resident memory alone misses growth served from memory freed earlier."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except AttributeError:
+        return None
+    mallinfo2.restype = _Mallinfo2
+    info = mallinfo2()
+    return info.uordblks + info.hblkhd
 
 
 def _cpu_available_bytes() -> int:
@@ -62,8 +82,8 @@ class MemoryWatchdog(TrainerCallback):
     reported: bool = False
 
     def measure(self) -> tuple[int, int, int, str]:
-        """(bytes in use, bytes held by the allocator, bytes left, what was measured). On CPU the process's
-        resident memory is both in use and held."""
+        """(bytes in use, bytes held by the allocator, bytes left, what was measured). On CPU: malloc's bytes in
+        use and the process's resident memory (resident memory for both where malloc cannot say)."""
         import torch
 
         if torch.cuda.is_available():
@@ -71,7 +91,10 @@ class MemoryWatchdog(TrainerCallback):
             allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
             return allocated, reserved, free + reserved - allocated, "allocated GPU memory"
         resident = _cpu_resident_bytes()
-        return resident, resident, _cpu_available_bytes(), "resident memory"
+        allocated = _cpu_allocated_bytes()
+        if allocated is None:
+            return resident, resident, _cpu_available_bytes(), "resident memory"
+        return allocated, resident, _cpu_available_bytes(), "allocated memory (malloc)"
 
     def on_step_end(self, args, state, control, **kwargs):
         used, reserved, left, what = self.measure()

@@ -105,6 +105,8 @@ def checkpoint_to_resume(cfg: HellbenderConfig) -> Path | None:
         path = Path(cfg.resume_from_checkpoint)
         reason = "it does not exist" if not path.exists() else "it is not a directory" if not path.is_dir() else None
         reason = reason or incompleteness(path)
+        if reason is not None and checkpoint_dirs(path):
+            reason += f" (it holds {', '.join(p.name for _, p in checkpoint_dirs(path))}: point at one of those)"
         if reason is not None:
             raise ConfigError(
                 f"`resume_from_checkpoint: {path}` is not a complete checkpoint: {reason}. Point it at a complete "
