@@ -45,7 +45,7 @@ def training_arguments(
         learning_rate=cfg.learning_rate,
         lr_scheduler_type=cfg.lr_scheduler,
         warmup_steps=schedule.warmup_steps,
-        optim=cfg.optimizer,
+        **({"optim": cfg.optimizer} if cfg.optimizer else {}),  # else transformers' own default
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,
         bf16=dtype == torch.bfloat16,
