@@ -9,6 +9,7 @@ from transformers import TrainingArguments
 from hellbender.config import HellbenderConfig
 from hellbender.errors import EnvironmentProblem
 from hellbender.models.loading import torch_dtype
+from hellbender.train.distributed import runs_on_cpu_processes
 from hellbender.train.schedule import Schedule
 
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -46,6 +47,7 @@ def training_arguments(
         lr_scheduler_type=cfg.lr_scheduler,
         warmup_steps=schedule.warmup_steps,
         **({"optim": cfg.optimizer} if cfg.optimizer else {}),  # else transformers' own default
+        use_cpu=runs_on_cpu_processes(),  # several processes without a GPU: DDP over gloo
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,
         bf16=dtype == torch.bfloat16,

@@ -7,24 +7,36 @@ import time
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from hellbender.train.distributed import sum_over_processes
+
 
 class TokenCounter(TrainerCallback, ExportableState):
     """Counts input tokens (no padding) and trained tokens (labels that count towards the loss).
 
-    The trainer adds to it every micro-batch; as an `ExportableState` its totals are saved in each checkpoint's
-    trainer_state.json and restored on resume, so counts continue instead of restarting.
+    The trainer adds to it every micro-batch; after each optimizer step the step's counts are summed over all
+    training processes, so the totals (and tokens/s) are the whole run's on every process. As an
+    `ExportableState` its totals are saved in each checkpoint's trainer_state.json and restored on resume, so
+    counts continue instead of restarting.
     """
 
     def __init__(self) -> None:
         self.input_tokens = 0
         self.trained_tokens = 0
+        self._step_input = 0
+        self._step_trained = 0
         self._window_tokens = 0
         self._window_start = time.perf_counter()
 
     def add(self, input_tokens: int, trained_tokens: int) -> None:
-        self.input_tokens += input_tokens
-        self.trained_tokens += trained_tokens
-        self._window_tokens += input_tokens
+        self._step_input += input_tokens
+        self._step_trained += trained_tokens
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step_input, step_trained = sum_over_processes([self._step_input, self._step_trained])
+        self.input_tokens += step_input
+        self.trained_tokens += step_trained
+        self._window_tokens += step_input
+        self._step_input = self._step_trained = 0
 
     def throughput_logs(self) -> dict[str, float]:
         """Totals plus tokens/s since the previous call (one log interval)."""

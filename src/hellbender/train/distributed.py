@@ -1,0 +1,60 @@
+"""The few things hellbender itself does differently when several processes train together (torchrun,
+`hellbender train --nproc N`): one process prepares what all of them read, and counters are summed over all.
+
+The process group is the one accelerate sets up from torchrun's environment (`WORLD_SIZE`, `RANK`, ...); the
+Trainer uses the same one for DDP.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+@contextmanager
+def main_process_first() -> Iterator[None]:
+    """The main process runs the block first (preparing and caching data, building a tiny model, tidying
+    `output_dir`); the others wait for it and then run it too, finding its results in place."""
+    if world_size() == 1:
+        yield
+        return
+    with process_state().main_process_first():
+        yield
+
+
+def process_state():
+    """accelerate's process state, created from torchrun's environment on first use. Without a GPU the processes
+    talk over gloo, which accelerate sets up only when told it runs on CPU (as `TrainingArguments(use_cpu=True)`
+    tells it, which `training_arguments` then passes)."""
+    import torch
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def runs_on_cpu_processes() -> bool:
+    import torch
+
+    return world_size() > 1 and not torch.cuda.is_available()
+
+
+def sum_over_processes(values: list[int]) -> list[int]:
+    """`values` summed element-wise over all processes (every process must call this at the same point)."""
+    import torch
+    import torch.distributed as dist
+
+    if world_size() == 1 or not dist.is_initialized():
+        return values
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    totals = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(totals)
+    return [int(v) for v in totals.tolist()]
