@@ -58,3 +58,19 @@ def write_config(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+@pytest.fixture(scope="session")
+def trained_text_lora(tmp_path_factory):
+    """A finished LoRA run of the tiny Llama (tests/trained_runs.py), shared by the tests of what follows training."""
+    from tests.trained_runs import train_text_lora
+
+    return train_text_lora(tmp_path_factory.mktemp("trained-text-lora"))
+
+
+@pytest.fixture(scope="session")
+def trained_vlm_lora(tmp_path_factory):
+    """A finished LoRA run of the tiny Qwen2.5-VL (tests/trained_runs.py)."""
+    from tests.trained_runs import train_vlm_lora
+
+    return train_vlm_lora(tmp_path_factory.mktemp("trained-vlm-lora"))

@@ -79,12 +79,27 @@ def _setup_logging() -> None:
 
 
 @app.command()
-def train(config: ConfigArg, set_: SetOpt = None, debug: DebugOpt = False) -> None:
+def train(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    debug: DebugOpt = False,
+    nproc: Annotated[int, typer.Option("--nproc", min=1, help="Training processes on this machine (DDP).")] = 1,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Machines taking part (torchrun).")] = 1,
+    node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This machine's index (torchrun).")] = 0,
+    master_addr: Annotated[str, typer.Option("--master-addr", help="Address of machine 0 (torchrun).")] = "127.0.0.1",
+    master_port: Annotated[int, typer.Option("--master-port", help="Free port on machine 0 (torchrun).")] = 29500,
+) -> None:
     """Train the model the config describes and save it in `output_dir`."""
     from hellbender.config import load_config
+    from hellbender.launch import Launch
+
+    launch = Launch(nproc, nnodes, node_rank, master_addr, master_port)
 
     def action() -> None:
         cfg = load_config(config, set_)
+        if launch.needed:  # checked once here, then every process loads it again
+            overrides = [part for item in set_ or [] for part in ("--set", item)]
+            raise typer.Exit(launch.run(["train", str(config), *overrides, *(["--debug"] if debug else [])]))
         _setup_logging()
         from hellbender.train.run import train as run_training
 
@@ -132,6 +147,143 @@ def format_stats(stats: dict[str, Any], cache_dir: Path, from_cache: bool) -> st
     if stats.get("packed_bins") is not None:
         lines.append(f"packed into {stats['packed_bins']} bins")
     return "\n".join(lines)
+
+
+@app.command("merge-lora")
+def merge_lora(
+    config: ConfigArg,
+    adapter: Annotated[
+        Path | None,
+        typer.Option(
+            "--adapter", help="Adapter directory: a `checkpoint-N` or a run's output (default: `output_dir`)."
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", help="Where to save the merged model (default: `<output_dir>/merged`).")
+    ] = None,
+    max_shard_size: Annotated[str, typer.Option("--max-shard-size", help="Largest safetensors shard.")] = "5GB",
+    set_: SetOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Merge the trained LoRA adapter into the base model and save a standalone model."""
+    from hellbender.config import load_config
+
+    def action() -> None:
+        cfg = load_config(config, set_)
+        _setup_logging()
+        from hellbender.use.merge import merge_lora as run_merge
+
+        target = run_merge(cfg, adapter, output, max_shard_size)
+        console.print(f"[green]merged[/]: {target}", highlight=False, soft_wrap=True)
+
+    _run(debug, action)
+
+
+ModelOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--model",
+        "--checkpoint",
+        help="A `checkpoint-N` directory or a merged model to use instead of the final model in `output_dir`.",
+    ),
+]
+
+
+@app.command()
+def inference(
+    config: ConfigArg,
+    prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="Answer this prompt.")] = None,
+    prompts_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts-file", help='Answer each prompt of a file: one per line, or .jsonl with {"prompt": ...}.'
+        ),
+    ] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="Chat interactively; the conversation is kept.")] = False,
+    image: Annotated[
+        list[Path] | None, typer.Option("--image", help="An image for the prompt (vision-language models; repeatable).")
+    ] = None,
+    system: Annotated[str | None, typer.Option("--system", help="A system message before the conversation.")] = None,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Give the prompt to the model as it is, without the chat template.")
+    ] = False,
+    model: ModelOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Most tokens to generate per answer.")] = 256,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="0 decodes greedily (deterministic); above 0 samples.")
+    ] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (with a temperature above 0).")] = 1.0,
+    set_: SetOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Answer prompts with the trained model (base + adapter, a checkpoint or a merged model), streaming the text."""
+    from hellbender.config import load_config
+
+    def action() -> None:
+        chosen = [name for name, given in (("--prompt", prompt), ("--prompts-file", prompts_file)) if given]
+        if len(chosen) > 1 or (chat and prompts_file):
+            raise UserError(
+                "Give one of `--prompt`, `--prompts-file` or `--chat` (`--chat` may start with `--prompt`)."
+            )
+        if not chosen and not chat:
+            raise UserError("Nothing to answer: give `--prompt TEXT`, `--prompts-file FILE` or `--chat`.")
+        if raw and chat:
+            raise UserError(
+                "`--raw` answers single prompts without the chat template; it cannot be used with `--chat`."
+            )
+        cfg = load_config(config, set_)
+        from hellbender.use import inference as use
+
+        settings = use.GenerationSettings(max_new_tokens, temperature, top_p)
+        images = use.load_images(cfg, list(image or []))
+        prompts = use.read_prompts(prompts_file) if prompts_file else []
+        _setup_logging()
+        generator = use.Generator(cfg, model)
+        if chat:
+            err_console.print(use.CHAT_HELP, highlight=False)
+            conversation = use.Conversation(generator.multimodal, system, images)
+            use.chat(generator, conversation, settings, first=prompt)
+            return
+        for text in prompts or [prompt]:
+            if prompts:
+                use.write_stdout(f"### {text}\n")
+            use.answer(generator, text, images, settings, system, raw, write=use.write_stdout)
+            if prompts:
+                use.write_stdout("\n")
+
+    _run(debug, action)
+
+
+@app.command()
+def evaluate(
+    config: ConfigArg,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            "--checkpoint",
+            "--model",
+            help="A `checkpoint-N` directory or a merged model to score instead of the final model in `output_dir`.",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", help="Where to write the metrics (default: `<output_dir>/eval_results.json`)."),
+    ] = None,
+    set_: SetOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Score the trained model on the config's evaluation data: loss, perplexity, token accuracy (JSON)."""
+    from hellbender.config import load_config
+
+    def action() -> None:
+        cfg = load_config(config, set_)
+        _setup_logging()
+        from hellbender.use.evaluate import evaluate as run_evaluation
+
+        results = run_evaluation(cfg, checkpoint, output)
+        sys.stdout.write(json.dumps(results, indent=1) + "\n")  # not rich: it would wrap long lines inside the JSON
+
+    _run(debug, action)
 
 
 @app.command()

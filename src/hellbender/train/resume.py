@@ -36,10 +36,10 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str | bytes) -> None:
     """Write `text` to `path` so that a reader sees the old file or the whole new one, never a part."""
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(staging, "w") as f:
+    with open(staging, "wb" if isinstance(text, bytes) else "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

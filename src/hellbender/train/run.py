@@ -22,9 +22,11 @@ from hellbender.models.kernels import apply_liger_kernels
 from hellbender.models.loading import load_model, load_tokenizer_and_processor
 from hellbender.train.arguments import training_arguments
 from hellbender.train.collator import CausalLMCollator
+from hellbender.train.distributed import is_main_process, main_process_first, world_size
 from hellbender.train.memory_watchdog import MemoryWatchdog
 from hellbender.train.multimodal_collator import MultimodalCollator
 from hellbender.train.preemption import StopOnSignal
+from hellbender.train.report import RunReport
 from hellbender.train.resume import (
     CheckpointKeeper,
     StopIfAlreadyDone,
@@ -49,20 +51,24 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     from transformers import set_seed
 
     set_seed(cfg.seed)
+    if not is_main_process():  # one process reports; the others speak only of problems
+        logger.setLevel(logging.WARNING)
     resume_from = checkpoint_to_resume(cfg)  # checked first, so a bad path fails before any work
-    remove_incomplete_checkpoints(cfg.output_dir)  # a killed save's leftovers; never trusted, written again
-    tokenizer, processor = load_tokenizer_and_processor(cfg)
-    # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so the
-    # Trainer must not replay the stream to skip batches itself (whatever `ignore_data_skip` says).
-    streams_images = cfg.uses_streaming and processor is not None
-    train_data, eval_data = _training_data(cfg, tokenizer, processor, resume_from, streams_images)
+    with main_process_first():  # the main process tidies, builds and caches; the others then read its results
+        if is_main_process():
+            remove_incomplete_checkpoints(cfg.output_dir)  # a killed save's leftovers; never trusted, written again
+        tokenizer, processor = load_tokenizer_and_processor(cfg)
+        # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so
+        # the Trainer must not replay the stream to skip batches itself (whatever `ignore_data_skip` says).
+        streams_images = cfg.uses_streaming and processor is not None
+        train_data, eval_data, data_stats = _training_data(cfg, tokenizer, processor, resume_from, streams_images)
     model = prepare_for_training(load_model(cfg, tokenizer), cfg.attn_implementation)
     apply_liger_kernels(cfg, model)  # before the adapter, so LoRA wraps the projections the fused modules call
     model = apply_adapter(cfg, model)
     if cfg.gradient_checkpointing:  # hellbender's own setup, not the Trainer's: see activation_checkpointing.py
         enable_activation_checkpointing(model, offload=cfg.gradient_checkpointing == "offload")
     train_rows = len(train_data) if not cfg.uses_streaming else None
-    args = training_arguments(cfg, plan_schedule(cfg, train_rows), eval_data is not None, streams_images)
+    args = training_arguments(cfg, plan_schedule(cfg, train_rows, world_size()), eval_data is not None, streams_images)
     if processor is not None:
         collator = MultimodalCollator(
             processor, image_policy(cfg), frozenset(vision_token_ids(processor, cfg.vision_tokens_to_mask))
@@ -70,6 +76,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     else:
         collator = CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation)
     stop_on_signal = StopOnSignal()
+    watchdog = MemoryWatchdog(cfg.memory_watchdog) if cfg.memory_watchdog != "off" else None
     trainer = HellbenderTrainer(
         fused_loss=cfg.fuses_the_loss,
         model=model,
@@ -81,15 +88,17 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
         callbacks=[
             TokenCounter(),
             *([StreamPosition()] if streams_images else []),
-            *([MemoryWatchdog(cfg.memory_watchdog)] if cfg.memory_watchdog != "off" else []),
+            *([watchdog] if watchdog else []),
             CheckpointKeeper(cfg.save_total_limit),
+            RunReport(cfg, data_stats, watchdog),  # after the keeper: a checkpoint is complete before its report
             stop_on_signal,
             *([StopIfAlreadyDone()] if resume_from else []),
             *(callbacks or []),
         ],
     )
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-    write_atomically(Path(cfg.output_dir) / RESOLVED_CONFIG_NAME, dump_config(cfg))
+    if is_main_process():
+        write_atomically(Path(cfg.output_dir) / RESOLVED_CONFIG_NAME, dump_config(cfg))
     if resume_from:
         logger.info("Resuming from %s", resume_from)
         if streams_images:
@@ -124,17 +133,19 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
 def _training_data(
     cfg: HellbenderConfig, tokenizer: Any, processor: Any, resume_from: Path | None, streams_images: bool
 ):
-    """(training data, evaluation data or None) for the three routes: streamed, used as is, prepared."""
+    """(training data, evaluation data or None, the prepared data's statistics or None) for the three routes:
+    streamed, used as is, prepared."""
     if cfg.uses_streaming or cfg.skip_prepare_dataset:
         # Only evaluation data is prepared; `prepare_datasets` leaves these training rows alone.
-        eval_data = prepare_datasets(cfg, tokenizer, processor).eval if cfg.test_datasets else None
+        prepared_eval = prepare_datasets(cfg, tokenizer, processor) if cfg.test_datasets else None
+        eval_data, stats = (prepared_eval.eval, prepared_eval.stats) if prepared_eval else (None, None)
         if cfg.skip_prepare_dataset:
-            return pretokenized_multimodal_rows(cfg), eval_data
+            return pretokenized_multimodal_rows(cfg), eval_data, stats
         start_row = _stream_rows_consumed(resume_from) if streams_images else 0
-        return streaming_dataset(cfg, tokenizer, processor, start_row), eval_data
+        return streaming_dataset(cfg, tokenizer, processor, start_row), eval_data, stats
     prepared = prepare_datasets(cfg, tokenizer, processor)
     logger.info("Prepared data %s (%s)", prepared.cache_dir, "from cache" if prepared.from_cache else "new")
-    return prepared.train, prepared.eval
+    return prepared.train, prepared.eval, prepared.stats
 
 
 def _stream_rows_consumed(checkpoint: Path | None) -> int:

@@ -1,0 +1,127 @@
+"""The run report's plots (loss, learning rate, tokens/s and memory per optimizer step), drawn with matplotlib's
+Agg canvas: no display, and no pyplot global state, so plotting from a training callback neither needs a screen
+nor touches the figures of the program around it."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+# Plot -> its file in the report directory.
+PLOTS = {
+    "loss": "loss.png",
+    "learning_rate": "learning_rate.png",
+    "tokens_per_second": "tokens_per_second.png",
+    "memory": "memory.png",
+}
+GIB = 1024**3
+MIB = 1024**2
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    steps: list[float]
+    values: list[float]
+    points: bool = False  # markers only (sparse values such as evaluations), not a line
+
+
+def plotting_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def line_plot(series: list[Series], title: str, ylabel: str, log_y: bool = False) -> bytes:
+    """A PNG of `series` against the optimizer step, with title, axis labels, grid and a legend."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    # Fixed margins: an automatic layout doubles the drawing time, and the report is drawn at every save.
+    figure = Figure(figsize=(7, 3.6), dpi=100)
+    figure.subplots_adjust(left=0.11, right=0.98, bottom=0.14, top=0.9)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for s in series:
+        few = len(s.steps) < 30
+        if s.points:
+            axes.plot(s.steps, s.values, "o", label=s.label, markersize=5)
+        else:
+            axes.plot(s.steps, s.values, "-", marker="." if few else None, label=s.label, linewidth=1.4)
+    axes.set_title(title)
+    axes.set_xlabel("optimizer step")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_ylabel(ylabel)
+    if log_y and all(v > 0 for s in series for v in s.values):
+        axes.set_yscale("log")
+    else:  # short tick labels that fit the margin: 1.2e6 tokens/s as 1.2 with "1e6" above the axis
+        axes.ticklabel_format(axis="y", style="sci", scilimits=(-3, 5), useOffset=False)
+    axes.grid(True, alpha=0.3)
+    if len(series) > 1:
+        axes.legend()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def train_logs(history: list[dict]) -> list[dict]:
+    """The Trainer's training log entries (not evaluations, not the final summary)."""
+    return [e for e in history if "loss" in e and "step" in e]
+
+
+def memory_labels() -> tuple[str, str]:
+    """What the memory watchdog's two numbers are on this machine."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "allocated (GPU)", "reserved by the allocator (GPU)"
+    return "in use (malloc, CPU)", "resident (CPU)"
+
+
+def report_plots(history: list[dict], memory: list[tuple[int, int, int]] | str) -> dict[str, bytes | str]:
+    """File name -> PNG bytes, or the reason there is no plot. `history` is the Trainer's log history; `memory`
+    the watchdog's (step, bytes in use, bytes held) samples, or why there are none."""
+    if not plotting_available():
+        return dict.fromkeys(PLOTS.values(), "matplotlib is not installed (`pip install matplotlib`)")
+    train = train_logs(history)
+    evals = [e for e in history if "eval_loss" in e]
+    loss = [_series("training", train, "loss")]
+    if evals:
+        loss.append(_series("evaluation", evals, "eval_loss", points=True))
+    return {
+        PLOTS["loss"]: _plot_or_reason(loss, "Loss", "cross-entropy per trained token"),
+        PLOTS["learning_rate"]: _plot_or_reason(
+            [_series("learning rate", train, "learning_rate")], "Learning rate", "learning rate"
+        ),
+        PLOTS["tokens_per_second"]: _plot_or_reason(
+            [_series("tokens/s", train, "tokens_per_second")], "Throughput", "input tokens per second"
+        ),
+        PLOTS["memory"]: _memory_plot(memory),
+    }
+
+
+def _series(label: str, logs: list[dict[str, Any]], key: str, points: bool = False) -> Series:
+    rows = [e for e in logs if e.get(key) is not None]
+    return Series(label, [float(e["step"]) for e in rows], [float(e[key]) for e in rows], points)
+
+
+def _plot_or_reason(series: list[Series], title: str, ylabel: str) -> bytes | str:
+    series = [s for s in series if s.steps]
+    return line_plot(series, title, ylabel) if series else "nothing logged yet"
+
+
+def _memory_plot(samples: list[tuple[int, int, int]] | str) -> bytes | str:
+    if isinstance(samples, str):
+        return samples
+    if not samples:
+        return "no step has finished yet"
+    used_label, held_label = memory_labels()
+    unit, scale = ("GiB", GIB) if max(s[2] for s in samples) >= GIB else ("MiB", MIB)
+    steps = [float(s[0]) for s in samples]
+    used = Series(used_label, steps, [s[1] / scale for s in samples])
+    held = Series(held_label, steps, [s[2] / scale for s in samples])
+    return line_plot([used, held], "Memory after each step", unit)

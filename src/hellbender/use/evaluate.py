@@ -1,0 +1,111 @@
+"""`hellbender evaluate`: loss, perplexity and token accuracy of the trained model on the config's evaluation data.
+
+The evaluation rows are prepared exactly as for training (the same cache, the same `val_set_size` split or
+`test_datasets`), batched by the training collators, and scored over the tokens training would train (labels
+other than -100), each token weighing the same: loss is the mean next-token cross-entropy, perplexity its
+exponential, token accuracy the share of those tokens the model ranks first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from hellbender.config import HellbenderConfig
+from hellbender.errors import ConfigError
+from hellbender.train.resume import write_atomically
+from hellbender.use.trained import device, find_trained, load_trained
+
+logger = logging.getLogger("hellbender")
+RESULTS_NAME = "eval_results.json"
+
+
+def _collator(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> Any:
+    """The collator training uses for this config."""
+    if processor is None:
+        from hellbender.train.collator import CausalLMCollator
+
+        return CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation)
+    from hellbender.data.contexts import image_policy
+    from hellbender.data.vision_tokens import vision_token_ids
+    from hellbender.train.multimodal_collator import MultimodalCollator
+
+    return MultimodalCollator(
+        processor, image_policy(cfg), frozenset(vision_token_ids(processor, cfg.vision_tokens_to_mask))
+    )
+
+
+def token_metrics(model: Any, rows: Any, collator: Any, batch_size: int) -> dict[str, float | int]:
+    """Summed over every trained token of `rows`: mean loss, perplexity, token accuracy, and the token count."""
+    import torch
+    import torch.nn.functional as F
+
+    from hellbender.data.formats.base import IGNORE_INDEX
+    from hellbender.data.streaming import STREAM_ROW_KEY
+    from hellbender.train.collator import REAL_TOKENS_KEY
+
+    target_device = model.device if hasattr(model, "device") else device()
+    loss_sum, correct, tokens = 0.0, 0, 0
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            batch = collator([rows[i] for i in range(start, min(start + batch_size, len(rows)))])
+            for key in (REAL_TOKENS_KEY, STREAM_ROW_KEY):
+                batch.pop(key, None)
+            labels = batch.pop("labels")[:, 1:].to(target_device)
+            inputs = {k: v.to(target_device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            logits = model(**inputs, use_cache=False).logits[:, :-1]
+            trained = labels != IGNORE_INDEX
+            picked, targets = logits[trained].float(), labels[trained]
+            loss_sum += F.cross_entropy(picked, targets, reduction="sum").item()
+            correct += int((picked.argmax(-1) == targets).sum())
+            tokens += int(trained.sum())
+    if tokens == 0:
+        raise ConfigError("The evaluation rows hold no trained tokens (every label is masked); nothing to score.")
+    loss = loss_sum / tokens
+    return {
+        "loss": loss,
+        "perplexity": math.exp(loss) if loss < 700 else math.inf,
+        "token_accuracy": correct / tokens,
+        "tokens": tokens,
+    }
+
+
+def evaluate(
+    cfg: HellbenderConfig, checkpoint: str | Path | None = None, output: str | Path | None = None
+) -> dict[str, Any]:
+    """Score the final model of `output_dir` (or `checkpoint`) on the config's evaluation data; writes the metrics
+    as JSON to `output` (default `<output_dir>/eval_results.json`) and returns them."""
+    from hellbender.data.prepare import prepare_datasets
+    from hellbender.models.loading import load_tokenizer_and_processor
+
+    if not cfg.has_eval_data:
+        raise ConfigError(
+            "The config has no evaluation data: set `val_set_size` (a fraction below 1, or a number of rows, held out "
+            "of `datasets` as in training) or `test_datasets`, then run `hellbender evaluate` again."
+        )
+    trained = find_trained(cfg, checkpoint, "--checkpoint")  # before the data work, so a bad path fails at once
+    tokenizer, processor = load_tokenizer_and_processor(cfg)
+    prepared = prepare_datasets(cfg, tokenizer, processor)
+    if prepared.eval is None or len(prepared.eval) == 0:
+        raise ConfigError(
+            "No evaluation rows were prepared: `val_set_size` splits the prepared `datasets`, and this config's "
+            "training rows are not prepared (streamed or used as they are). Set `test_datasets` instead."
+        )
+    model = load_trained(cfg, trained, tokenizer)
+    metrics = token_metrics(model, prepared.eval, _collator(cfg, tokenizer, processor), cfg.eval_batch_size)
+    results = {
+        **metrics,
+        "rows": len(prepared.eval),
+        "eval_data": "test_datasets" if cfg.test_datasets else f"val_set_size: {cfg.val_set_size:g} of datasets",
+        "model": str(trained.path),
+        "adapter": trained.is_adapter,
+        "step": trained.step,
+    }
+    target = Path(output).expanduser() if output is not None else Path(cfg.output_dir) / RESULTS_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(target, json.dumps(results, indent=1) + "\n")
+    logger.info("Wrote %s", target)
+    return results

@@ -1,0 +1,139 @@
+"""Finding and loading what a training run saved: the final model or adapter in `output_dir`, a `checkpoint-N`
+directory, or a merged model. Only directories whose hellbender manifest is present and matches are trusted, as
+for resuming (`train/resume.py`): a half-written save is refused, never half-loaded."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hellbender.config import HellbenderConfig
+from hellbender.errors import ConfigError, UserError
+from hellbender.train.resume import MANIFEST_NAME, checkpoint_dirs, incompleteness, latest_checkpoint
+from hellbender.train.trainer import FINAL_MANIFEST
+
+logger = logging.getLogger("hellbender")
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+class NotATrainedModel(UserError):
+    """A directory given as a trained model is missing, incomplete, or not a model hellbender saved."""
+
+
+@dataclass(frozen=True)
+class TrainedDir:
+    path: Path
+    is_adapter: bool  # a PEFT adapter over `base_model`; otherwise a whole model
+    step: int | None  # the optimizer step it was saved at, when trainer_state.json says
+
+    def describe(self) -> str:
+        what = "adapter" if self.is_adapter else "model"
+        return f"{what} {self.path}" + (f" (step {self.step})" if self.step is not None else "")
+
+
+def find_trained(cfg: HellbenderConfig, path: str | Path | None, option: str) -> TrainedDir:
+    """The trained model in `path` (a checkpoint, a final model or a merged model), or in `output_dir` when no
+    path is given; `option` names the command-line option that takes the path, for the error message."""
+    if path is None:
+        directory = Path(cfg.output_dir)
+        reason = _missing(directory) or incompleteness(directory, FINAL_MANIFEST)
+        if reason is not None:
+            newest = latest_checkpoint(directory)
+            hint = f", or pass `{option} {newest}` (its newest complete checkpoint)" if newest else ""
+            raise NotATrainedModel(
+                f"`output_dir: {directory}` holds no complete trained model: {reason}. Train first "
+                f"(`hellbender train CONFIG`){hint}; `{option} DIR` takes a `checkpoint-N` directory or a merged model."
+            )
+    else:
+        directory = Path(path).expanduser()
+        reason = _missing(directory) or _manifest_problem(directory)
+        if reason is not None:
+            inside = [p.name for _, p in checkpoint_dirs(directory)]
+            if inside:
+                reason += f" (it holds {', '.join(inside)}: point at one of those)"
+            raise NotATrainedModel(
+                f"`{option} {directory}` is not a complete checkpoint or model that hellbender saved: {reason}. Give a "
+                f"complete `checkpoint-N` directory, the `output_dir` of a finished run, or a directory `merge-lora` wrote."
+            )
+    if (directory / ADAPTER_CONFIG).is_file():
+        is_adapter = True
+    elif (directory / "config.json").is_file():
+        is_adapter = False
+    else:
+        raise NotATrainedModel(
+            f"`{directory}` holds neither {ADAPTER_CONFIG} (an adapter) nor config.json (a model), so there is no "
+            "model to load from it."
+        )
+    return TrainedDir(directory, is_adapter, _saved_step(directory))
+
+
+def _missing(directory: Path) -> str | None:
+    if not directory.exists():
+        return "it does not exist"
+    if not directory.is_dir():
+        return "it is not a directory"
+    return None
+
+
+def _manifest_problem(directory: Path) -> str | None:
+    if (directory / MANIFEST_NAME).is_file():
+        return incompleteness(directory)
+    if (directory / FINAL_MANIFEST).is_file():
+        return incompleteness(directory, FINAL_MANIFEST)
+    return (
+        f"it has neither {MANIFEST_NAME} (a checkpoint) nor {FINAL_MANIFEST} (a final or merged model), so it is "
+        "not a directory hellbender finished writing"
+    )
+
+
+def _saved_step(directory: Path) -> int | None:
+    state = directory / "trainer_state.json"
+    if not state.is_file():
+        return None
+    try:
+        return int(json.loads(state.read_text())["global_step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def device() -> Any:
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def with_adapter(base: Any, adapter_dir: Path, cfg: HellbenderConfig) -> Any:
+    """`base` wrapped with the PEFT adapter saved in `adapter_dir`."""
+    from peft import PeftModel
+
+    try:
+        return PeftModel.from_pretrained(base, str(adapter_dir))
+    except (ValueError, RuntimeError, KeyError) as exc:  # shapes or module names that do not fit the base
+        raise ConfigError(
+            f"The adapter in {adapter_dir} does not fit `base_model: {cfg.base_model}`: {exc}. Use the config the "
+            "adapter was trained with."
+        ) from None
+
+
+def load_trained(cfg: HellbenderConfig, trained: TrainedDir, tokenizer: Any) -> Any:
+    """The trained model in evaluation mode, on the GPU when there is one: the base model of the config (loaded
+    as for training, quantized for QLoRA) with the adapter, or the whole model saved in the directory."""
+    from hellbender.models.fixes import prepare_for_training
+    from hellbender.models.loading import _transformers_class, load_model, torch_dtype
+
+    if trained.is_adapter:
+        base = prepare_for_training(load_model(cfg, tokenizer), cfg.attn_implementation)
+        model = with_adapter(base, trained.path, cfg)
+    else:
+        cls = _transformers_class(cfg.model_type, "model_type")
+        model = cls.from_pretrained(
+            str(trained.path), dtype=torch_dtype(cfg), attn_implementation=cfg.attn_implementation
+        )
+        model = prepare_for_training(model, cfg.attn_implementation)
+    if not getattr(model, "is_loaded_in_4bit", False) and getattr(model, "hf_quantizer", None) is None:
+        model = model.to(device())  # bitsandbytes places quantized weights itself
+    logger.info("Loaded the %s", trained.describe())
+    return model.eval()

@@ -1,0 +1,75 @@
+"""Several training processes (DDP over gloo on CPU) train like one process with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from hellbender.config import validate_config
+from hellbender.launch import Launch
+from hellbender.train.run import train
+from tests.test_training import base_config, final_weights, logged_losses
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_path):
+    common = dict(adapter="lora", lora_target_linear=True, max_steps=4, lora_dropout=0.0, save_steps=2)
+    single = validate_config(base_config(tmp_path / "single", micro_batch_size=4, **common))
+    train(single)
+    config = tmp_path / "ddp.yml"
+    config.write_text(yaml.safe_dump(base_config(tmp_path / "ddp", micro_batch_size=2, **common)))
+    done = subprocess.run(
+        [sys.executable, "-m", "hellbender", "train", str(config), "--nproc", "2", "--master-port", str(free_port())],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ddp_out = tmp_path / "ddp" / "out"
+    expected = logged_losses(single.output_dir)
+    assert sorted(logged_losses(ddp_out)) == [1, 2, 3, 4]
+    for step, loss in expected.items():
+        assert logged_losses(ddp_out)[step] == pytest.approx(loss, abs=1e-5), (step, logged_losses(ddp_out))
+    a, b = final_weights(single.output_dir), final_weights(ddp_out)
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=1e-4)
+    # The token counters add up both processes' share.
+    single_state, ddp_state = (
+        json.loads((Path(d) / "trainer_state.json").read_text()) for d in (single.output_dir, ddp_out)
+    )
+    assert ddp_state["stateful_callbacks"]["TokenCounter"] == single_state["stateful_callbacks"]["TokenCounter"]
+    # One process prepared and saved the data; the other read the cache. Checkpoints were written once.
+    assert done.stderr.count("Saving the dataset (0/1 shards)") == 1, done.stderr[-3000:]
+    assert sorted(p.name for p in ddp_out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_the_launcher_passes_the_torchrun_flags_and_is_not_nested(monkeypatch):
+    launch = Launch(nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.5", master_port=23456)
+    command = launch.command(["train", "config.yml", "--set", "seed=3"])
+    assert command[1:3] == ["-m", "torch.distributed.run"]
+    assert {
+        "--nproc_per_node=4",
+        "--nnodes=2",
+        "--node_rank=1",
+        "--master_addr=10.0.0.5",
+        "--master_port=23456",
+    } <= set(command)
+    assert command[-6:] == ["-m", "hellbender", "train", "config.yml", "--set", "seed=3"]
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert launch.needed and not Launch().needed
+    monkeypatch.setenv("LOCAL_RANK", "0")  # already inside a launched process
+    assert not launch.needed
