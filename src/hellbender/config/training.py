@@ -33,8 +33,8 @@ class TrainingSettings(BaseModel):
     optimizer: str | None = Field(
         None,
         description="Optimizer name as transformers knows it (`adamw_torch_fused`, `adamw_torch`, `adamw_bnb_8bit`, "
-        "`sgd`, ...). Default: transformers' default, `adamw_torch_fused` on torch >= 2.8 (5% faster than "
-        "`adamw_torch` on a 1B full fine-tune, docs/benchmarks.md).",
+        "`sgd`, ...). Default: `adamw_torch_fused` on a GPU (5% faster than `adamw_torch` on a 1B full fine-tune, "
+        "docs/benchmarks.md), `adamw_torch` on CPU.",
     )
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
     adam_beta1: float | None = Field(None, description="Adam beta1 (transformers' default when unset).")
