@@ -80,6 +80,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
             )
     problems += _roles_to_train_problems(cfg)
     problems += _multimodal_conflicts(cfg)
+    problems += _distributed_conflicts(cfg)
     if cfg.chat_template == "jinja" and not cfg.chat_template_jinja:
         problems.append("`chat_template: jinja` needs the template itself in `chat_template_jinja`.")
     for entry in cfg.datasets + cfg.test_datasets:
@@ -139,6 +140,8 @@ def find_path_problems(cfg: HellbenderConfig, prepared_path_is_default: bool = F
                 f"`{key}: {value}` cannot be created: `{blocker}` is a file. Point `{key}` at a directory (or a path "
                 "that does not exist yet)."
             )
+    if cfg.deepspeed and not Path(cfg.deepspeed).is_file():
+        problems.append(f"`deepspeed: {cfg.deepspeed}`: no such file. Point it at a DeepSpeed JSON config.")
     return problems
 
 
@@ -203,4 +206,43 @@ def _multimodal_pretrain_conflicts(cfg: HellbenderConfig) -> list[str]:
         )
     if cfg.skip_prepare_dataset and any(e.type != "multimodal_pretrain" for e in cfg.datasets):
         problems.append("`skip_prepare_dataset: true` needs every `datasets:` entry to be `type: multimodal_pretrain`.")
+    return problems
+
+
+def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
+    problems = []
+    if cfg.fsdp:
+        problems.append(
+            "`fsdp` (FSDP1's option list) is not supported: hellbender shards with FSDP2. Remove `fsdp` and set "
+            "`fsdp_version: 2` with an `fsdp_config:` block (e.g. `transformer_layer_cls_to_wrap: LlamaDecoderLayer`)."
+        )
+    if cfg.fsdp_version == 1:
+        problems.append(
+            "`fsdp_version: 1` is not supported: hellbender shards with FSDP2 only. Set `fsdp_version: 2`; the "
+            "`fsdp_config` keys stay the same."
+        )
+    if cfg.fsdp_config is not None and cfg.fsdp_version is None:
+        problems.append("`fsdp_config` is set but `fsdp_version` is not: add `fsdp_version: 2` to shard with FSDP2.")
+    if cfg.fp32_norms and not cfg.uses_fsdp2:
+        problems.append(
+            "`fp32_norms: true` needs FSDP2: it gives the norm layers their own FSDP2 mixed-precision policy. Add "
+            "`fsdp_version: 2` and an `fsdp_config:` block, or remove `fp32_norms` (without FSDP, load the model in "
+            "float32 to train every parameter in float32)."
+        )
+    if cfg.fp32_norms and not any(pattern.strip() for pattern in cfg.fp32_norm_classes):
+        problems.append("`fp32_norm_classes` names no class; list class names such as `RMSNorm`, or remove the key.")
+    if cfg.fp32_norms and cfg.fsdp_settings.cpu_ram_efficient_loading:
+        problems.append(
+            "`fp32_norms` and `fsdp_config.cpu_ram_efficient_loading` cannot be combined yet: the norm layers are "
+            "sharded before the weights are spread from the first process. Set one of them to false."
+        )
+    if cfg.uses_fsdp2 and cfg.deepspeed:
+        problems.append("`deepspeed` and `fsdp_version: 2` are both set; choose one engine.")
+    if cfg.uses_fsdp2 and cfg.load_in_4bit:
+        problems.append(
+            "QLoRA (`load_in_4bit`) with FSDP2 is not supported yet. Use `adapter: lora` with FSDP2, or QLoRA on "
+            "one GPU or with DDP (`--nproc N` without `fsdp_version`)."
+        )
+    if cfg.deepspeed and cfg.load_in_4bit:
+        problems.append("QLoRA (`load_in_4bit`) with `deepspeed` is not supported yet; use `adapter: lora`.")
     return problems

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -15,4 +17,13 @@ class KernelSettings(BaseModel):
     liger_fused_linear_cross_entropy: bool = Field(
         False,
         description="Liger's fused LM head + cross-entropy: the [tokens x vocab] logits are never materialised.",
+    )
+    torch_compile: bool = Field(
+        False,
+        description="Compile the model with `torch.compile` (the first steps are slower while it compiles; needs "
+        "a GPU to pay off).",
+    )
+    torch_compile_backend: str | None = Field(None, description="`torch.compile` backend; default `inductor`.")
+    torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = (
+        Field(None, description="`torch.compile` mode; default `default`.")
     )

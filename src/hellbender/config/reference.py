@@ -11,6 +11,8 @@ from pydantic_core import PydanticUndefined
 
 from hellbender.config.adapter import AdapterSettings
 from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatasetEntry
+from hellbender.config.distributed import DistributedSettings, FsdpSettings
+from hellbender.config.kernels import KernelSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.schema import HellbenderConfig
@@ -24,6 +26,9 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("Entries of `datasets:` and `test_datasets:`", DatasetEntry),
     ("Entries of `pretraining_dataset:`", PretrainingDatasetEntry),
     ("Training", TrainingSettings),
+    ("Fused kernels and compilation", KernelSettings),
+    ("Several GPUs and machines", DistributedSettings),
+    ("`fsdp_config:`", FsdpSettings),
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hellbender.config.adapter import AdapterSettings
 from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatasetEntry
+from hellbender.config.distributed import DistributedSettings
 from hellbender.config.kernels import KernelSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
@@ -13,7 +14,13 @@ __all__ = ["HellbenderConfig", "DatasetEntry", "PretrainingDatasetEntry"]
 
 
 class HellbenderConfig(
-    ModelSettings, MultimodalSettings, AdapterSettings, DataSettings, TrainingSettings, KernelSettings
+    ModelSettings,
+    MultimodalSettings,
+    AdapterSettings,
+    DataSettings,
+    TrainingSettings,
+    KernelSettings,
+    DistributedSettings,
 ):
     """A validated training config. Build it with `hellbender.config.load_config`, which also checks
     combinations of keys and fills derived defaults."""

@@ -121,6 +121,21 @@ def quantization_config(cfg: HellbenderConfig):
     )
 
 
+def model_skeleton(cfg: HellbenderConfig) -> Any:
+    """The model's module tree on the meta device (no weights read, no memory used): for checks that need the
+    model's structure before the data is prepared."""
+    import torch
+    from transformers import AutoConfig
+
+    source = resolve_model_path(cfg.base_model)
+    config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model)
+    cls = _transformers_class(cfg.model_type, "model_type")
+    with torch.device("meta"):
+        if hasattr(cls, "from_config"):
+            return cls.from_config(config, trust_remote_code=cfg.trust_remote_code)
+        return cls._from_config(config)
+
+
 def load_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
     source = resolve_model_path(cfg.base_model)
     quant = quantization_config(cfg)

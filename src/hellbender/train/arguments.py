@@ -9,7 +9,9 @@ from transformers import TrainingArguments
 from hellbender.config import HellbenderConfig
 from hellbender.errors import EnvironmentProblem
 from hellbender.models.loading import torch_dtype
+from hellbender.train.deepspeed import deepspeed_config
 from hellbender.train.distributed import runs_on_cpu_processes
+from hellbender.train.fsdp import fsdp_arguments
 from hellbender.train.schedule import Schedule
 
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -82,5 +84,10 @@ def training_arguments(
         dataloader_pin_memory=torch.cuda.is_available(),
         include_num_input_tokens_seen="no",
         save_only_model=False,
+        deepspeed=deepspeed_config(cfg),
+        torch_compile=cfg.torch_compile,
+        torch_compile_backend=cfg.torch_compile_backend,
+        torch_compile_mode=cfg.torch_compile_mode,
+        **fsdp_arguments(cfg),
         **optional,
     )

@@ -19,10 +19,11 @@ from hellbender.models.activation_checkpointing import enable_activation_checkpo
 from hellbender.models.adapters import apply_adapter
 from hellbender.models.fixes import prepare_for_training
 from hellbender.models.kernels import apply_liger_kernels
-from hellbender.models.loading import load_model, load_tokenizer_and_processor
+from hellbender.models.loading import load_model, load_tokenizer_and_processor, model_skeleton
 from hellbender.train.arguments import training_arguments
 from hellbender.train.collator import CausalLMCollator
 from hellbender.train.distributed import is_main_process, main_process_first, world_size
+from hellbender.train.fsdp import check_wrap_classes
 from hellbender.train.memory_watchdog import MemoryWatchdog
 from hellbender.train.multimodal_collator import MultimodalCollator
 from hellbender.train.preemption import StopOnSignal
@@ -58,6 +59,8 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
         if is_main_process():
             remove_incomplete_checkpoints(cfg.output_dir)  # a killed save's leftovers; never trusted, written again
         tokenizer, processor = load_tokenizer_and_processor(cfg)
+        if cfg.uses_fsdp2:  # before the data work: a wrong class name would otherwise fail only at the first step
+            check_wrap_classes(cfg, model_skeleton(cfg))
         # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so
         # the Trainer must not replay the stream to skip batches itself (whatever `ignore_data_skip` says).
         streams_images = cfg.uses_streaming and processor is not None

@@ -1,0 +1,113 @@
+"""Config keys for training on several devices or machines: FSDP2, DeepSpeed ZeRO and Ray. hellbender configures
+these engines (through accelerate and transformers' Trainer); it does not implement its own."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+StateDictType = Literal["FULL_STATE_DICT", "SHARDED_STATE_DICT"]
+
+
+class FsdpSettings(BaseModel):
+    """`fsdp_config:` — Axolotl's names; the older `fsdp_`-prefixed spellings (`fsdp_offload_params`, ...) are
+    accepted too."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    transformer_layer_cls_to_wrap: str | list[str] | None = Field(
+        None,
+        description="Class name(s) of the modules to shard one by one, usually the decoder layer "
+        "(`LlamaDecoderLayer`). Default: the model's own `_no_split_modules`.",
+    )
+    auto_wrap_policy: Literal["TRANSFORMER_BASED_WRAP"] = Field(
+        "TRANSFORMER_BASED_WRAP", description="How modules are chosen for sharding: by decoder-layer class."
+    )
+    reshard_after_forward: bool = Field(
+        True, description="Free each layer's gathered parameters after its forward (less memory, one more gather)."
+    )
+    state_dict_type: StateDictType = Field(
+        "SHARDED_STATE_DICT",
+        description="How checkpoints are written: each process its own shard (`SHARDED_STATE_DICT`, fast; "
+        "`hellbender consolidate` joins them) or one full model (`FULL_STATE_DICT`).",
+    )
+    offload_params: bool = Field(False, description="Keep sharded parameters and optimizer state in host memory.")
+    activation_checkpointing: bool = Field(
+        False, description="Same as `gradient_checkpointing: true` (hellbender's own checkpointing is used)."
+    )
+    cpu_ram_efficient_loading: bool = Field(
+        False, description="Only the first process reads the weights; the others receive their shards from it."
+    )
+    sync_module_states: bool | None = Field(None, description="Accepted for FSDP1 configs; FSDP2 ignores it.")
+    use_orig_params: bool | None = Field(None, description="Accepted for FSDP1 configs; FSDP2 ignores it.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_fsdp_prefix(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        renamed = {}
+        for key, value in raw.items():
+            name = key.removeprefix("fsdp_") if isinstance(key, str) else key
+            if name in renamed:
+                raise ValueError(f"`{key}` and `{name}` are both set in `fsdp_config`; keep one.")
+            renamed[name] = value
+        return renamed
+
+    @property
+    def layer_classes(self) -> list[str] | None:
+        names = self.transformer_layer_cls_to_wrap
+        if names is None:
+            return None
+        return [n.strip() for n in names.split(",") if n.strip()] if isinstance(names, str) else list(names)
+
+
+class DistributedSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    fsdp_version: int | None = Field(
+        None, ge=1, le=2, description="`2` shards the model with PyTorch FSDP2 (through accelerate). FSDP1 is not supported."
+    )
+    fsdp_config: FsdpSettings | None = Field(None, description="FSDP2 settings; needs `fsdp_version: 2`.")
+    fsdp: list[str] | str | None = Field(
+        None, description="FSDP1's option list (`full_shard auto_wrap`); refused: use `fsdp_version: 2`."
+    )
+    fsdp_final_state_dict_type: StateDictType | None = Field(
+        None, description="Accepted for Axolotl configs; the final model is always saved whole."
+    )
+    fp32_norms: bool = Field(
+        False,
+        description="Under FSDP2, keep RMSNorm / LayerNorm parameters (and their computation) in float32 under their "
+        "own mixed-precision policy while the rest runs in bf16/fp16.",
+    )
+    fp32_norm_classes: list[str] = Field(
+        default_factory=lambda: ["RMSNorm", "LayerNorm"],
+        description="Which modules `fp32_norms` keeps in float32: a name without a dot matches the end of the class "
+        "name (`RMSNorm` matches `LlamaRMSNorm`); a dotted name matches the full class path exactly.",
+    )
+    deepspeed: str | None = Field(
+        None,
+        description="Path to a DeepSpeed JSON config (ZeRO-2 / ZeRO-3); needs the `deepspeed` extra "
+        "(`pip install 'hellbender[deepspeed]'`).",
+    )
+    use_ray: bool = Field(
+        False,
+        description="Run training under Ray Train's TorchTrainer, one worker per process; needs the `ray` extra.",
+    )
+    ray_num_workers: int = Field(1, gt=0, description="Ray workers (training processes) with `use_ray`.")
+    ray_run_name: str | None = Field(None, description="Name of the Ray Train run; default `hellbender`.")
+
+    @field_validator("fsdp_version", "fsdp_config", "fsdp", "deepspeed", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, value: Any) -> Any:
+        """Axolotl configs often carry `deepspeed: false`, `fsdp: []` and the like, which ask for nothing."""
+        return None if value is False or value in ("", [], {}) else value
+
+    @property
+    def uses_fsdp2(self) -> bool:
+        return self.fsdp_version == 2
+
+    @property
+    def fsdp_settings(self) -> FsdpSettings:
+        return self.fsdp_config or FsdpSettings()
