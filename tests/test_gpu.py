@@ -209,3 +209,19 @@ def test_fused_cross_entropy_keeps_gradient_accumulation_exact(tmp_path):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["max_weight_difference"] < 1e-5, result
     assert result["losses"][0] == pytest.approx(result["losses"][1], rel=1e-4), result
+
+
+def test_torch_compile_trains_to_the_same_losses(tmp_path):
+    """`torch_compile: true` (the Trainer compiles the model, with hellbender's activation checkpointing inside)
+    gives the uncompiled run's losses within bf16 tolerance."""
+    common = dict(
+        adapter="lora", lora_target_linear=True, lora_dropout=0.0, bf16=True, max_steps=6, gradient_checkpointing=True
+    )
+    eager = validate_config(base_config(tmp_path / "eager", **common))
+    compiled = validate_config(base_config(tmp_path / "compiled", torch_compile=True, **common))
+    train(eager)
+    train(compiled)
+    expected, got = logged_losses(eager.output_dir), logged_losses(compiled.output_dir)
+    assert expected.keys() == got.keys()
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], rel=3e-2), (step, got, expected)

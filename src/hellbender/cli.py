@@ -97,12 +97,17 @@ def train(
 
     def action() -> None:
         cfg = load_config(config, set_)
-        if launch.needed:  # checked once here, then every process loads it again
+        if cfg.use_ray:  # Ray Train starts the training processes itself
+            from hellbender.train.ray_launch import refuse_other_launchers
+            from hellbender.train.ray_launch import train_with_ray as run_training
+
+            refuse_other_launchers(nproc, nnodes)
+        elif launch.needed:  # checked once here, then every process loads it again
             overrides = [part for item in set_ or [] for part in ("--set", item)]
             raise typer.Exit(launch.run(["train", str(config), *overrides, *(["--debug"] if debug else [])]))
+        else:
+            from hellbender.train.run import train as run_training
         _setup_logging()
-        from hellbender.train.run import train as run_training
-
         metrics = run_training(cfg)
         if metrics.get("exit_code"):  # stopped by SIGTERM / SIGINT after saving a checkpoint
             raise typer.Exit(metrics["exit_code"])
@@ -175,6 +180,37 @@ def merge_lora(
 
         target = run_merge(cfg, adapter, output, max_shard_size)
         console.print(f"[green]merged[/]: {target}", highlight=False, soft_wrap=True)
+
+    _run(debug, action)
+
+
+@app.command()
+def consolidate(
+    config: ConfigArg,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            "--checkpoint",
+            help="A `checkpoint-N` written with FSDP2 sharded state dicts (default: the newest in `output_dir`).",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", help="Where to save the whole model (default: `<output_dir>/consolidated`)."),
+    ] = None,
+    set_: SetOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Join an FSDP2 sharded checkpoint into one model (or adapter) that transformers and PEFT load."""
+    from hellbender.config import load_config
+
+    def action() -> None:
+        cfg = load_config(config, set_)
+        _setup_logging()
+        from hellbender.use.consolidate import consolidate as run_consolidate
+
+        target = run_consolidate(cfg, checkpoint, output)
+        console.print(f"[green]consolidated[/]: {target}", highlight=False, soft_wrap=True)
 
     _run(debug, action)
 

@@ -11,7 +11,7 @@ from hellbender.errors import EnvironmentProblem
 from hellbender.models.loading import torch_dtype
 from hellbender.train.deepspeed import deepspeed_config
 from hellbender.train.distributed import runs_on_cpu_processes
-from hellbender.train.fsdp import fsdp_arguments
+from hellbender.train.fsdp import check_fsdp_plugin_arguments, fsdp_arguments
 from hellbender.train.schedule import Schedule
 
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -46,7 +46,7 @@ def training_arguments(
 
     dtype = torch_dtype(cfg)
     optional = {k: v for k in ("adam_beta1", "adam_beta2", "adam_epsilon") if (v := getattr(cfg, k)) is not None}
-    return TrainingArguments(
+    args = TrainingArguments(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.micro_batch_size,
         per_device_eval_batch_size=cfg.eval_batch_size,
@@ -91,3 +91,5 @@ def training_arguments(
         **fsdp_arguments(cfg),
         **optional,
     )
+    check_fsdp_plugin_arguments(cfg, getattr(args, "fsdp_plugin_args", None))
+    return args

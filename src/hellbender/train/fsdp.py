@@ -8,6 +8,7 @@ from typing import Any
 
 from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError, EnvironmentProblem
+from hellbender.train.distributed import world_size
 
 
 def fsdp_arguments(cfg: HellbenderConfig) -> dict[str, Any]:
@@ -55,6 +56,24 @@ def check_fsdp_plugin_arguments(cfg: HellbenderConfig, plugin_args: dict[str, An
         )
 
 
+def check_fsdp_processes() -> None:
+    """FSDP2 shards over the run's GPUs; accelerate would quietly train unsharded in a single process, or on CPU."""
+    import torch
+
+    if world_size() == 1:
+        raise ConfigError(
+            "`fsdp_version: 2` shards the model over several training processes, but this run has one. Start it "
+            "with `hellbender train CONFIG --nproc N` (N GPUs; or `torchrun` / `accelerate launch -m hellbender "
+            "train CONFIG`), or remove `fsdp_version` and `fsdp_config` to train on one device."
+        )
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            "`fsdp_version: 2` needs CUDA GPUs: accelerate applies FSDP2 only on accelerators, and on CPU the "
+            "processes would train unsharded. Remove `fsdp_version` and `fsdp_config` to train with several CPU "
+            "processes (DDP over gloo)."
+        )
+
+
 def check_wrap_classes(cfg: HellbenderConfig, model: Any) -> None:
     """Every class named in `fsdp_config.transformer_layer_cls_to_wrap` must occur in the model (accelerate would
     otherwise fail only once training starts, after data preparation)."""
@@ -75,3 +94,48 @@ def check_wrap_classes(cfg: HellbenderConfig, model: Any) -> None:
             f"{type(model).__name__} does not contain. Layer classes in this model: "
             f"{', '.join(f'`{n}`' for n in layers) or '(none found)'}. Use its decoder-layer class."
         )
+
+
+def matches_norm_class(module: Any, patterns: list[str]) -> bool:
+    """A pattern without a dot matches the end of the class name (`RMSNorm` matches `LlamaRMSNorm`); a dotted one
+    matches the full class path (`transformers.models.llama.modeling_llama.LlamaRMSNorm`) exactly."""
+    cls = type(module)
+    for pattern in (p.strip() for p in patterns):
+        if not pattern:
+            continue
+        if "." in pattern:
+            if f"{cls.__module__}.{cls.__qualname__}" == pattern:
+                return True
+        elif cls.__name__.endswith(pattern):
+            return True
+    return False
+
+
+def norm_modules(model: Any, patterns: list[str]) -> list[Any]:
+    """The outermost modules matching `patterns` that hold parameters of their own (a norm without a scale has
+    nothing to keep in float32)."""
+    found: list[Any] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        if matches_norm_class(module, patterns) and any(True for _ in module.parameters(recurse=False)):
+            found.append(module)
+            inside.update(id(sub) for sub in module.modules())
+    return found
+
+
+def shard_norms_in_fp32(model: Any, patterns: list[str], compute_dtype: Any, mesh: Any = None) -> int:
+    """Shard each norm module with its own FSDP2 group whose mixed-precision policy keeps its parameters (and its
+    computation) in float32; its output is cast back to `compute_dtype` for the next layer. Done before accelerate
+    shards the decoder layers, which then leave these modules' parameters to their own group (FSDP1 required one
+    dtype per wrapped group, which is why this needs FSDP2). Returns the number of modules sharded."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=compute_dtype)
+    modules = norm_modules(model, patterns)
+    for module in modules:
+        module.to(torch.float32)
+        fully_shard(module, mesh=mesh, mp_policy=policy)
+    return len(modules)

@@ -19,11 +19,12 @@ from hellbender.models.activation_checkpointing import enable_activation_checkpo
 from hellbender.models.adapters import apply_adapter
 from hellbender.models.fixes import prepare_for_training
 from hellbender.models.kernels import apply_liger_kernels
-from hellbender.models.loading import load_model, load_tokenizer_and_processor, model_skeleton
+from hellbender.models.loading import load_model, load_tokenizer_and_processor, model_skeleton, torch_dtype
 from hellbender.train.arguments import training_arguments
 from hellbender.train.collator import CausalLMCollator
+from hellbender.train.deepspeed import deepspeed_before_loading
 from hellbender.train.distributed import is_main_process, main_process_first, world_size
-from hellbender.train.fsdp import check_wrap_classes
+from hellbender.train.fsdp import check_fsdp_processes, check_wrap_classes, shard_norms_in_fp32
 from hellbender.train.memory_watchdog import MemoryWatchdog
 from hellbender.train.multimodal_collator import MultimodalCollator
 from hellbender.train.preemption import StopOnSignal
@@ -59,17 +60,23 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
         if is_main_process():
             remove_incomplete_checkpoints(cfg.output_dir)  # a killed save's leftovers; never trusted, written again
         tokenizer, processor = load_tokenizer_and_processor(cfg)
-        if cfg.uses_fsdp2:  # before the data work: a wrong class name would otherwise fail only at the first step
+        if cfg.uses_fsdp2:  # before the data work: these would otherwise fail only at the first step
             check_wrap_classes(cfg, model_skeleton(cfg))
+            check_fsdp_processes()
         # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so
         # the Trainer must not replay the stream to skip batches itself (whatever `ignore_data_skip` says).
         streams_images = cfg.uses_streaming and processor is not None
         train_data, eval_data, data_stats = _training_data(cfg, tokenizer, processor, resume_from, streams_images)
+    _deepspeed_at_load = deepspeed_before_loading(cfg)  # ZeRO-3 partitions weights as they load; kept alive
     model = prepare_for_training(load_model(cfg, tokenizer), cfg.attn_implementation)
     apply_liger_kernels(cfg, model)  # before the adapter, so LoRA wraps the projections the fused modules call
     model = apply_adapter(cfg, model)
-    if cfg.gradient_checkpointing:  # hellbender's own setup, not the Trainer's: see activation_checkpointing.py
+    if cfg.gradient_checkpointing or (cfg.uses_fsdp2 and cfg.fsdp_settings.activation_checkpointing):
+        # hellbender's own setup, not the Trainer's nor FSDP's: see activation_checkpointing.py
         enable_activation_checkpointing(model, offload=cfg.gradient_checkpointing == "offload")
+    if cfg.fp32_norms:  # their own FSDP2 groups, before accelerate shards the decoder layers around them
+        sharded = shard_norms_in_fp32(model, cfg.fp32_norm_classes, torch_dtype(cfg))
+        logger.info("fp32_norms: %d norm modules kept in float32", sharded)
     train_rows = len(train_data) if not cfg.uses_streaming else None
     args = training_arguments(cfg, plan_schedule(cfg, train_rows, world_size()), eval_data is not None, streams_images)
     if processor is not None:

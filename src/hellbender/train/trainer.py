@@ -82,8 +82,16 @@ class HellbenderTrainer(Trainer):
                 self.state.stateful_callbacks[cls.__name__] = callback.state()
         final = Path(output_dir)
         staging = final / FINAL_STAGING
-        shutil.rmtree(staging, ignore_errors=True)
-        self.save_model(str(staging))
+        if self.args.should_save:
+            shutil.rmtree(staging, ignore_errors=True)
+        if self.is_fsdp_enabled:
+            # Always one whole model, whatever `state_dict_type` the checkpoints use. Every process takes part in
+            # gathering the shards; the main process writes.
+            state_dict = self.accelerator.get_state_dict(self.model)
+            if self.args.should_save:
+                self._save(str(staging), state_dict=state_dict)
+        else:
+            self.save_model(str(staging))
         if self.args.should_save:
             self.state.save_to_json(str(staging / "trainer_state.json"))
             write_manifest(staging, FINAL_MANIFEST)

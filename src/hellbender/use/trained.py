@@ -62,6 +62,11 @@ def find_trained(cfg: HellbenderConfig, path: str | Path | None, option: str) ->
         is_adapter = True
     elif (directory / "config.json").is_file():
         is_adapter = False
+    elif (directory / "pytorch_model_fsdp_0").is_dir():
+        raise NotATrainedModel(
+            f"`{directory}` holds FSDP2 shards (pytorch_model_fsdp_0/), one part per process. Join them first: "
+            f"`hellbender consolidate CONFIG --checkpoint {directory}`, then use the directory it writes."
+        )
     else:
         raise NotATrainedModel(
             f"`{directory}` holds neither {ADAPTER_CONFIG} (an adapter) nor config.json (a model), so there is no "

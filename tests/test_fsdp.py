@@ -1,0 +1,213 @@
+"""FSDP2: the config reaches the Trainer as written, fp32 norms get their own float32 groups, and sharded
+checkpoints consolidate into a model that transformers and PEFT load.
+
+accelerate applies FSDP2 only on accelerators, so the two-process parts here run on CPU (gloo) with
+tests/fsdp_worker.py, which shards the model as accelerate does around hellbender's own pieces. The whole path
+through the Trainer runs on two GPUs in tests/test_gpu_multi.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hellbender.cli import app
+from hellbender.config import validate_config
+from hellbender.models.loading import load_model, load_tokenizer_and_processor
+from hellbender.train.arguments import training_arguments
+from hellbender.train.fsdp import check_fsdp_plugin_arguments, matches_norm_class, norm_modules
+from hellbender.train.schedule import plan_schedule
+from tests.test_distributed import free_port
+from tests.test_training import base_config
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER = REPO / "tests" / "fsdp_worker.py"
+
+
+def fsdp_config(tmp_path: Path, **overrides) -> dict:
+    return base_config(
+        tmp_path, fsdp_version=2, fsdp_config={"transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}, **overrides
+    )
+
+
+def test_fsdp_config_reaches_the_trainer_as_written(tmp_path):
+    raw = fsdp_config(tmp_path)
+    raw["fsdp_config"] = {
+        "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",  # the older prefixed spelling
+        "fsdp_offload_params": True,
+        "reshard_after_forward": False,
+        "state_dict_type": "FULL_STATE_DICT",
+    }
+    cfg = validate_config(raw)
+    args = training_arguments(cfg, plan_schedule(cfg, 32, 2), has_eval=False)
+    plugin = args.fsdp_plugin_args
+    assert plugin["fsdp_version"] == 2
+    assert plugin["transformer_cls_names_to_wrap"] == "LlamaDecoderLayer"
+    assert plugin["cpu_offload"] is True and plugin["reshard_after_forward"] is False
+    assert plugin["state_dict_type"] == "FULL_STATE_DICT"
+    assert plugin["activation_checkpointing"] is False  # hellbender checkpoints layers itself
+
+
+def test_a_setting_the_installed_transformers_reads_differently_is_refused(tmp_path):
+    cfg = validate_config(fsdp_config(tmp_path))
+    args = training_arguments(cfg, plan_schedule(cfg, 32, 2), has_eval=False)
+    misread = {**args.fsdp_plugin_args, "fsdp_version": 1}
+    with pytest.raises(Exception, match="read hellbender's FSDP settings differently"):
+        check_fsdp_plugin_arguments(cfg, misread)
+
+
+def test_without_fsdp_the_trainer_gets_no_fsdp_arguments(tmp_path):
+    cfg = validate_config(base_config(tmp_path))
+    args = training_arguments(cfg, plan_schedule(cfg, 32, 1), has_eval=False)
+    assert not args.fsdp
+
+
+def test_fsdp_on_cpu_processes_is_refused_rather_than_silently_unsharded(monkeypatch):
+    from hellbender.errors import ConfigError
+    from hellbender.train.fsdp import check_fsdp_processes
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it; this machine has no GPU
+    with pytest.raises(ConfigError, match="needs CUDA GPUs"):
+        check_fsdp_processes()
+
+
+def test_norm_patterns_match_class_name_suffixes_or_full_paths(tmp_path):
+    cfg = validate_config(base_config(tmp_path))
+    tokenizer, _ = load_tokenizer_and_processor(cfg)
+    model = load_model(cfg, tokenizer)
+    rms = model.model.norm
+    assert matches_norm_class(rms, ["RMSNorm"])
+    assert matches_norm_class(rms, [f"{type(rms).__module__}.{type(rms).__qualname__}"])
+    assert not matches_norm_class(rms, ["transformers.RMSNorm"])  # a dotted pattern is a full path, not a suffix
+    assert not matches_norm_class(rms, ["", "  "])  # empty patterns match nothing (not everything)
+    layers = model.config.num_hidden_layers
+    assert len(norm_modules(model, ["RMSNorm"])) == 2 * layers + 1  # two per layer, one final
+    assert len(norm_modules(model, ["LayerNorm"])) == 0
+
+
+def run_workers(tmp_path: Path, raw: dict) -> dict:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(raw))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(WORKER),
+            str(config),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        },
+        timeout=300,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return json.loads((tmp_path / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fsdp-lora")
+    raw = fsdp_config(tmp, bf16=True, adapter="lora", lora_target_linear=True, lora_dropout=0.0, fp32_norms=True)
+    return tmp, raw, run_workers(tmp, raw)
+
+
+def test_fp32_norms_keep_norms_in_float32_and_the_rest_in_bfloat16(lora_run):
+    _, _, report = lora_run
+    assert report["norms"] == 5  # tiny Llama: 2 layers x 2 norms + the final norm
+    assert all(torch.isfinite(torch.tensor(report["losses"])))
+    stored, compute = report["stored"], report["compute"]
+    norm_params = {n: d for n, d in stored.items() if "norm" in n}
+    assert norm_params and set(norm_params.values()) == {"torch.float32"}
+    # During the forward (after a step), the norms compute with float32 weights, the projections with bfloat16.
+    assert compute["FSDPLlamaRMSNorm.weight"] == "torch.float32"  # FSDP2 renames the classes it shards
+    assert compute["Linear.weight"] == "torch.bfloat16"
+    assert "torch.bfloat16" in {d for n, d in stored.items() if "norm" not in n}  # the frozen base stays bf16
+
+
+def test_sharded_lora_checkpoint_consolidates_into_an_adapter_peft_loads(lora_run):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    tmp, raw, _ = lora_run
+    raw = {**raw, "output_dir": str(tmp / "run")}
+    config = tmp / "config.yml"
+    config.write_text(json.dumps(raw))
+    result = CliRunner().invoke(app, ["consolidate", str(config)])  # the newest checkpoint by default
+    assert result.exit_code == 0, result.output
+    target = tmp / "run" / "consolidated"
+    assert (target / "adapter_model.safetensors").is_file() and (target / "hellbender_model.json").is_file()
+    reference = torch.load(tmp / "reference_state_dict.pt", weights_only=True)
+    cfg = validate_config(raw)
+    base = AutoModelForCausalLM.from_pretrained(str(load_model_path(cfg)), dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, str(target))
+    got = loaded.state_dict()
+    lora_keys = [k for k in reference if "lora_" in k]
+    assert lora_keys
+    for key in lora_keys:
+        torch.testing.assert_close(got[key].float(), reference[key].float())
+
+
+def load_model_path(cfg) -> Path:
+    from hellbender.models.loading import resolve_model_path
+
+    return Path(resolve_model_path(cfg.base_model))
+
+
+def test_sharded_full_checkpoint_consolidates_into_a_model_transformers_loads(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    raw = fsdp_config(tmp_path, bf16=True)
+    run_workers(tmp_path, raw)
+    raw = {**raw, "output_dir": str(tmp_path / "run")}
+    config = tmp_path / "config.yml"
+    config.write_text(json.dumps(raw))
+    target = tmp_path / "whole"
+    result = CliRunner().invoke(
+        app,
+        ["consolidate", str(config), "--checkpoint", str(tmp_path / "run" / "checkpoint-2"), "--output", str(target)],
+    )
+    assert result.exit_code == 0, result.output
+    model = AutoModelForCausalLM.from_pretrained(str(target))
+    reference = torch.load(tmp_path / "reference_state_dict.pt", weights_only=True)
+    got = model.state_dict()
+    for key, tensor in reference.items():
+        torch.testing.assert_close(got[key], tensor.to(got[key].dtype))  # saved in the run's dtype (bf16)
+    untrained = load_model(
+        validate_config(base_config(tmp_path / "fresh", bf16=True)),
+        load_tokenizer_and_processor(validate_config(base_config(tmp_path / "fresh", bf16=True)))[0],
+    )
+    assert not torch.equal(
+        untrained.state_dict()["model.layers.0.mlp.up_proj.weight"], got["model.layers.0.mlp.up_proj.weight"]
+    )
+
+
+def test_consolidating_a_checkpoint_without_shards_says_what_it_holds(tmp_path):
+    from hellbender.train.resume import write_manifest
+
+    checkpoint = tmp_path / "out" / "checkpoint-3"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "adapter_model.safetensors").write_bytes(b"x")
+    write_manifest(checkpoint)
+    config = tmp_path / "config.yml"
+    config.write_text(json.dumps(base_config(tmp_path)))
+    result = CliRunner().invoke(app, ["consolidate", str(config)])
+    assert result.exit_code == 2
+    assert "holds no sharded weights" in result.stderr and "checkpoint-3" in result.stderr

@@ -1,0 +1,204 @@
+"""FSDP2 through the Trainer on two GPUs, with a Llama-3.2-1B-shaped model (random weights, the tiny tokenizer):
+full fine-tuning and LoRA train, save sharded checkpoints, resume exactly and consolidate into a model that plain
+transformers / PEFT load; `fp32_norms` keeps the norms in float32 while the rest computes in bfloat16.
+
+Skipped without two CUDA GPUs. Each run is a real `torchrun` of tests/train_worker.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_distributed import free_port
+from tests.test_training import CHAT_DATA, logged_losses
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"),
+]
+REPO = Path(__file__).resolve().parent.parent
+WORKER = REPO / "tests" / "train_worker.py"
+LLAMA_1B = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    tie_word_embeddings=True,
+    rope_theta=500000.0,
+    max_position_embeddings=8192,
+)
+
+
+@pytest.fixture(scope="module")
+def llama_1b(tmp_path_factory, tiny_tokenizer) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    target = tmp_path_factory.mktemp("llama-1b")
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(LlamaConfig(**LLAMA_1B, pad_token_id=tiny_tokenizer.pad_token_id)).to(torch.bfloat16)
+    model.save_pretrained(target)
+    tiny_tokenizer.save_pretrained(target)
+    del model
+    torch.cuda.empty_cache()
+    return target
+
+
+def config(tmp_path: Path, model: Path, **overrides) -> dict:
+    raw = {
+        "base_model": str(model),
+        "datasets": [{"path": CHAT_DATA, "type": "chat_template"}],
+        "sequence_len": 512,
+        "sample_packing": True,
+        "micro_batch_size": 2,
+        "max_steps": 4,
+        "save_steps": 2,
+        "logging_steps": 1,
+        "learning_rate": 1e-4,
+        "lr_scheduler": "constant",
+        "bf16": True,
+        "gradient_checkpointing": True,
+        "fsdp_version": 2,
+        "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "state_dict_type": "SHARDED_STATE_DICT"},
+        "output_dir": str(tmp_path / "out"),
+        "dataset_prepared_path": str(tmp_path / "prepared"),
+    }
+    raw.update(overrides)
+    return raw
+
+
+def torchrun(tmp_path: Path, raw: dict, name: str) -> dict:
+    config_file = tmp_path / f"{name}.json"
+    config_file.write_text(json.dumps(raw))
+    result = tmp_path / f"{name}.result.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(WORKER),
+            str(config_file),
+            str(result),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+        timeout=600,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
+    return json.loads(result.read_text())
+
+
+def consolidate(raw: dict, tmp_path: Path, checkpoint: Path, target: Path) -> None:
+    config_file = tmp_path / "consolidate.json"
+    config_file.write_text(json.dumps(raw))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hellbender",
+            "consolidate",
+            str(config_file),
+            "--checkpoint",
+            str(checkpoint),
+            "--output",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def assert_resumes_exactly(tmp_path: Path, raw: dict, losses: dict[int, float]) -> None:
+    """A second run started from checkpoint-2 logs the same losses for steps 3-4 as the uninterrupted run."""
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(Path(raw["output_dir"]) / "checkpoint-2", resumed_dir / "checkpoint-2")
+    torchrun(tmp_path, {**raw, "output_dir": str(resumed_dir), "auto_resume_from_checkpoints": True}, "resumed")
+    resumed = logged_losses(resumed_dir)
+    for step in (3, 4):
+        assert resumed[step] == pytest.approx(losses[step], rel=2e-2), (step, resumed, losses)
+
+
+def test_fsdp2_full_fine_tune_saves_resumes_and_consolidates(tmp_path, llama_1b):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    raw = config(tmp_path, llama_1b)
+    torchrun(tmp_path, raw, "full")
+    out = Path(raw["output_dir"])
+    losses = logged_losses(out)
+    assert all(torch.isfinite(torch.tensor(list(losses.values()))))
+    assert (out / "checkpoint-2" / "pytorch_model_fsdp_0").is_dir()  # sharded, one part per process
+    final = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)  # the final model is saved whole
+    assert_resumes_exactly(tmp_path, raw, losses)
+    target = tmp_path / "consolidated"
+    consolidate(raw, tmp_path, out / "checkpoint-4", target)
+    joined = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16)
+    for name, tensor in final.state_dict().items():  # checkpoint-4 and the final model are the same weights
+        torch.testing.assert_close(joined.state_dict()[name], tensor, rtol=0, atol=0)
+    base = load_file(llama_1b / "model.safetensors")
+    key = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(base[key], joined.state_dict()[key])  # trained, not the starting weights
+
+
+def test_fsdp2_lora_saves_resumes_and_consolidates(tmp_path, llama_1b):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    raw = config(
+        tmp_path,
+        llama_1b,
+        adapter="lora",
+        lora_r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        lora_target_linear=True,
+        learning_rate=1e-3,
+    )
+    torchrun(tmp_path, raw, "lora")
+    out = Path(raw["output_dir"])
+    losses = logged_losses(out)
+    assert all(torch.isfinite(torch.tensor(list(losses.values()))))
+    assert (out / "adapter_model.safetensors").is_file()
+    assert_resumes_exactly(tmp_path, raw, losses)
+    target = tmp_path / "consolidated"
+    consolidate(raw, tmp_path, out / "checkpoint-4", target)
+    final = load_file(out / "adapter_model.safetensors")
+    joined = load_file(target / "adapter_model.safetensors")
+    assert set(final) == set(joined) and any("lora_B" in k for k in final)
+    for name, tensor in final.items():
+        torch.testing.assert_close(joined[name], tensor, rtol=0, atol=0)
+    base = AutoModelForCausalLM.from_pretrained(llama_1b, dtype=torch.bfloat16, device_map="cuda")
+    model = PeftModel.from_pretrained(base, str(target))
+    assert torch.isfinite(model(torch.tensor([[5, 6, 7, 8]], device="cuda")).logits).all()
+
+
+def test_fp32_norms_keep_norms_float32_while_the_rest_runs_in_bfloat16(tmp_path, llama_1b):
+    raw = config(tmp_path, llama_1b, fp32_norms=True, max_steps=2, save_steps=10)
+    result = torchrun(tmp_path, raw, "fp32-norms")
+    stored, compute = result["stored"], result["compute"]
+    norms = {n: d for n, d in stored.items() if n.endswith("norm.weight")}
+    assert len(norms) == 2 * LLAMA_1B["num_hidden_layers"] + 1
+    assert set(norms.values()) == {"torch.float32"}
+    assert set(d for n, d in compute.items() if n.endswith("norm.weight")) == {"torch.float32"}
+    others = {n: d for n, d in compute.items() if not n.endswith("norm.weight")}
+    assert "torch.bfloat16" in others.values(), others  # two precision groups, not a model run all in float32
+    assert others["model.layers.0.self_attn.q_proj.weight"] == "torch.bfloat16"
