@@ -7,6 +7,7 @@ from pathlib import Path
 from hellbender.chat_templates import TEMPLATE_NAMES
 from hellbender.config.data import CHAT_ROLES
 from hellbender.config.schema import HellbenderConfig
+from hellbender.train.deepspeed import deepspeed_problems
 
 
 def find_conflicts(cfg: HellbenderConfig) -> list[str]:
@@ -140,8 +141,7 @@ def find_path_problems(cfg: HellbenderConfig, prepared_path_is_default: bool = F
                 f"`{key}: {value}` cannot be created: `{blocker}` is a file. Point `{key}` at a directory (or a path "
                 "that does not exist yet)."
             )
-    if cfg.deepspeed and not Path(cfg.deepspeed).is_file():
-        problems.append(f"`deepspeed: {cfg.deepspeed}`: no such file. Point it at a DeepSpeed JSON config.")
+    problems += deepspeed_problems(cfg)  # the file, its contents, and the optional package
     return problems
 
 
