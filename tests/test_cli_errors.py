@@ -87,8 +87,8 @@ def test_unknown_key_in_dataset_entry(tmp_path):
 
 
 def test_unsupported_axolotl_key(tmp_path):
-    config = make_config(tmp_path, dataset_entry(tmp_path / "x.jsonl", "completion") + "deepspeed: ds.json\n")
-    assert_user_error(invoke("train", config), "`deepspeed` is not supported yet")
+    config = make_config(tmp_path, dataset_entry(tmp_path / "x.jsonl", "completion") + "neftune_noise_alpha: 5\n")
+    assert_user_error(invoke("train", config), "`neftune_noise_alpha` is not supported yet")
 
 
 def test_wrong_type(tmp_path):

@@ -158,7 +158,9 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
         raise EnvironmentProblem(
             f"Loading `{source}` with `attn_implementation: {cfg.attn_implementation}` failed: {exc}"
         ) from None
-    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+    embeddings = model.get_input_embeddings().weight
+    # Under DeepSpeed ZeRO-3 the local tensor is an empty shard; `ds_shape` is the whole matrix's shape.
+    if len(tokenizer) > getattr(embeddings, "ds_shape", embeddings.shape)[0]:
         model.resize_token_embeddings(len(tokenizer))
     text_config = model.config.get_text_config()
     if text_config.pad_token_id is None:

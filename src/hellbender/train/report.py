@@ -59,8 +59,8 @@ class RunReport(TrainerCallback):
         self.started = self._drawn_at = time.monotonic()
         self.first_step = state.global_step
         if model is not None:
-            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-            self.parameters = (trainable, sum(p.numel() for p in model.parameters()))
+            trainable = sum(_numel(p) for p in model.parameters() if p.requires_grad)
+            self.parameters = (trainable, sum(_numel(p) for p in model.parameters()))
         if state.max_steps and state.global_step >= state.max_steps:
             # Resumed from the last checkpoint: no step runs and training ends without `on_train_end`.
             self.write(Path(args.output_dir), state, "end")
@@ -359,3 +359,8 @@ def _duration(seconds: float) -> str:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+def _numel(parameter: Any) -> int:
+    """Elements of the whole parameter: under DeepSpeed ZeRO-3 the local tensor is an empty shard."""
+    return int(getattr(parameter, "ds_numel", parameter.numel()))

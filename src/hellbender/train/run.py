@@ -70,6 +70,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     _deepspeed_at_load = deepspeed_before_loading(cfg)  # ZeRO-3 partitions weights as they load; kept alive
     model = prepare_for_training(load_model(cfg, tokenizer), cfg.attn_implementation)
     apply_liger_kernels(cfg, model)  # before the adapter, so LoRA wraps the projections the fused modules call
+    set_seed(cfg.seed)  # the adapter's initial weights must not depend on what loading drew from the RNG
     model = apply_adapter(cfg, model)
     if cfg.gradient_checkpointing or (cfg.uses_fsdp2 and cfg.fsdp_settings.activation_checkpointing):
         # hellbender's own setup, not the Trainer's nor FSDP's: see activation_checkpointing.py
