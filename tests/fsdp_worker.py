@@ -74,7 +74,10 @@ def main(config_path: str, result_dir: str) -> None:
 
     out = Path(result_dir)
     checkpoint = out / "run" / "checkpoint-2"
-    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(checkpoint / "pytorch_model_fsdp_0"))
+    sharded = get_model_state_dict(model)
+    if cfg.adapter:  # accelerate's FSDP2 checkpoints of a PEFT model leave the adapter's name out of its keys
+        sharded = {key.replace(".default.", "."): tensor for key, tensor in sharded.items()}
+    dcp.save({"model": sharded}, checkpoint_id=str(checkpoint / "pytorch_model_fsdp_0"))
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         write_manifest(checkpoint)

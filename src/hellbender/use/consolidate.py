@@ -96,6 +96,7 @@ def _load_weights(model: Any, state_dict: dict[str, Any], source: Path) -> None:
     """Every saved tensor must land in the model (names and shapes), and every trained parameter must come from
     the checkpoint: anything else means the config is not the one the checkpoint was trained with."""
     expected = model.state_dict()
+    state_dict = _with_adapter_names(model, state_dict, expected)
     unexpected = sorted(set(state_dict) - set(expected))
     wrong_shape = sorted(
         name for name, tensor in state_dict.items() if name in expected and tensor.shape != expected[name].shape
@@ -116,6 +117,17 @@ def _load_weights(model: Any, state_dict: dict[str, Any], source: Path) -> None:
             f"config the run was trained with (its output_dir holds it as hellbender_config.yml)."
         )
     model.load_state_dict(state_dict, strict=False)
+
+
+def _with_adapter_names(model: Any, state_dict: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
+    """PEFT names an adapter's weights with the adapter's name (`lora_A.default.weight`); accelerate's FSDP2
+    checkpoints of a PEFT model leave it out (`lora_A.weight`, seen with accelerate 1.15 on two H100s). Both
+    spellings are read."""
+    names = list(getattr(model, "peft_config", {}) or {})
+    aliases = {key.replace(f".{name}.", "."): key for key in expected for name in names if f".{name}." in key}
+    return {
+        (aliases[key] if key not in expected and key in aliases else key): tensor for key, tensor in state_dict.items()
+    }
 
 
 def _save(model: Any, tokenizer_or_processor: Any, target: Path) -> None:
