@@ -25,6 +25,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_torchrun(script: Path, *args: str, timeout: float = 300, **env: str) -> None:
+    """`script ARGS` in two torchrun processes, with this repository importable; fails the test with their output."""
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(script),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env},
+        timeout=timeout,
+        cwd=repo,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
+
+
 def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_path):
     common = dict(adapter="lora", lora_target_linear=True, max_steps=4, lora_dropout=0.0, save_steps=2)
     single = validate_config(base_config(tmp_path / "single", micro_batch_size=4, **common))

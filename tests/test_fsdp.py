@@ -9,9 +9,6 @@ through the Trainer runs on two GPUs in tests/test_gpu_multi.py.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +21,7 @@ from hellbender.models.loading import load_model, load_tokenizer_and_processor
 from hellbender.train.arguments import training_arguments
 from hellbender.train.fsdp import check_fsdp_plugin_arguments, matches_norm_class, norm_modules
 from hellbender.train.schedule import plan_schedule
-from tests.test_distributed import free_port
+from tests.test_distributed import run_torchrun
 from tests.test_training import base_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -95,30 +92,7 @@ def test_norm_patterns_match_class_name_suffixes_or_full_paths(tmp_path):
 def run_workers(tmp_path: Path, raw: dict) -> dict:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(raw))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port()),
-            str(WORKER),
-            str(config),
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        env={
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        },
-        timeout=300,
-        cwd=REPO,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    run_torchrun(WORKER, str(config), str(tmp_path), OMP_NUM_THREADS="1")
     return json.loads((tmp_path / "report.json").read_text())
 
 

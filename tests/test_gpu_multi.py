@@ -8,7 +8,6 @@ Skipped without two CUDA GPUs. Each run is a real `torchrun` of tests/train_work
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_distributed import free_port
+from tests.test_distributed import run_torchrun
 from tests.test_training import CHAT_DATA, logged_losses
 
 pytestmark = [
@@ -81,26 +80,7 @@ def torchrun(tmp_path: Path, raw: dict, name: str) -> dict:
     config_file = tmp_path / f"{name}.json"
     config_file.write_text(json.dumps(raw))
     result = tmp_path / f"{name}.result.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port()),
-            str(WORKER),
-            str(config_file),
-            str(result),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
-        timeout=600,
-        cwd=REPO,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
+    run_torchrun(WORKER, str(config_file), str(result), timeout=600)
     return json.loads(result.read_text())
 
 

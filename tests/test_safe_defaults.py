@@ -95,3 +95,20 @@ def test_a_checkpoint_that_would_run_code_when_unpickled_is_refused_without_runn
     ):
         train(cfg)
     assert not marker.exists()
+
+
+def test_background_loaders_are_the_default_only_for_prepared_images_on_a_gpu(tmp_path):
+    from hellbender.train.arguments import dataloader_workers
+
+    vlm = dict(
+        base_model="hellbender/tiny-qwen2.5-vl",
+        processor_type="AutoProcessor",
+        datasets=[{"path": "data/vlm.jsonl", "type": "chat_template"}],
+    )
+    text = validate_config(base_config(tmp_path))
+    images = validate_config(base_config(tmp_path, **vlm))
+    assert dataloader_workers(text) == 0
+    # This machine has no GPU: image rows stay in the training process too (workers pay off only beside a GPU).
+    assert dataloader_workers(images) == (4 if torch.cuda.is_available() else 0)
+    assert dataloader_workers(validate_config(base_config(tmp_path, dataloader_num_workers=2, **vlm))) == 2
+    assert dataloader_workers(validate_config(base_config(tmp_path, dataloader_num_workers=0, **vlm))) == 0

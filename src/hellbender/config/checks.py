@@ -243,6 +243,13 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "other tensors than hellbender's checkpointed layers recompute, and backward fails (seen with torch 2.11 "
             "on an H100). Turn one of them off (`gradient_checkpointing: false`, or `torch_compile: false`)."
         )
+    liger = sorted(k for k in type(cfg).model_fields if k.startswith("liger_") and getattr(cfg, k))
+    if cfg.torch_compile and liger:
+        problems.append(
+            f"`torch_compile: true` with Liger's kernels ({', '.join(f'`{k}`' for k in liger)}) is not supported yet: "
+            "compiling them failed with a CUDA illegal memory access on an H100 (torch 2.11, liger-kernel 0.8.5). "
+            "Use one or the other."
+        )
     if cfg.uses_fsdp2 and cfg.deepspeed:
         problems.append("`deepspeed` and `fsdp_version: 2` are both set; choose one engine.")
     if cfg.uses_fsdp2 and cfg.load_in_4bit:

@@ -67,7 +67,10 @@ class DistributedSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     fsdp_version: int | None = Field(
-        None, ge=1, le=2, description="`2` shards the model with PyTorch FSDP2 (through accelerate). FSDP1 is not supported."
+        None,
+        ge=1,
+        le=2,
+        description="`2` shards the model with PyTorch FSDP2 (through accelerate). FSDP1 is not supported.",
     )
     fsdp_config: FsdpSettings | None = Field(None, description="FSDP2 settings; needs `fsdp_version: 2`.")
     fsdp: list[str] | str | None = Field(
