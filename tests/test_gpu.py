@@ -223,3 +223,30 @@ def test_torch_compile_trains_to_the_same_losses(tmp_path):
     assert expected.keys() == got.keys()
     for step in expected:
         assert got[step] == pytest.approx(expected[step], rel=3e-2), (step, got, expected)
+
+
+def test_tiled_mlp_matches_the_untiled_loss_and_gradients_in_bf16_autocast(tmp_path):
+    """On the GPU the shards' backward runs under the forward's autocast and CUDA random state."""
+    import copy
+
+    from hellbender.models.adapters import apply_adapter
+    from hellbender.models.loading import load_model, load_tokenizer_and_processor
+    from hellbender.models.tiled_mlp import tile_mlps
+
+    cfg = validate_config(base_config(tmp_path, adapter="lora", lora_target_linear=True, lora_dropout=0.0))
+    tokenizer, _ = load_tokenizer_and_processor(cfg)
+    plain = apply_adapter(cfg, load_model(cfg, tokenizer)).cuda().train()
+    tiled = copy.deepcopy(plain)
+    tile_mlps(tiled, shards=4)
+    ids = torch.randint(3, 250, (1, 512), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    results = []
+    for model in (plain, tiled):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (expected_loss, expected), (loss, got) = results
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-2, atol=1e-3)
+    for name, grad in expected.items():
+        rel = (got[name].float() - grad.float()).norm() / grad.float().norm().clamp_min(1e-12)
+        assert rel < 3e-2, (name, float(rel))

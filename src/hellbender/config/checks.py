@@ -250,6 +250,13 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "compiling them failed with a CUDA illegal memory access on an H100 (torch 2.11, liger-kernel 0.8.5). "
             "Use one or the other."
         )
+    if cfg.tiled_mlp and (cfg.uses_fsdp2 or cfg.deepspeed):
+        problems.append(
+            "`tiled_mlp` with FSDP2 or DeepSpeed is not supported yet: it back-propagates each MLP shard inside the "
+            "layer's backward, which their gradient hooks do not expect. Use `tiled_mlp` on one GPU."
+        )
+    if cfg.tiled_mlp_num_shards is not None and not cfg.tiled_mlp:
+        problems.append("`tiled_mlp_num_shards` is set but `tiled_mlp` is not: add `tiled_mlp: true`, or remove it.")
     if cfg.uses_fsdp2 and cfg.deepspeed:
         problems.append("`deepspeed` and `fsdp_version: 2` are both set; choose one engine.")
     if cfg.uses_fsdp2 and cfg.load_in_4bit:

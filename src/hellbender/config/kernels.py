@@ -18,6 +18,14 @@ class KernelSettings(BaseModel):
         False,
         description="Liger's fused LM head + cross-entropy: the [tokens x vocab] logits are never materialised.",
     )
+    tiled_mlp: bool = Field(
+        False,
+        description="Run each decoder layer's MLP over the sequence in shards, forward and backward, so its wide "
+        "activations exist for one shard at a time: for very long sequences on one GPU (not with several processes).",
+    )
+    tiled_mlp_num_shards: int | None = Field(
+        None, gt=0, description="Shards per MLP call with `tiled_mlp`; default about one per `hidden_size` tokens."
+    )
     torch_compile: bool = Field(
         False,
         description="Compile the model with `torch.compile` (the first steps are slower while it compiles; needs "

@@ -20,6 +20,7 @@ from hellbender.models.adapters import apply_adapter
 from hellbender.models.fixes import prepare_for_training
 from hellbender.models.kernels import apply_liger_kernels
 from hellbender.models.loading import load_model, load_tokenizer_and_processor, model_skeleton, torch_dtype
+from hellbender.models.tiled_mlp import tile_mlps
 from hellbender.train.arguments import training_arguments
 from hellbender.train.collator import CausalLMCollator
 from hellbender.train.deepspeed import deepspeed_before_loading
@@ -56,6 +57,12 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     if not is_main_process():  # one process reports; the others speak only of problems
         logger.setLevel(logging.WARNING)
     resume_from = checkpoint_to_resume(cfg)  # checked first, so a bad path fails before any work
+    if cfg.tiled_mlp and world_size() > 1:
+        raise ConfigError(
+            f"`tiled_mlp` runs in one training process only, and this run has {world_size()}: its MLP shards "
+            "back-propagate inside the layer's backward, which DDP's gradient hooks do not expect. Train on one GPU, "
+            "or remove `tiled_mlp`."
+        )
     with main_process_first():  # the main process tidies, builds and caches; the others then read its results
         if is_main_process():
             remove_incomplete_checkpoints(cfg.output_dir)  # a killed save's leftovers; never trusted, written again
@@ -72,6 +79,8 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     apply_liger_kernels(cfg, model)  # before the adapter, so LoRA wraps the projections the fused modules call
     set_seed(cfg.seed)  # the adapter's initial weights must not depend on what loading drew from the RNG
     model = apply_adapter(cfg, model)
+    if cfg.tiled_mlp:  # after Liger and the adapter: tiles whatever forward the MLPs have by now
+        logger.info("tiled_mlp: %d MLPs run in shards", tile_mlps(model, cfg.tiled_mlp_num_shards))
     if cfg.gradient_checkpointing or (cfg.uses_fsdp2 and cfg.fsdp_settings.activation_checkpointing):
         # hellbender's own setup, not the Trainer's nor FSDP's: see activation_checkpointing.py
         enable_activation_checkpointing(model, offload=cfg.gradient_checkpointing == "offload")
