@@ -236,8 +236,7 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`fp32_norms` and `fsdp_config.cpu_ram_efficient_loading` cannot be combined yet: the norm layers are "
             "sharded before the weights are spread from the first process. Set one of them to false."
         )
-    checkpointing = cfg.gradient_checkpointing or (cfg.uses_fsdp2 and cfg.fsdp_settings.activation_checkpointing)
-    if cfg.torch_compile and checkpointing:
+    if cfg.torch_compile and cfg.checkpoints_activations:
         problems.append(
             "`torch_compile: true` with activation checkpointing is not supported yet: the compiled forward saves "
             "other tensors than hellbender's checkpointed layers recompute, and backward fails (seen with torch 2.11 "

@@ -39,5 +39,11 @@ class HellbenderConfig(
         return self.liger_fused_linear_cross_entropy
 
     @property
+    def checkpoints_activations(self) -> bool:
+        """Activation checkpointing is on: `gradient_checkpointing`, or FSDP2's `activation_checkpointing` (both run
+        hellbender's own checkpointing)."""
+        return bool(self.gradient_checkpointing) or (self.uses_fsdp2 and self.fsdp_settings.activation_checkpointing)
+
+    @property
     def has_eval_data(self) -> bool:
         return bool(self.test_datasets) or self.val_set_size > 0

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-ATTRIBUTE = "_hellbender_tiled_mlp"  # set on each tiled MLP: its shard count (None: chosen from the input)
+ATTRIBUTE = "_hellbender_tiled_mlp"  # marks an MLP already tiled
 DECODER_MLP = re.compile(r"(^|\.)layers\.\d+\.mlp$")
 
 
@@ -56,8 +56,9 @@ class _TiledMLPFunction(torch.autograd.Function):
                     out = ctx.forward(part)
                 if out.requires_grad:
                     torch.autograd.backward(out, grad_part)  # parameter gradients accumulate in .grad
-                grads.append(part.grad if part.grad is not None else torch.zeros_like(part))
-        grad_x = torch.cat(grads, dim=-2) if x.requires_grad else None
+                if x.requires_grad:
+                    grads.append(part.grad if part.grad is not None else torch.zeros_like(part))
+        grad_x = torch.cat(grads, dim=-2) if grads else None
         return (grad_x, None, None) + (None,) * (len(ctx.needs_input_grad) - 3)
 
 
@@ -98,7 +99,7 @@ def tile_mlps(model: torch.nn.Module, shards: int | None = None) -> int:
     count = 0
     for name, module in model.named_modules():
         if DECODER_MLP.search(name) and not hasattr(module, ATTRIBUTE):
-            setattr(module, ATTRIBUTE, shards)
+            setattr(module, ATTRIBUTE, True)
             module.forward = _tiled_forward(module, module.forward, shards)
             count += 1
     return count

@@ -81,8 +81,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     model = apply_adapter(cfg, model)
     if cfg.tiled_mlp:  # after Liger and the adapter: tiles whatever forward the MLPs have by now
         logger.info("tiled_mlp: %d MLPs run in shards", tile_mlps(model, cfg.tiled_mlp_num_shards))
-    if cfg.gradient_checkpointing or (cfg.uses_fsdp2 and cfg.fsdp_settings.activation_checkpointing):
-        # hellbender's own setup, not the Trainer's nor FSDP's: see activation_checkpointing.py
+    if cfg.checkpoints_activations:  # hellbender's own setup, not the Trainer's nor FSDP's: activation_checkpointing.py
         enable_activation_checkpointing(model, offload=cfg.gradient_checkpointing == "offload")
     if cfg.fp32_norms:  # their own FSDP2 groups, before accelerate shards the decoder layers around them
         sharded = shard_norms_in_fp32(model, cfg.fp32_norm_classes, torch_dtype(cfg))
