@@ -602,6 +602,13 @@ def environment() -> dict[str, Any]:
     }
 
 
+def peak_rss_gib() -> float:
+    """This process's peak resident host memory (offloaded activations live there, in pinned pages)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
 class StepRecorder:
     """Times every optimizer step and counts its tokens and model FLOPs; prints one progress line per step."""
 
@@ -690,6 +697,7 @@ class StepRecorder:
             line += f", MFU {flops / seconds / (self.peak * 1e12):.1%}"
         if self.cuda:
             line += f", peak {torch.cuda.max_memory_allocated() / GIB:.1f} GiB"
+        line += f", host {peak_rss_gib():.1f} GiB"
         print(line + (" (warm-up)" if step <= self.warmup else ""), flush=True)
 
     def on_train_end(self) -> None:
@@ -730,6 +738,7 @@ class StepRecorder:
             "peak_tflops": self.peak,
             "peak_allocated_gib": self.peak_allocated / GIB if self.peak_allocated is not None else None,
             "peak_reserved_gib": self.peak_reserved / GIB if self.peak_reserved is not None else None,
+            "peak_host_gib": peak_rss_gib(),
         }
         if steady:
             result["tokens_per_s"] = statistics.median(s["tokens"] / s["seconds"] for s in steady)
@@ -1235,9 +1244,16 @@ def w4_search(runner: Runner, w: Workload, variant: str, budget_s: float) -> dic
         fits = bool(result.get("ok"))
         reason = "fits" if fits else result.get("reason", "failed")
         trials.append(
-            {"seq": seq, "result": reason, "seconds": last_duration, "peak_gib": result.get("peak_allocated_gib")}
+            {
+                "seq": seq,
+                "result": reason,
+                "seconds": last_duration,
+                "peak_gib": result.get("peak_allocated_gib"),
+                "peak_host_gib": result.get("peak_host_gib"),
+            }
         )
-        print(f"[W4 {variant}] seq {seq:,}: {reason} ({last_duration:.0f} s)", flush=True)
+        peak = f", peak {result['peak_allocated_gib']:.1f} GiB" if result.get("peak_allocated_gib") else ""
+        print(f"[W4 {variant}] seq {seq:,}: {reason} ({last_duration:.0f} s{peak})", flush=True)
         if fits:
             ok, best = seq, result
         elif reason == "timeout" and left < args.w4_trial_timeout_s:  # cut by the budget, not by this length

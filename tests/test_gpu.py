@@ -43,9 +43,14 @@ def test_qlora_trains_a_4bit_base_and_saves_a_loadable_adapter(tmp_path, tiny_mo
             import bitsandbytes as bnb
 
             seen["4bit_layers"] = sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
+            seen["frozen_dtypes"] = {
+                p.dtype for p in model.parameters() if not p.requires_grad and p.__class__.__name__ != "Params4bit"
+            }
 
     train(cfg, callbacks=[Inspect()])
     assert seen["4bit_layers"] > 0
+    # Embeddings, head and norms stay in the run's dtype (no float32 upcast of the unquantized weights).
+    assert seen["frozen_dtypes"] == {torch.bfloat16}
     losses = list(logged_losses(cfg.output_dir).values())
     assert all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
@@ -146,25 +151,37 @@ def test_head_dim_512_attention_at_8k_tokens_avoids_the_math_kernel():
 
 
 def test_offloaded_checkpointing_gives_the_same_gradients_on_gpu():
+    """Through pinned slabs and the side stream, over two steps (the second reuses the first's slabs), with hidden
+    states spanning several slabs."""
     from transformers import AutoModelForCausalLM
 
-    from hellbender.models.activation_checkpointing import enable_activation_checkpointing
+    from hellbender.models.activation_checkpointing import enable_activation_checkpointing, offloader_of
     from hellbender.models.tiny import tiny_model_dir
 
-    ids = torch.randint(10, 200, (2, 40), generator=torch.Generator().manual_seed(0)).cuda()
+    batches = [torch.randint(10, 200, (2, 40), generator=torch.Generator().manual_seed(s)).cuda() for s in (0, 1)]
 
-    def grads(mode: str | None) -> dict[str, torch.Tensor]:
+    def grads(mode: str | None) -> tuple[list[dict[str, torch.Tensor]], int]:
+        torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("hellbender/tiny-gemma4"), dtype=torch.float32)
         model.cuda().train()
         if mode is not None:
             enable_activation_checkpointing(model, offload=mode == "offload")
-        model(input_ids=ids, labels=ids).loss.backward()
-        return {n: p.grad for n, p in model.named_parameters()}
+        offloader = offloader_of(model)
+        if offloader is not None:
+            offloader.slab_bytes, offloader.min_bytes = 4096, 0
+        steps = []
+        for ids in batches:
+            model(input_ids=ids, labels=ids).loss.backward()
+            steps.append({n: p.grad.clone() for n, p in model.named_parameters()})
+            model.zero_grad()
+        return steps, offloader.host_bytes if offloader is not None else 0
 
-    plain, checkpointed, offloaded = grads(None), grads("checkpoint"), grads("offload")
-    for name, grad in plain.items():
-        torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=1e-5, msg=name)
-        torch.testing.assert_close(offloaded[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+    (plain, _), (checkpointed, _), (offloaded, host_bytes) = grads(None), grads("checkpoint"), grads("offload")
+    assert host_bytes > 0
+    for step, expected in enumerate(plain):
+        for name, grad in expected.items():
+            torch.testing.assert_close(checkpointed[step][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+            torch.testing.assert_close(offloaded[step][name], grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("family", ["hellbender/tiny-llama", "hellbender/tiny-gemma4"])

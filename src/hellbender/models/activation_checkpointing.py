@@ -23,11 +23,13 @@ from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
-import torch
 from torch.utils.checkpoint import checkpoint
+
+from hellbender.models.activation_offload import ActivationOffloader
 
 MUTABLE_CONTAINERS = (MutableMapping, MutableSequence, MutableSet)
 CHANNEL_ATTRIBUTE = "hellbender_checkpoint_side_channel"
+OFFLOADER_ATTRIBUTE = "hellbender_activation_offloader"
 
 
 class SideChannel:
@@ -85,18 +87,17 @@ class _ReplayWithSideChannel:
         return self.func(*self.args, *positional, **self.keywords, **keywords)
 
 
-def checkpoint_function(channel: SideChannel | None, offload: bool) -> Callable[..., Any]:
+def checkpoint_function(channel: SideChannel | None, offloader: ActivationOffloader | None) -> Callable[..., Any]:
     """What each checkpointed layer calls as `_gradient_checkpointing_func(layer_call, *args)`.
 
     Always non-reentrant: reentrant checkpointing runs the forward without a graph, so a layer reading K/V that an
-    earlier layer stored (Gemma 4) sends no gradient back to it. `offload` keeps each layer's saved inputs in
-    (pinned) host memory until backward. `channel=None` turns the routing off (for comparison in tests)."""
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    earlier layer stored (Gemma 4) sends no gradient back to it. With an `offloader`, each layer's saved inputs
+    wait in host memory until backward. `channel=None` turns the routing off (for comparison in tests)."""
 
     def run(function: Callable, *args: Any, **kwargs: Any) -> Any:
         if channel is not None:
             function, args = _route_mutable_arguments(function, args, channel)
-        with torch.autograd.graph.save_on_cpu(pin_memory=device_type == "cuda") if offload else nullcontext():
+        with offloader.hooks() if offloader is not None else nullcontext():
             return checkpoint(function, *args, use_reentrant=False, **kwargs)
 
     return run
@@ -130,8 +131,9 @@ def enable_activation_checkpointing(model: Any, offload: bool = False, side_chan
             "Set `gradient_checkpointing: false`."
         )
     channel = SideChannel()
+    offloader = ActivationOffloader() if offload else None
     base._set_gradient_checkpointing(
-        enable=True, gradient_checkpointing_func=checkpoint_function(channel if side_channel else None, offload)
+        enable=True, gradient_checkpointing_func=checkpoint_function(channel if side_channel else None, offloader)
     )
     if getattr(base.config, "use_cache", None):
         base.config.use_cache = False
@@ -139,8 +141,15 @@ def enable_activation_checkpointing(model: Any, offload: bool = False, side_chan
     base.enable_input_require_grads()
     setattr(model, CHANNEL_ATTRIBUTE, channel)
     model.register_forward_pre_hook(lambda module, args: channel.clear())
+    if offloader is not None:
+        setattr(model, OFFLOADER_ATTRIBUTE, offloader)
+        model.register_forward_pre_hook(lambda module, args: offloader.new_step())
     return channel
 
 
 def side_channel_of(model: Any) -> SideChannel | None:
     return getattr(model, CHANNEL_ATTRIBUTE, None)
+
+
+def offloader_of(model: Any) -> ActivationOffloader | None:
+    return getattr(model, OFFLOADER_ATTRIBUTE, None)

@@ -92,11 +92,12 @@ def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
     if cfg.adapter is None:
         return model
     check_peft_version(cfg)
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from peft import LoraConfig, get_peft_model
 
-    if cfg.adapter == "qlora":
-        # Checkpointing is enabled later, by hellbender (train/run.py), for every kind of training.
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    # QLoRA keeps the weights that are not quantized (embeddings, output head, norms) in the run's dtype, as LoRA
+    # does. PEFT's `prepare_model_for_kbit_training` would cast them to float32: on an 8B model that is 4 GiB
+    # more for the embeddings and head, a float32 residual stream (twice the activation memory) and a float32
+    # output-head matmul. Checkpointing is enabled later, by hellbender (train/run.py), for every kind of training.
     lora = LoraConfig(
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,

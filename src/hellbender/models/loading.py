@@ -143,7 +143,7 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
     try:
         model = cls.from_pretrained(
             source,
-            dtype=torch_dtype(cfg) if quant is None else None,
+            dtype=torch_dtype(cfg),
             attn_implementation=cfg.attn_implementation,
             quantization_config=quant,
             trust_remote_code=cfg.trust_remote_code,
