@@ -403,3 +403,54 @@ def test_gradient_checkpointing_accepts_offload_and_refuses_other_words(tmp_path
     assert validate_config(base_config(tmp_path, gradient_checkpointing="offload")).gradient_checkpointing == "offload"
     with pytest.raises(ConfigError, match="gradient_checkpointing"):
         validate_config(base_config(tmp_path, gradient_checkpointing="sometimes"))
+
+
+# --- checkpointing only some layers -------------------------------------------------------------------------------
+
+
+def test_only_the_first_layers_are_recomputed_and_gradients_stay_exact():
+    """`gradient_checkpointing_layers: 3` on the 5-layer Gemma 4, whose last layers read K/V an earlier layer
+    stored: layers 0-2 run their MLP again in backward, layers 3-4 do not, and the gradients equal the unchecked
+    model's."""
+    plain = gemma4()
+    plain(input_ids=token_batch(), labels=token_batch()).loss.backward()
+    model = gemma4()
+    assert model.config.num_kv_shared_layers > 0
+    enable_activation_checkpointing(model, layers=3)
+    calls = [0] * len(decoder_layers(model))
+    for index, layer in enumerate(decoder_layers(model)):
+        layer.mlp.register_forward_hook(lambda *_, index=index: calls.__setitem__(index, calls[index] + 1))
+    model(input_ids=token_batch(), labels=token_batch()).loss.backward()
+    assert calls == [2, 2, 2, 1, 1]
+    for name, grad in grads(plain).items():
+        torch.testing.assert_close(grads(model)[name], grad, atol=1e-7, rtol=1e-6, msg=name)
+
+
+def test_checkpointing_more_layers_than_the_model_has_is_refused_by_name():
+    from hellbender.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"`gradient_checkpointing_layers: 9`, but .* has 5 decoder layers"):
+        enable_activation_checkpointing(gemma4(), layers=9)
+
+
+def test_gradient_checkpointing_layers_needs_checkpointing(tmp_path):
+    from hellbender.errors import ConfigError
+
+    cfg = validate_config(base_config(tmp_path, gradient_checkpointing=True, gradient_checkpointing_layers=1))
+    assert cfg.gradient_checkpointing_layers == 1
+    with pytest.raises(ConfigError, match="`gradient_checkpointing_layers` is set but activation checkpointing"):
+        validate_config(base_config(tmp_path, gradient_checkpointing_layers=1))
+
+
+def test_hellbender_train_checkpoints_only_the_layers_asked_for(tmp_path):
+    seen: list[list[bool]] = []
+
+    class Flags(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen.append([layer.gradient_checkpointing for layer in decoder_layers(model.get_base_model())])
+
+    cfg = base_config(
+        tmp_path, max_steps=2, adapter="lora", gradient_checkpointing=True, gradient_checkpointing_layers=1
+    )
+    train(validate_config(cfg), callbacks=[Flags()])
+    assert seen == [[True, False]]

@@ -254,6 +254,11 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`tiled_mlp` with FSDP2 or DeepSpeed is not supported yet: it back-propagates each MLP shard inside the "
             "layer's backward, which their gradient hooks do not expect. Use `tiled_mlp` on one GPU."
         )
+    if cfg.gradient_checkpointing_layers is not None and not cfg.checkpoints_activations:
+        problems.append(
+            "`gradient_checkpointing_layers` is set but activation checkpointing is off: add "
+            "`gradient_checkpointing: true` (or `offload`), or remove the key."
+        )
     if cfg.tiled_mlp_num_shards is not None and not cfg.tiled_mlp:
         problems.append("`tiled_mlp_num_shards` is set but `tiled_mlp` is not: add `tiled_mlp: true`, or remove it.")
     if cfg.uses_fsdp2 and cfg.deepspeed:

@@ -103,6 +103,23 @@ def checkpoint_function(channel: SideChannel | None, offloader: ActivationOffloa
     return run
 
 
+def _checkpoint_only_first(base: Any, count: int) -> None:
+    """Leave the language model's decoder layers after the first `count` unchecked (transformers reads each layer's
+    own `gradient_checkpointing` flag); other checkpointed layers, such as a vision tower's, stay checkpointed."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    decoder_layers = [m for m in base.get_decoder().modules() if isinstance(m, GradientCheckpointingLayer)]
+    if count > len(decoder_layers):
+        from hellbender.errors import ConfigError
+
+        raise ConfigError(
+            f"`gradient_checkpointing_layers: {count}`, but {type(base).__name__} has {len(decoder_layers)} decoder "
+            f"layers. Set it to {len(decoder_layers)} or less (or remove it to checkpoint every layer)."
+        )
+    for layer in decoder_layers[count:]:
+        layer.gradient_checkpointing = False
+
+
 def _route_mutable_arguments(function: Callable, args: tuple, channel: SideChannel) -> tuple[Callable, tuple]:
     keywords = function.keywords if isinstance(function, partial) else {}
     routed: dict[str | int, Any] = {k: v for k, v in keywords.items() if isinstance(v, MUTABLE_CONTAINERS)}
@@ -118,10 +135,13 @@ def _route_mutable_arguments(function: Callable, args: tuple, channel: SideChann
     return replay, tuple(None if i in routed else arg for i, arg in enumerate(args))
 
 
-def enable_activation_checkpointing(model: Any, offload: bool = False, side_channel: bool = True) -> SideChannel:
+def enable_activation_checkpointing(
+    model: Any, offload: bool = False, side_channel: bool = True, layers: int | None = None
+) -> SideChannel:
     """Checkpoint every decoder layer of `model` (a transformers model, or a PEFT model around one) with
-    `checkpoint_function`, and return the model's side channel. `side_channel=False` captures mutable arguments
-    in the replay function as transformers does by default (for comparison in tests)."""
+    `checkpoint_function`, or only the first `layers` decoder layers of its language model, and return the model's
+    side channel. `side_channel=False` captures mutable arguments in the replay function as transformers does by
+    default (for comparison in tests)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not getattr(base, "supports_gradient_checkpointing", False):
         from hellbender.errors import ConfigError
@@ -135,6 +155,8 @@ def enable_activation_checkpointing(model: Any, offload: bool = False, side_chan
     base._set_gradient_checkpointing(
         enable=True, gradient_checkpointing_func=checkpoint_function(channel if side_channel else None, offloader)
     )
+    if layers is not None:
+        _checkpoint_only_first(base, layers)
     if getattr(base.config, "use_cache", None):
         base.config.use_cache = False
     # Frozen input embeddings (adapters) give the first layer an input without grad; transformers does the same.

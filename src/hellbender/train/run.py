@@ -82,7 +82,9 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     if cfg.tiled_mlp:  # after Liger and the adapter: tiles whatever forward the MLPs have by now
         logger.info("tiled_mlp: %d MLPs run in shards", tile_mlps(model, cfg.tiled_mlp_num_shards))
     if cfg.checkpoints_activations:  # hellbender's own setup, not the Trainer's nor FSDP's: activation_checkpointing.py
-        enable_activation_checkpointing(model, offload=cfg.gradient_checkpointing == "offload")
+        enable_activation_checkpointing(
+            model, offload=cfg.gradient_checkpointing == "offload", layers=cfg.gradient_checkpointing_layers
+        )
     if cfg.fp32_norms:  # their own FSDP2 groups, before accelerate shards the decoder layers around them
         sharded = shard_norms_in_fp32(model, cfg.fp32_norm_classes, torch_dtype(cfg))
         logger.info("fp32_norms: %d norm modules kept in float32", sharded)
