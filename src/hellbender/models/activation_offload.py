@@ -8,7 +8,7 @@ Three things make this cheaper than wrapping the layers in `torch.autograd.graph
   350k tokens) would take 4 GiB each, and 32 layers of them more host memory than the machine has.
 - Tensors are copied on a side stream, so the forward does not wait for each copy, and in backward the next layer's
   inputs are fetched while the current one recomputes.
-- A tensor handed to every layer (the rotary cos/sin) is stored once, and small tensors stay on the GPU.
+- A tensor saved by several layers is stored once, and small tensors (under 1 MiB) stay on the GPU.
 """
 
 from __future__ import annotations
