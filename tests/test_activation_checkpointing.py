@@ -433,6 +433,15 @@ def test_checkpointing_more_layers_than_the_model_has_is_refused_by_name():
         enable_activation_checkpointing(gemma4(), layers=9)
 
 
+def test_too_many_checkpointed_layers_are_refused_before_the_data_is_prepared(tmp_path):
+    from hellbender.errors import ConfigError
+
+    cfg = validate_config(base_config(tmp_path, gradient_checkpointing=True, gradient_checkpointing_layers=3))
+    with pytest.raises(ConfigError, match=r"`gradient_checkpointing_layers: 3`, but .* has 2 decoder layers"):
+        train(cfg)
+    assert not Path(cfg.dataset_prepared_path).exists() or not any(Path(cfg.dataset_prepared_path).iterdir())
+
+
 def test_gradient_checkpointing_layers_needs_checkpointing(tmp_path):
     from hellbender.errors import ConfigError
 

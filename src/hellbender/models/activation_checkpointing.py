@@ -103,21 +103,21 @@ def checkpoint_function(channel: SideChannel | None, offloader: ActivationOffloa
     return run
 
 
-def _checkpoint_only_first(base: Any, count: int) -> None:
-    """Leave the language model's decoder layers after the first `count` unchecked (transformers reads each layer's
-    own `gradient_checkpointing` flag); other checkpointed layers, such as a vision tower's, stay checkpointed."""
+def layers_left_unchecked(model: Any, count: int) -> list[Any]:
+    """The language model's decoder layers after the first `count` (a `gradient_checkpointing_layers` of `count`
+    leaves them unchecked); refuses a count above the number of decoder layers. Works on a meta-device skeleton,
+    so the count is checked before any data work."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    decoder_layers = [m for m in base.get_decoder().modules() if isinstance(m, GradientCheckpointingLayer)]
+    decoder_layers = [m for m in model.get_decoder().modules() if isinstance(m, GradientCheckpointingLayer)]
     if count > len(decoder_layers):
         from hellbender.errors import ConfigError
 
         raise ConfigError(
-            f"`gradient_checkpointing_layers: {count}`, but {type(base).__name__} has {len(decoder_layers)} decoder "
+            f"`gradient_checkpointing_layers: {count}`, but {type(model).__name__} has {len(decoder_layers)} decoder "
             f"layers. Set it to {len(decoder_layers)} or less (or remove it to checkpoint every layer)."
         )
-    for layer in decoder_layers[count:]:
-        layer.gradient_checkpointing = False
+    return decoder_layers[count:]
 
 
 def _route_mutable_arguments(function: Callable, args: tuple, channel: SideChannel) -> tuple[Callable, tuple]:
@@ -156,7 +156,8 @@ def enable_activation_checkpointing(
         enable=True, gradient_checkpointing_func=checkpoint_function(channel if side_channel else None, offloader)
     )
     if layers is not None:
-        _checkpoint_only_first(base, layers)
+        for layer in layers_left_unchecked(base, layers):  # transformers reads each layer's own flag
+            layer.gradient_checkpointing = False
     if getattr(base.config, "use_cache", None):
         base.config.use_cache = False
     # Frozen input embeddings (adapters) give the first layer an input without grad; transformers does the same.

@@ -15,7 +15,7 @@ from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
 from hellbender.data.streaming import streaming_dataset
 from hellbender.data.vision_tokens import vision_token_ids
 from hellbender.errors import ConfigError
-from hellbender.models.activation_checkpointing import enable_activation_checkpointing
+from hellbender.models.activation_checkpointing import enable_activation_checkpointing, layers_left_unchecked
 from hellbender.models.adapters import apply_adapter
 from hellbender.models.fixes import prepare_for_training
 from hellbender.models.kernels import apply_liger_kernels
@@ -70,6 +70,8 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
         if cfg.uses_fsdp2:  # before the data work: these would otherwise fail only at the first step
             check_wrap_classes(cfg, model_skeleton(cfg))
             check_fsdp_processes()
+        if cfg.gradient_checkpointing_layers is not None:  # before the data work too
+            layers_left_unchecked(model_skeleton(cfg), cfg.gradient_checkpointing_layers)
         # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so
         # the Trainer must not replay the stream to skip batches itself (whatever `ignore_data_skip` says).
         streams_images = cfg.uses_streaming and processor is not None
