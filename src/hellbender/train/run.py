@@ -67,11 +67,14 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
         if is_main_process():
             remove_incomplete_checkpoints(cfg.output_dir)  # a killed save's leftovers; never trusted, written again
         tokenizer, processor = load_tokenizer_and_processor(cfg)
-        if cfg.uses_fsdp2:  # before the data work: these would otherwise fail only at the first step
-            check_wrap_classes(cfg, model_skeleton(cfg))
-            check_fsdp_processes()
-        if cfg.gradient_checkpointing_layers is not None:  # before the data work too
-            layers_left_unchecked(model_skeleton(cfg), cfg.gradient_checkpointing_layers)
+        if cfg.uses_fsdp2 or cfg.gradient_checkpointing_layers is not None:
+            # Checked on the model's structure before the data work; they would otherwise fail only after it.
+            skeleton = model_skeleton(cfg)
+            if cfg.uses_fsdp2:
+                check_wrap_classes(cfg, skeleton)
+                check_fsdp_processes()
+            if cfg.gradient_checkpointing_layers is not None:
+                layers_left_unchecked(skeleton, cfg.gradient_checkpointing_layers)
         # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so
         # the Trainer must not replay the stream to skip batches itself (whatever `ignore_data_skip` says).
         streams_images = cfg.uses_streaming and processor is not None
