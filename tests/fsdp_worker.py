@@ -24,8 +24,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from hellbender.config import validate_config
 from hellbender.models.adapters import apply_adapter
 from hellbender.models.loading import load_model, load_tokenizer_and_processor
+from hellbender.storage import write_manifest
 from hellbender.train.fsdp import norm_modules, shard_norms_in_fp32
-from hellbender.train.resume import write_manifest
 
 
 def main(config_path: str, result_dir: str) -> None:

@@ -12,15 +12,9 @@ from transformers import TrainerCallback
 
 from hellbender.config import validate_config
 from hellbender.errors import ConfigError
-from hellbender.train.resume import (
-    MANIFEST_NAME,
-    checkpoint_dirs,
-    checkpoint_to_resume,
-    incompleteness,
-    latest_checkpoint,
-)
+from hellbender.storage import CHECKPOINT_MANIFEST, FINAL_MANIFEST, checkpoint_dirs, incompleteness, latest_checkpoint
+from hellbender.train.resume import checkpoint_to_resume
 from hellbender.train.run import train
-from hellbender.train.trainer import FINAL_MANIFEST
 from tests.test_training import base_config, logged_losses
 
 
@@ -37,7 +31,7 @@ def test_every_saved_checkpoint_and_the_final_model_carry_a_manifest(finished_ru
     out = Path(finished_run["output_dir"])
     assert [p.name for _, p in checkpoint_dirs(out)] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
     for _, path in checkpoint_dirs(out):
-        listed = json.loads((path / MANIFEST_NAME).read_text())["files"]
+        listed = json.loads((path / CHECKPOINT_MANIFEST).read_text())["files"]
         assert {"adapter_model.safetensors", "optimizer.pt", "trainer_state.json", "rng_state.pth"} <= set(listed)
         assert incompleteness(path) is None
     final = json.loads((out / FINAL_MANIFEST).read_text())["files"]
@@ -49,8 +43,8 @@ def test_every_saved_checkpoint_and_the_final_model_carry_a_manifest(finished_ru
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [
-        (lambda p: (p / MANIFEST_NAME).unlink(), f"it has no {MANIFEST_NAME}"),
-        (lambda p: (p / MANIFEST_NAME).write_text('{"files": {"a'), f"its {MANIFEST_NAME} is unreadable"),
+        (lambda p: (p / CHECKPOINT_MANIFEST).unlink(), f"it has no {CHECKPOINT_MANIFEST}"),
+        (lambda p: (p / CHECKPOINT_MANIFEST).write_text('{"files": {"a'), f"its {CHECKPOINT_MANIFEST} is unreadable"),
         (lambda p: (p / "optimizer.pt").unlink(), "optimizer.pt is missing"),
         (
             lambda p: (p / "trainer_state.json").write_text("{"),
@@ -133,7 +127,7 @@ def test_a_resume_path_that_is_not_a_checkpoint_is_refused_before_any_work(tmp_p
     for path, reason in (
         (tmp_path / "missing", "it does not exist"),
         (tmp_path / "file.txt", "it is not a directory"),
-        (tmp_path, f"it has no {MANIFEST_NAME}"),
+        (tmp_path, f"it has no {CHECKPOINT_MANIFEST}"),
     ):
         cfg = validate_config({**finished_run, "resume_from_checkpoint": str(path)})
         with pytest.raises(ConfigError, match=reason):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from hellbender.cli import app
 from hellbender.config import dump_config, load_config, validate_config
-from hellbender.config.loading import apply_overrides
+from hellbender.config.overrides import apply_overrides
 from hellbender.config.reference import config_markdown
 from hellbender.errors import ConfigError, UserError
 from tests.conftest import REPO, write_config

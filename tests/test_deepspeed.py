@@ -18,14 +18,9 @@ from typer.testing import CliRunner
 
 from hellbender.cli import app
 from hellbender.config import HellbenderConfig, validate_config
+from hellbender.config.deepspeed import contradictions, read_deepspeed_json
 from hellbender.errors import ConfigError, EnvironmentProblem
-from hellbender.train.deepspeed import (
-    contradictions,
-    deepspeed_config,
-    precision_at_run_time,
-    read_deepspeed_json,
-    settings_for_loading,
-)
+from hellbender.train.deepspeed import deepspeed_config, precision_at_run_time, settings_for_loading
 from tests.conftest import EXAMPLES
 from tests.test_training import base_config
 

@@ -23,8 +23,7 @@ import pytest
 import torch
 import yaml
 
-from hellbender.train.resume import checkpoint_dirs, incompleteness, latest_checkpoint
-from hellbender.train.trainer import FINAL_MANIFEST
+from hellbender.storage import FINAL_MANIFEST, checkpoint_dirs, incompleteness, latest_checkpoint
 from tests.conftest import EXAMPLES
 
 REPO = Path(__file__).resolve().parents[1]

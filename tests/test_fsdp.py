@@ -174,7 +174,7 @@ def test_sharded_full_checkpoint_consolidates_into_a_model_transformers_loads(tm
 
 
 def test_consolidating_a_checkpoint_without_shards_says_what_it_holds(tmp_path):
-    from hellbender.train.resume import write_manifest
+    from hellbender.storage import write_manifest
 
     checkpoint = tmp_path / "out" / "checkpoint-3"
     checkpoint.mkdir(parents=True)

@@ -172,8 +172,9 @@ def test_the_trainer_fills_the_autos_as_zero3_loading_did(tmp_path):
     """Weights partitioned while loading (before TrainingArguments exist) and the Trainer's own config must agree on
     the batch sizes and precision."""
     from hellbender.config import validate_config
+    from hellbender.config.deepspeed import read_deepspeed_json
     from hellbender.train.arguments import training_arguments
-    from hellbender.train.deepspeed import read_deepspeed_json, settings_for_loading
+    from hellbender.train.deepspeed import settings_for_loading
     from hellbender.train.schedule import plan_schedule
 
     cfg = validate_config(

@@ -12,8 +12,7 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from hellbender.train.resume import incompleteness
-from hellbender.train.trainer import FINAL_MANIFEST
+from hellbender.storage import FINAL_MANIFEST, incompleteness
 from hellbender.use.merge import MERGE_INFO
 from tests.test_cli_errors import assert_user_error, invoke
 from tests.test_multimodal_training import square
@@ -176,7 +175,7 @@ def test_merge_leaves_an_existing_directory_alone(trained_text_lora, tmp_path):
 
 def test_merge_of_a_full_fine_tune_checkpoint_is_refused(trained_text_lora, tmp_path):
     # A whole-model directory with a complete manifest, as full fine-tuning saves it.
-    from hellbender.train.resume import write_manifest
+    from hellbender.storage import write_manifest
 
     whole = tmp_path / "checkpoint-3"
     load_base(trained_text_lora).save_pretrained(whole)

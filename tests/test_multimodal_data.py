@@ -22,11 +22,11 @@ import hellbender.data.prepare as prepare_mod
 from hellbender.cli import app
 from hellbender.config import validate_config
 from hellbender.data.contexts import image_policy
+from hellbender.data.multimodal_collator import MultimodalCollator
 from hellbender.data.prepare import prepare_datasets
 from hellbender.errors import ConfigError, DataError
 from hellbender.models.loading import load_tokenizer_and_processor
 from hellbender.models.tiny import tiny_model_dir
-from hellbender.train.multimodal_collator import MultimodalCollator
 from tests.conftest import write_config, write_jsonl
 
 QWEN = "hellbender/tiny-qwen2.5-vl"

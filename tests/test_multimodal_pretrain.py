@@ -308,9 +308,9 @@ def pretokenized_row(model: str, raw: dict, padding: int = 0) -> dict:
 
 @pytest.mark.parametrize("model", FAMILIES)
 def test_collator_gives_pretokenized_rows_the_labels_of_prepared_rows(tmp_path, images, model):
+    from hellbender.data.multimodal_collator import MultimodalCollator
     from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
     from hellbender.data.vision_tokens import vision_token_ids
-    from hellbender.train.multimodal_collator import MultimodalCollator
 
     tok, proc = loaded(model)
     image = IMAGE_TEXT[model]
@@ -397,10 +397,10 @@ def test_test_datasets_of_the_same_modality_give_the_eval_loss(tmp_path, images)
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
+    from hellbender.data.collator import REAL_TOKENS_KEY
+    from hellbender.data.multimodal_collator import MultimodalCollator
     from hellbender.data.vision_tokens import vision_token_ids
     from hellbender.models.loading import resolve_model_path
-    from hellbender.train.collator import REAL_TOKENS_KEY
-    from hellbender.train.multimodal_collator import MultimodalCollator
     from hellbender.train.run import train
 
     train_rows = write_jsonl(tmp_path / "train.jsonl", [document(i) for i in range(8)])
@@ -464,9 +464,9 @@ def record_training(patch) -> dict:
     streamed row collated, and the stream rows and token ids of each micro-batch trained on. `patch` is
     `setattr` or `monkeypatch.setattr`."""
     import hellbender.data.formats.multimodal_pretrain as encoder_module
-    import hellbender.train.multimodal_collator as collator_module
+    import hellbender.data.multimodal_collator as collator_module
+    from hellbender.data.multimodal_collator import MultimodalCollator
     from hellbender.data.streaming import STREAM_ROW_KEY
-    from hellbender.train.multimodal_collator import MultimodalCollator
     from hellbender.train.trainer import HellbenderTrainer
 
     record: dict = {"opened": [], "images_of_row": {}, "trained": []}

@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
+from hellbender.data.collator import CausalLMCollator
 from hellbender.data.packing import concat_documents, pack_lengths, pack_stream
-from hellbender.train.collator import CausalLMCollator
 
 IGNORE = -100
 PAD = 1

@@ -141,12 +141,12 @@ def test_killed_write_leaves_no_complete_directory_and_no_staging(tmp_path):
         raise KeyboardInterrupt  # a Ctrl-C in the middle of writing
 
     with pytest.raises(KeyboardInterrupt):
-        cache.write_atomically(root, "abc", write)
+        cache.write_entry(root, "abc", write)
     assert cache.cached_dir(root, "abc") is None
     assert not (root / "abc").exists()
     assert list(root.iterdir()) == []  # the staging directory is gone too
 
-    final = cache.write_atomically(root, "abc", lambda staging: {"stats": {"rows": 1}})
+    final = cache.write_entry(root, "abc", lambda staging: {"stats": {"rows": 1}})
     assert cache.cached_dir(root, "abc") == final == root / "abc"
     marker = json.loads((final / cache.COMPLETE_MARKER).read_text())
     assert marker == {"key": "abc", "stats": {"rows": 1}}
@@ -173,7 +173,7 @@ def test_incomplete_directory_under_the_key_is_not_reused(tmp_path):
     (root / "abc" / "train").mkdir(parents=True)
     assert cache.cached_dir(root, "abc") is None
 
-    final = cache.write_atomically(root, "abc", lambda staging: {"stats": {}})
+    final = cache.write_entry(root, "abc", lambda staging: {"stats": {}})
     assert cache.cached_dir(root, "abc") == final
 
 

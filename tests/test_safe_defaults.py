@@ -11,7 +11,7 @@ import torch
 
 from hellbender.config import validate_config
 from hellbender.errors import ConfigError
-from hellbender.train.resume import write_manifest
+from hellbender.storage import write_manifest
 from hellbender.train.run import train
 from tests.test_checkpoints import finished_run  # noqa: F401 - the fixture
 from tests.test_training import base_config

@@ -122,8 +122,8 @@ def test_lora_a_matrices_change_by_the_second_step(tmp_path):
 def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_model_path, attn):
     from transformers import AutoModelForCausalLM
 
+    from hellbender.data.collator import REAL_TOKENS_KEY, CausalLMCollator
     from hellbender.data.packing import concat_documents
-    from hellbender.train.collator import REAL_TOKENS_KEY, CausalLMCollator
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation=attn, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(0)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from hellbender.chat_templates import TEMPLATE_NAMES
 from hellbender.config.data import CHAT_ROLES
+from hellbender.config.deepspeed import deepspeed_problems
 from hellbender.config.schema import HellbenderConfig
-from hellbender.train.deepspeed import deepspeed_problems
 
 
 def find_conflicts(cfg: HellbenderConfig) -> list[str]:

@@ -2,8 +2,8 @@
 
 The key covers everything that changes the prepared rows: the dataset entries, the data files' sizes and
 modification times, the tokenizer (vocabulary, special tokens, chat template), the preparation settings and
-`PREPARE_FORMAT_VERSION`. A directory is written under a temporary name and renamed into place, so a
-killed run leaves no directory that a later run would trust.
+`PREPARE_FORMAT_VERSION`. A directory is written under a staging name and renamed into place
+(`storage.write_directory_atomically`), so a killed run leaves no directory that a later run would trust.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hellbender.data.sources import is_url, local_files, looks_local
+from hellbender.storage import write_directory_atomically
 
 # Bump whenever a format, the packing or the stored layout changes what a cache directory holds.
 PREPARE_FORMAT_VERSION = 1
@@ -65,22 +64,15 @@ def cached_dir(root: str | Path, key: str) -> Path | None:
     return path if (path / COMPLETE_MARKER).is_file() else None
 
 
-def write_atomically(root: str | Path, key: str, write: Callable[[Path], dict[str, Any]]) -> Path:
-    """Run `write(tmpdir)` and rename the directory to its key. `write` returns metadata stored in the marker."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
-    try:
+def write_entry(root: str | Path, key: str, write: Callable[[Path], dict[str, Any]]) -> Path:
+    """Write the cache directory of `key` whole or not at all: `write(staging)` fills it and returns metadata stored
+    in the completion marker. A complete directory another process finished meanwhile is kept (equally valid); an
+    incomplete one (e.g. a half-finished delete) is replaced."""
+
+    def write_with_marker(staging: Path) -> None:
         meta = write(staging)
         (staging / COMPLETE_MARKER).write_text(json.dumps({"key": key, **meta}, indent=2))
-        final = root / key
-        if cached_dir(root, key) is not None:  # another process finished the same key first; equally valid
-            shutil.rmtree(staging)
-        else:
-            if final.exists():  # an incomplete directory (e.g. a half-finished delete) is never trusted
-                shutil.rmtree(final)
-            os.replace(staging, final)
-        return final
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+    return write_directory_atomically(
+        Path(root) / key, write_with_marker, keep_if=lambda final: cached_dir(root, key) is not None
+    )

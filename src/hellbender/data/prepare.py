@@ -229,7 +229,7 @@ def prepare_datasets(cfg: HellbenderConfig, tokenizer: Any, processor: Any = Non
                     part.save_to_disk(str(staging / name))
             return {"stats": stats}
 
-        found = cache.write_atomically(root, key, write)
+        found = cache.write_entry(root, key, write)
         from_cache = False
     else:
         from_cache = True

@@ -7,6 +7,7 @@ from typing import Any
 
 from hellbender.chat_templates import resolve_chat_template
 from hellbender.config import HellbenderConfig
+from hellbender.config.precision import torch_dtype
 from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.models.tiny import is_tiny_model, tiny_model_dir
 
@@ -83,16 +84,6 @@ def customise_tokenizer(cfg: HellbenderConfig, tokenizer: Any) -> None:
         tokenizer.chat_template = resolve_chat_template(cfg.chat_template, cfg.chat_template_jinja, tokenizer)
 
 
-def torch_dtype(cfg: HellbenderConfig):
-    import torch
-
-    if cfg.bf16 is True or (cfg.bf16 == "auto" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
-        return torch.bfloat16
-    if cfg.fp16:
-        return torch.float16
-    return torch.float32
-
-
 def quantization_config(cfg: HellbenderConfig):
     import torch
 
@@ -136,8 +127,10 @@ def model_skeleton(cfg: HellbenderConfig) -> Any:
         return cls._from_config(config)
 
 
-def load_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
-    source = resolve_model_path(cfg.base_model)
+def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None = None) -> Any:
+    """The model of `base_model`, or the whole model saved in `source` (a trained run's), loaded as the config says."""
+    key = "`base_model`" if source is None else "the trained model's directory"
+    source = resolve_model_path(cfg.base_model) if source is None else str(source)
     quant = quantization_config(cfg)
     cls = _transformers_class(cfg.model_type, "model_type")
     try:
@@ -151,8 +144,8 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
         )
     except OSError as exc:
         raise ConfigError(
-            f"Could not load the model from `{source}`: {str(exc).rstrip('.')}. Check `base_model` (a hub id needs network access; a "
-            "local path must hold config.json and weights)."
+            f"Could not load the model from `{source}`: {str(exc).rstrip('.')}. Check {key} (a hub id needs network "
+            "access; a local path must hold config.json and weights)."
         ) from None
     except ImportError as exc:
         raise EnvironmentProblem(

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import importlib
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hellbender.chat_templates import CHATML_TEMPLATE
+from hellbender.storage import write_directory_atomically
 
 TOKENIZER_FILE = Path(__file__).with_name("tiny_tokenizer.json")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>")
@@ -98,22 +97,19 @@ def _builder(name: str) -> Callable[[Path], None]:
 
 
 def tiny_model_dir(name: str) -> Path:
-    """Directory holding the saved tiny model, built on first use (atomically: temp dir, then rename)."""
+    """Directory holding the saved tiny model, built on first use (whole or not at all)."""
     target = cache_root() / "models" / f"{name.split('/')[-1]}-v{TINY_VERSION}"
-    if (target / "config.json").is_file():
+    if _is_built(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    try:
+
+    def build(staging: Path) -> None:
         import torch
 
         with torch.random.fork_rng(devices=[]):  # builders seed their own init; the caller's RNG stays as it was
             _builder(name)(staging)
-        if target.exists():  # built meanwhile by another process
-            shutil.rmtree(staging)
-        else:
-            os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
+
+    return write_directory_atomically(target, build, keep_if=_is_built)  # another process may build it meanwhile
+
+
+def _is_built(directory: Path) -> bool:
+    return (directory / "config.json").is_file()

@@ -8,8 +8,8 @@ import os
 from transformers import TrainingArguments
 
 from hellbender.config import HellbenderConfig
+from hellbender.config.precision import run_precision
 from hellbender.errors import EnvironmentProblem
-from hellbender.models.loading import torch_dtype
 from hellbender.train.deepspeed import deepspeed_config
 from hellbender.train.distributed import runs_on_cpu_processes
 from hellbender.train.fsdp import check_fsdp_plugin_arguments, fsdp_arguments
@@ -61,7 +61,7 @@ def training_arguments(
     must not skip batches."""
     import torch
 
-    dtype = torch_dtype(cfg)
+    precision = run_precision(cfg)
     optional = {k: v for k in ("adam_beta1", "adam_beta2", "adam_epsilon") if (v := getattr(cfg, k)) is not None}
     args = TrainingArguments(
         output_dir=cfg.output_dir,
@@ -77,8 +77,8 @@ def training_arguments(
         use_cpu=runs_on_cpu_processes(),  # several processes without a GPU: DDP over gloo
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,
-        bf16=dtype == torch.bfloat16,
-        fp16=dtype == torch.float16,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
         tf32=cfg.tf32 or None,
         logging_steps=schedule.logging_steps,
         logging_first_step=True,

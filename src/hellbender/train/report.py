@@ -24,9 +24,10 @@ from typing import Any
 from transformers import TrainerCallback
 
 from hellbender.config import HellbenderConfig, dump_config
+from hellbender.metrics import perplexity
+from hellbender.storage import write_file_atomically
 from hellbender.train.memory_watchdog import MemoryWatchdog
 from hellbender.train.plots import GIB, MIB, PLOTS, memory_labels, report_plots, train_logs
-from hellbender.train.resume import write_atomically
 
 logger = logging.getLogger("hellbender")
 REPORT_DIR = "report"
@@ -194,7 +195,7 @@ class RunReport(TrainerCallback):
             best = min(evals, key=lambda e: e["eval_loss"])
             lines.append(
                 f"- Evaluation loss: {_num(last['eval_loss'])} at step {last['step']} (perplexity "
-                f"{_num(_perplexity(last['eval_loss']))}); lowest {_num(best['eval_loss'])} at step {best['step']}"
+                f"{_num(perplexity(last['eval_loss']))}); lowest {_num(best['eval_loss'])} at step {best['step']}"
             )
         else:
             lines.append("- Evaluation loss: no evaluation data (`val_set_size` or `test_datasets`)")
@@ -294,10 +295,10 @@ def write_report(directory: Path, page: str, plots: dict[str, bytes | str]) -> N
             stale.unlink(missing_ok=True)
     for name, content in plots.items():
         if isinstance(content, bytes):
-            write_atomically(directory / name, content)
+            write_file_atomically(directory / name, content)
         else:  # an older plot would no longer match the page
             (directory / name).unlink(missing_ok=True)
-    write_atomically(directory / SUMMARY_NAME, page)
+    write_file_atomically(directory / SUMMARY_NAME, page)
 
 
 # -------------------------------------------------------------------------------------------------- helpers
@@ -309,7 +310,7 @@ def _metrics_table(train: list[dict], evals: list[dict], summary: dict | None) -
         if entry:
             values.update({k: v for k, v in entry.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
     if "eval_loss" in values:
-        values["eval_perplexity"] = _perplexity(values["eval_loss"])
+        values["eval_perplexity"] = perplexity(values["eval_loss"])
     if not values:
         return ["Nothing logged yet."]
     return ["| metric | value |", "|---|---:|", *[f"| {k} | {_num(v)} |" for k, v in values.items()]]
@@ -325,10 +326,6 @@ def _device_name() -> str:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
-
-
-def _perplexity(loss: float) -> float:
-    return math.exp(loss) if loss < 700 else math.inf
 
 
 def _change(start: float, end: float) -> str:

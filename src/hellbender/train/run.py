@@ -9,25 +9,21 @@ from pathlib import Path
 from typing import Any
 
 from hellbender.config import HellbenderConfig, dump_config
-from hellbender.data.contexts import image_policy
+from hellbender.config.precision import torch_dtype
+from hellbender.data.batching import build_collator
 from hellbender.data.prepare import prepare_datasets
 from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
 from hellbender.data.streaming import streaming_dataset
-from hellbender.data.vision_tokens import vision_token_ids
 from hellbender.errors import ConfigError
-from hellbender.models.activation_checkpointing import enable_activation_checkpointing, layers_left_unchecked
-from hellbender.models.adapters import apply_adapter
-from hellbender.models.fixes import prepare_for_training
-from hellbender.models.kernels import apply_liger_kernels
-from hellbender.models.loading import load_model, load_tokenizer_and_processor, model_skeleton, torch_dtype
-from hellbender.models.tiled_mlp import tile_mlps
+from hellbender.models.activation_checkpointing import layers_left_unchecked
+from hellbender.models.loading import load_tokenizer_and_processor, model_skeleton
+from hellbender.models.stack import build_trainable_model
+from hellbender.storage import write_file_atomically
 from hellbender.train.arguments import training_arguments
-from hellbender.train.collator import CausalLMCollator
 from hellbender.train.deepspeed import deepspeed_before_loading
 from hellbender.train.distributed import is_main_process, main_process_first, world_size
 from hellbender.train.fsdp import check_fsdp_processes, check_wrap_classes, shard_norms_in_fp32
 from hellbender.train.memory_watchdog import MemoryWatchdog
-from hellbender.train.multimodal_collator import MultimodalCollator
 from hellbender.train.preemption import StopOnSignal
 from hellbender.train.report import RunReport
 from hellbender.train.resume import (
@@ -36,7 +32,6 @@ from hellbender.train.resume import (
     TrainingAlreadyDone,
     checkpoint_to_resume,
     remove_incomplete_checkpoints,
-    write_atomically,
 )
 from hellbender.train.schedule import plan_schedule
 from hellbender.train.tokens import StreamPosition, TokenCounter
@@ -80,27 +75,13 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
         streams_images = cfg.uses_streaming and processor is not None
         train_data, eval_data, data_stats = _training_data(cfg, tokenizer, processor, resume_from, streams_images)
     _deepspeed_at_load = deepspeed_before_loading(cfg)  # ZeRO-3 partitions weights as they load; kept alive
-    model = prepare_for_training(load_model(cfg, tokenizer), cfg.attn_implementation)
-    apply_liger_kernels(cfg, model)  # before the adapter, so LoRA wraps the projections the fused modules call
-    set_seed(cfg.seed)  # the adapter's initial weights must not depend on what loading drew from the RNG
-    model = apply_adapter(cfg, model)
-    if cfg.tiled_mlp:  # after Liger and the adapter: tiles whatever forward the MLPs have by now
-        logger.info("tiled_mlp: %d MLPs run in shards", tile_mlps(model, cfg.tiled_mlp_num_shards))
-    if cfg.checkpoints_activations:  # hellbender's own setup, not the Trainer's nor FSDP's: activation_checkpointing.py
-        enable_activation_checkpointing(
-            model, offload=cfg.gradient_checkpointing == "offload", layers=cfg.gradient_checkpointing_layers
-        )
+    model = build_trainable_model(cfg, tokenizer)
     if cfg.fp32_norms:  # their own FSDP2 groups, before accelerate shards the decoder layers around them
         sharded = shard_norms_in_fp32(model, cfg.fp32_norm_classes, torch_dtype(cfg))
         logger.info("fp32_norms: %d norm modules kept in float32", sharded)
     train_rows = len(train_data) if not cfg.uses_streaming else None
     args = training_arguments(cfg, plan_schedule(cfg, train_rows, world_size()), eval_data is not None, streams_images)
-    if processor is not None:
-        collator = MultimodalCollator(
-            processor, image_policy(cfg), frozenset(vision_token_ids(processor, cfg.vision_tokens_to_mask))
-        )
-    else:
-        collator = CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation)
+    collator = build_collator(cfg, tokenizer, processor)
     stop_on_signal = StopOnSignal()
     watchdog = MemoryWatchdog(cfg.memory_watchdog) if cfg.memory_watchdog != "off" else None
     trainer = HellbenderTrainer(
@@ -124,7 +105,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     )
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     if is_main_process():
-        write_atomically(Path(cfg.output_dir) / RESOLVED_CONFIG_NAME, dump_config(cfg))
+        write_file_atomically(Path(cfg.output_dir) / RESOLVED_CONFIG_NAME, dump_config(cfg))
     if resume_from:
         logger.info("Resuming from %s", resume_from)
         if streams_images:

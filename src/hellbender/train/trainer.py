@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -11,15 +10,14 @@ import torch
 from transformers import Trainer
 from transformers.loss.loss_utils import ForCausalLMLoss
 
+from hellbender.data.collator import REAL_TOKENS_KEY
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.models.activation_checkpointing import side_channel_of
-from hellbender.train.collator import REAL_TOKENS_KEY
-from hellbender.train.resume import write_manifest
+from hellbender.storage import FINAL_MANIFEST, move_files_into, write_manifest
 from hellbender.train.tokens import StreamPosition, TokenCounter
 
 FINAL_STAGING = ".final-model-staging"
-FINAL_MANIFEST = "hellbender_model.json"
 
 
 def causal_lm_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None):
@@ -95,12 +93,7 @@ class HellbenderTrainer(Trainer):
         if self.args.should_save:
             self.state.save_to_json(str(staging / "trainer_state.json"))
             write_manifest(staging, FINAL_MANIFEST)
-            (final / FINAL_MANIFEST).unlink(missing_ok=True)  # the old model, if any, is no longer whole
-            for path in sorted(staging.iterdir(), key=lambda p: p.name == FINAL_MANIFEST):  # manifest last
-                if path.is_dir():
-                    shutil.rmtree(final / path.name, ignore_errors=True)
-                os.replace(path, final / path.name)
-            staging.rmdir()
+            move_files_into(staging, final, FINAL_MANIFEST)
 
     def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         real_tokens = inputs.pop(REAL_TOKENS_KEY, None)

@@ -11,16 +11,20 @@ directory, moved into place, with `hellbender_model.json` written last.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError
-from hellbender.train.resume import MANIFEST_NAME, incompleteness, latest_checkpoint, write_manifest
-from hellbender.train.trainer import FINAL_MANIFEST
+from hellbender.storage import (
+    CHECKPOINT_MANIFEST,
+    FINAL_MANIFEST,
+    incompleteness,
+    latest_checkpoint,
+    write_directory_atomically,
+    write_manifest,
+)
 from hellbender.use.trained import NotATrainedModel
 
 logger = logging.getLogger("hellbender")
@@ -71,7 +75,7 @@ def _sharded_checkpoint(cfg: HellbenderConfig, checkpoint: str | Path | None) ->
     if reason is not None:
         raise NotATrainedModel(
             f"`{directory}` is not a complete checkpoint ({reason}); its shards may be partial. Consolidate a complete "
-            f"one: checkpoints are complete once their {MANIFEST_NAME} is written."
+            f"one: checkpoints are complete once their {CHECKPOINT_MANIFEST} is written."
         )
     if not (directory / SHARDED_MODEL_DIR).is_dir():
         raise NotATrainedModel(
@@ -131,13 +135,9 @@ def _with_adapter_names(model: Any, state_dict: dict[str, Any], expected: dict[s
 
 
 def _save(model: Any, tokenizer_or_processor: Any, target: Path) -> None:
-    staging = target.with_name(f".{target.name}.staging")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    model.save_pretrained(str(staging))
-    tokenizer_or_processor.save_pretrained(str(staging))
-    write_manifest(staging, FINAL_MANIFEST)
-    if target.exists():
-        (target / FINAL_MANIFEST).unlink(missing_ok=True)  # the old one is no longer whole from here on
-        shutil.rmtree(target)
-    os.replace(staging, target)
+    def write(staging: Path) -> None:
+        model.save_pretrained(str(staging))
+        tokenizer_or_processor.save_pretrained(str(staging))
+        write_manifest(staging, FINAL_MANIFEST)
+
+    write_directory_atomically(target, write)

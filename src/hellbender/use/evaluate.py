@@ -10,32 +10,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
 from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError
-from hellbender.train.resume import write_atomically
+from hellbender.metrics import perplexity
+from hellbender.storage import write_file_atomically
 from hellbender.use.trained import device, find_trained, load_trained
 
 logger = logging.getLogger("hellbender")
 RESULTS_NAME = "eval_results.json"
-
-
-def _collator(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> Any:
-    """The collator training uses for this config."""
-    if processor is None:
-        from hellbender.train.collator import CausalLMCollator
-
-        return CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation)
-    from hellbender.data.contexts import image_policy
-    from hellbender.data.vision_tokens import vision_token_ids
-    from hellbender.train.multimodal_collator import MultimodalCollator
-
-    return MultimodalCollator(
-        processor, image_policy(cfg), frozenset(vision_token_ids(processor, cfg.vision_tokens_to_mask))
-    )
 
 
 def token_metrics(model: Any, rows: Any, collator: Any, batch_size: int) -> dict[str, float | int]:
@@ -43,9 +28,9 @@ def token_metrics(model: Any, rows: Any, collator: Any, batch_size: int) -> dict
     import torch
     import torch.nn.functional as F
 
+    from hellbender.data.collator import REAL_TOKENS_KEY
     from hellbender.data.formats.base import IGNORE_INDEX
     from hellbender.data.streaming import STREAM_ROW_KEY
-    from hellbender.train.collator import REAL_TOKENS_KEY
 
     target_device = model.device if hasattr(model, "device") else device()
     loss_sum, correct, tokens = 0.0, 0, 0
@@ -67,7 +52,7 @@ def token_metrics(model: Any, rows: Any, collator: Any, batch_size: int) -> dict
     loss = loss_sum / tokens
     return {
         "loss": loss,
-        "perplexity": math.exp(loss) if loss < 700 else math.inf,
+        "perplexity": perplexity(loss),
         "token_accuracy": correct / tokens,
         "tokens": tokens,
     }
@@ -78,6 +63,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """Score the final model of `output_dir` (or `checkpoint`) on the config's evaluation data; writes the metrics
     as JSON to `output` (default `<output_dir>/eval_results.json`) and returns them."""
+    from hellbender.data.batching import build_collator
     from hellbender.data.prepare import prepare_datasets
     from hellbender.models.loading import load_tokenizer_and_processor
 
@@ -95,7 +81,7 @@ def evaluate(
             "training rows are not prepared (streamed or used as they are). Set `test_datasets` instead."
         )
     model = load_trained(cfg, trained, tokenizer)
-    metrics = token_metrics(model, prepared.eval, _collator(cfg, tokenizer, processor), cfg.eval_batch_size)
+    metrics = token_metrics(model, prepared.eval, build_collator(cfg, tokenizer, processor), cfg.eval_batch_size)
     results = {
         **metrics,
         "rows": len(prepared.eval),
@@ -106,6 +92,6 @@ def evaluate(
     }
     target = Path(output).expanduser() if output is not None else Path(cfg.output_dir) / RESULTS_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(target, json.dumps(results, indent=1) + "\n")
+    write_file_atomically(target, json.dumps(results, indent=1) + "\n")
     logger.info("Wrote %s", target)
     return results

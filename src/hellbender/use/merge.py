@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError
-from hellbender.train.resume import write_atomically, write_manifest
-from hellbender.train.trainer import FINAL_MANIFEST
+from hellbender.storage import FINAL_MANIFEST, write_directory_atomically, write_file_atomically, write_manifest
 from hellbender.use.chat import stop_token_ids
-from hellbender.use.trained import NotATrainedModel, find_trained, with_adapter
+from hellbender.use.trained import NotATrainedModel, find_trained
 
 logger = logging.getLogger("hellbender")
 MERGE_INFO = "hellbender_merge.json"
@@ -39,6 +36,7 @@ def merge_lora(
     import torch
 
     from hellbender.models.loading import load_model, load_tokenizer_and_processor
+    from hellbender.models.stack import with_saved_adapter
 
     if cfg.adapter is None:
         raise ConfigError(
@@ -66,7 +64,7 @@ def merge_lora(
         )
         load_cfg = cfg.model_copy(update={"load_in_4bit": False, "bf16": True, "fp16": False})
     tokenizer, processor = load_tokenizer_and_processor(cfg)
-    model = with_adapter(load_model(load_cfg, tokenizer), trained.path, cfg)
+    model = with_saved_adapter(cfg, load_model(load_cfg, tokenizer), trained.path)
     with torch.no_grad():
         merged = model.merge_and_unload(safe_merge=True)  # safe_merge: refuse weights that become NaN
     merged.generation_config.eos_token_id = stop_token_ids(
@@ -101,21 +99,10 @@ def _check_target(target: Path, adapter_dir: Path) -> None:
 
 
 def _save(model: Any, tokenizer_or_processor: Any, target: Path, max_shard_size: str, info: dict[str, Any]) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(f".{target.name}.merging-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
+    def write(staging: Path) -> None:
         model.save_pretrained(str(staging), max_shard_size=max_shard_size)
         tokenizer_or_processor.save_pretrained(str(staging))
-        write_atomically(staging / MERGE_INFO, json.dumps(info, indent=1))
+        write_file_atomically(staging / MERGE_INFO, json.dumps(info, indent=1))
         write_manifest(staging, FINAL_MANIFEST)
-        if target.exists():  # an earlier merge: moved aside first, so a kill leaves one of the two whole
-            old = target.with_name(f".{target.name}.replaced-{os.getpid()}")
-            os.replace(target, old)
-            os.replace(staging, target)
-            shutil.rmtree(old)
-        else:
-            os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+
+    write_directory_atomically(target, write)  # an earlier merge there is replaced whole

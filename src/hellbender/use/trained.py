@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from hellbender.config import HellbenderConfig
-from hellbender.errors import ConfigError, UserError
-from hellbender.train.resume import MANIFEST_NAME, checkpoint_dirs, incompleteness, latest_checkpoint
-from hellbender.train.trainer import FINAL_MANIFEST
+from hellbender.errors import UserError
+from hellbender.storage import CHECKPOINT_MANIFEST, FINAL_MANIFEST, checkpoint_dirs, incompleteness, latest_checkpoint
 
 logger = logging.getLogger("hellbender")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -84,12 +83,12 @@ def _missing(directory: Path) -> str | None:
 
 
 def _manifest_problem(directory: Path) -> str | None:
-    if (directory / MANIFEST_NAME).is_file():
+    if (directory / CHECKPOINT_MANIFEST).is_file():
         return incompleteness(directory)
     if (directory / FINAL_MANIFEST).is_file():
         return incompleteness(directory, FINAL_MANIFEST)
     return (
-        f"it has neither {MANIFEST_NAME} (a checkpoint) nor {FINAL_MANIFEST} (a final or merged model), so it is "
+        f"it has neither {CHECKPOINT_MANIFEST} (a checkpoint) nor {FINAL_MANIFEST} (a final or merged model), so it is "
         "not a directory hellbender finished writing"
     )
 
@@ -110,34 +109,15 @@ def device() -> Any:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def with_adapter(base: Any, adapter_dir: Path, cfg: HellbenderConfig) -> Any:
-    """`base` wrapped with the PEFT adapter saved in `adapter_dir`."""
-    from peft import PeftModel
-
-    try:
-        return PeftModel.from_pretrained(base, str(adapter_dir))
-    except (ValueError, RuntimeError, KeyError) as exc:  # shapes or module names that do not fit the base
-        raise ConfigError(
-            f"The adapter in {adapter_dir} does not fit `base_model: {cfg.base_model}`: {exc}. Use the config the "
-            "adapter was trained with."
-        ) from None
-
-
 def load_trained(cfg: HellbenderConfig, trained: TrainedDir, tokenizer: Any) -> Any:
     """The trained model in evaluation mode, on the GPU when there is one: the base model of the config (loaded
     as for training, quantized for QLoRA) with the adapter, or the whole model saved in the directory."""
-    from hellbender.models.fixes import prepare_for_training
-    from hellbender.models.loading import _transformers_class, load_model, torch_dtype
+    from hellbender.models.stack import load_base_model, with_saved_adapter
 
     if trained.is_adapter:
-        base = prepare_for_training(load_model(cfg, tokenizer), cfg.attn_implementation)
-        model = with_adapter(base, trained.path, cfg)
+        model = with_saved_adapter(cfg, load_base_model(cfg, tokenizer), trained.path)
     else:
-        cls = _transformers_class(cfg.model_type, "model_type")
-        model = cls.from_pretrained(
-            str(trained.path), dtype=torch_dtype(cfg), attn_implementation=cfg.attn_implementation
-        )
-        model = prepare_for_training(model, cfg.attn_implementation)
+        model = load_base_model(cfg, tokenizer, source=trained.path)
     if not getattr(model, "is_loaded_in_4bit", False) and getattr(model, "hf_quantizer", None) is None:
         model = model.to(device())  # bitsandbytes places quantized weights itself
     logger.info("Loaded the %s", trained.describe())

@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
+from hellbender.data.collator import REAL_TOKENS_KEY
 from hellbender.data.formats.base import IGNORE_INDEX, UNEXPANDED_KEY, RowError
 from hellbender.data.formats.multimodal_chat import align_labels
 from hellbender.data.images import ImagePolicy, ImageProblem, open_image, unpack_pixels
 from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.errors import DataError
-from hellbender.train.collator import REAL_TOKENS_KEY
 
 
 @dataclass

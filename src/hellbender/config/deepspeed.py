@@ -1,0 +1,241 @@
+"""The `deepspeed:` JSON file, checked when the config is validated: its syntax, the ZeRO stage, values that must agree
+with the hellbender config, and that the optional package is installed. `train/deepspeed.py` hands the checked path to
+the Trainer, which fills in the `"auto"` values from its arguments."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hellbender.config.precision import precision_known_without_the_machine
+from hellbender.config.schema import HellbenderConfig
+from hellbender.errors import ConfigError
+
+AUTO = "auto"
+STAGES = (0, 1, 2, 3)
+GATHER_ON_SAVE = "stage3_gather_16bit_weights_on_model_save"
+
+
+def deepspeed_installed() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def not_installed_message(name: str) -> str:
+    return (
+        f"`deepspeed: {name}` needs the `deepspeed` package, which is not installed. Install it with "
+        "`pip install 'hellbender[deepspeed]'`, or remove `deepspeed:` (or pass `--set deepspeed=false`) to run "
+        "without it."
+    )
+
+
+def deepspeed_problems(cfg: HellbenderConfig) -> list[str]:
+    """Everything wrong with `deepspeed:` that is known without loading anything, one paragraph each. Run at
+    validation, so that a run stops before it prepares data or loads a model."""
+    if not cfg.deepspeed:
+        return []
+    try:
+        settings = read_deepspeed_json(cfg.deepspeed)
+    except ConfigError as exc:
+        problems = [str(exc)]
+    else:
+        problems = settings_problems(cfg.deepspeed, settings)
+        problems += contradictions(
+            cfg, settings, *precision_known_without_the_machine(cfg), world=_launched_world_size()
+        )
+        problems += _replaced_choices(cfg, settings)
+    if not deepspeed_installed():
+        problems.append(not_installed_message(cfg.deepspeed))
+    return problems
+
+
+def read_deepspeed_json(name: str) -> dict[str, Any]:
+    """The DeepSpeed config as a dict. transformers reads it with `json.load`, so it must be strict JSON (no
+    comments or trailing commas, which DeepSpeed's own hjson reader would allow)."""
+    path = Path(name)
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "no such file"
+        raise ConfigError(f"`deepspeed: {name}`: {what}. Point it at a DeepSpeed JSON config.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"`deepspeed: {name}` is not UTF-8 text; a DeepSpeed config is a JSON file.") from None
+    try:
+        settings = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        line = text.splitlines()[exc.lineno - 1].strip() if text.strip() else ""
+        shown = f": `{line}`" if line else ""
+        raise ConfigError(
+            f"`deepspeed: {name}` is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+            f"{shown}. DeepSpeed configs are strict JSON (double quotes, no comments, no trailing commas)."
+        ) from None
+    except _DuplicateKey as exc:
+        raise ConfigError(
+            f"`deepspeed: {name}`: `{exc.key}` is set twice in one JSON object; transformers would silently keep "
+            "the last one. Keep one."
+        ) from None
+    if not isinstance(settings, dict):
+        raise ConfigError(
+            f"`deepspeed: {name}` holds a JSON {type(settings).__name__}; a DeepSpeed config is a JSON object "
+            '(`{"zero_optimization": {"stage": 2}, ...}`).'
+        )
+    return settings
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+def zero_stage(settings: dict[str, Any]) -> int | None:
+    zero = settings.get("zero_optimization")
+    stage = zero.get("stage") if isinstance(zero, dict) else None
+    return stage if isinstance(stage, int) and not isinstance(stage, bool) and stage in STAGES else None
+
+
+def settings_problems(name: str, settings: dict[str, Any]) -> list[str]:
+    """The ZeRO stage, and settings without which the run would not give a model that transformers loads."""
+    zero = settings.get("zero_optimization")
+    if not isinstance(zero, dict) or "stage" not in zero:
+        return [
+            f"`deepspeed: {name}` has no `zero_optimization.stage`. Add it, e.g. "
+            '`"zero_optimization": {"stage": 2}` (2 shards optimizer states and gradients over the processes, 3 also '
+            "the weights)."
+        ]
+    problems = []
+    stage = zero_stage(settings)
+    if stage is None:
+        problems.append(
+            f"`deepspeed: {name}`: `zero_optimization.stage` is {json.dumps(zero['stage'])}; it must be 0, 1, 2 or 3 "
+            "(a number, not `auto`)."
+        )
+    if stage == 3 and zero.get(GATHER_ON_SAVE) is not True:
+        problems.append(
+            f'`deepspeed: {name}`: ZeRO-3 needs `"{GATHER_ON_SAVE}": true` in `zero_optimization`. Without it the '
+            "Trainer saves only DeepSpeed's sharded checkpoint, which transformers and PEFT cannot load."
+        )
+    if "bfloat16" in settings:
+        problems.append(
+            f"`deepspeed: {name}`: `bfloat16` is DeepSpeed's old name for `bf16`, which transformers neither fills "
+            "in nor checks against the hellbender config. Rename it to `bf16`."
+        )
+    return problems
+
+
+def _launched_world_size() -> int | None:
+    """The number of processes, known only inside launched processes: `hellbender train --nproc N` validates the
+    config once before it starts them."""
+    return int(os.environ["WORLD_SIZE"]) if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ else None
+
+
+def value_at(settings: dict[str, Any], dotted: str) -> Any:
+    node: Any = settings
+    for part in dotted.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (bool, str)) or value is None else str(value)
+
+
+def contradictions(
+    cfg: HellbenderConfig, settings: dict[str, Any], bf16: bool | None, fp16: bool | None, world: int | None
+) -> list[str]:
+    """Values in the DeepSpeed config that are not `"auto"` and differ from what the Trainer gets from the hellbender
+    config. transformers fills `"auto"` from the same values and refuses a mismatch itself, but only once the model is
+    loaded; this says it up front, naming both keys. `bf16` / `fp16` / `world` are None where not known yet."""
+    batch = cfg.micro_batch_size * cfg.gradient_accumulation_steps
+    pairs: list[tuple[str, str, Any]] = [
+        ("train_micro_batch_size_per_gpu", f"`micro_batch_size: {cfg.micro_batch_size}`", cfg.micro_batch_size),
+        (
+            "gradient_accumulation_steps",
+            f"`gradient_accumulation_steps: {cfg.gradient_accumulation_steps}`",
+            cfg.gradient_accumulation_steps,
+        ),
+        ("gradient_clipping", f"`max_grad_norm: {cfg.max_grad_norm}`", cfg.max_grad_norm),
+        ("optimizer.params.lr", f"`learning_rate: {cfg.learning_rate}`", cfg.learning_rate),
+        ("optimizer.params.weight_decay", f"`weight_decay: {cfg.weight_decay}`", cfg.weight_decay),
+        ("scheduler.params.warmup_max_lr", f"`learning_rate: {cfg.learning_rate}`", cfg.learning_rate),
+    ]
+    if bf16 is not None:
+        pairs.append(("bf16.enabled", _precision_text(cfg, "bf16", bf16), bf16))
+    if fp16 is not None:
+        pairs.append(("fp16.enabled", _precision_text(cfg, "fp16", fp16), fp16))
+    if world is not None:
+        pairs.append(
+            (
+                "train_batch_size",
+                f"`micro_batch_size` x `gradient_accumulation_steps` x {world} processes = {batch * world}",
+                batch * world,
+            )
+        )
+    problems = []
+    for ds_key, hellbender_text, expected in pairs:
+        value = value_at(settings, ds_key)
+        if value is None or value in (AUTO, expected):
+            continue
+        problems.append(
+            f"`deepspeed: {cfg.deepspeed}`: `{ds_key}` is {_shown(value)} there, but the hellbender config has "
+            f"{hellbender_text}. Write `{_auto_json(ds_key)}` in the DeepSpeed config (transformers then fills in the "
+            "hellbender value), or make the two agree."
+        )
+    total = value_at(settings, "train_batch_size")
+    if world is None and isinstance(total, int) and total % batch:
+        problems.append(
+            f"`deepspeed: {cfg.deepspeed}`: `train_batch_size` is {total}, which is not `micro_batch_size` x "
+            f"`gradient_accumulation_steps` ({batch}) times a number of processes. Write "
+            '`"train_batch_size": "auto"` in the DeepSpeed config (transformers fills it in).'
+        )
+    return problems
+
+
+def _auto_json(dotted: str) -> str:
+    """`a.b` -> `"a": {"b": "auto"}`: what to write in the DeepSpeed config."""
+    *parents, leaf = dotted.split(".")
+    text = f'"{leaf}": "auto"'
+    for part in reversed(parents):
+        text = f'"{part}": {{{text}}}'
+    return text
+
+
+def _precision_text(cfg: HellbenderConfig, key: str, on: bool) -> str:
+    literal = getattr(cfg, key)
+    setting = f"`{key}: {str(literal).lower()}`"
+    if literal is on:
+        return setting
+    return f"{setting} with `bf16: auto`, which turns {key} {'on' if on else 'off'} on this machine"
+
+
+def _replaced_choices(cfg: HellbenderConfig, settings: dict[str, Any]) -> list[str]:
+    """An `optimizer` or `scheduler` block in the DeepSpeed config replaces the Trainer's; it cannot also honour a
+    choice the hellbender config makes explicitly."""
+    problems = []
+    chosen = cfg.model_fields_set
+    if "optimizer" in settings and "optimizer" in chosen and cfg.optimizer is not None:
+        problems.append(
+            f"`deepspeed: {cfg.deepspeed}` has an `optimizer` block, which replaces hellbender's `optimizer: "
+            f"{cfg.optimizer}`. Remove one of them."
+        )
+    scheduler_keys = [k for k in ("lr_scheduler", "warmup_steps", "warmup_ratio") if k in chosen]
+    if "scheduler" in settings and scheduler_keys:
+        keys = ", ".join(f"`{k}`" for k in scheduler_keys)
+        problems.append(
+            f"`deepspeed: {cfg.deepspeed}` has a `scheduler` block, which replaces the schedule set by {keys}. "
+            "Remove the block, or those keys."
+        )
+    return problems

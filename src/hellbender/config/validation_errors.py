@@ -1,0 +1,108 @@
+"""pydantic's validation errors, translated into one paragraph per wrong key in the words of YAML."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from hellbender.config.keys import ENTRY_MODELS
+from hellbender.config.schema import HellbenderConfig
+
+_MISSING = object()
+# List keys whose items are dataset entries: a wrong item gets a hint on how an entry is written.
+_ENTRY_LIST_HINT = ", each starting with `- path: ...` and its other keys indented below"
+
+
+def _split_loc(loc: tuple[Any, ...], raw: Any) -> tuple[tuple[Any, ...], str | None]:
+    """The key path the user wrote, and the union member pydantic named after it, if any.
+
+    pydantic puts the member of a union type (`bool`, `literal['auto']`, `list[str]`) into the error location;
+    a location part that is not in the user's data at that point is such a member."""
+    node: Any = raw
+    for i, part in enumerate(loc):
+        in_mapping = isinstance(node, dict) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if not (in_mapping or in_list):
+            return tuple(loc[:i]), str(part)
+        node = node[part]
+    return tuple(loc), None
+
+
+def _value_at(raw: Any, path: tuple[Any, ...]) -> Any:
+    for part in path:
+        raw = raw[part]
+    return raw
+
+
+def _describe_member(tag: str) -> str:
+    """What a union member accepts, in YAML words: `bool` is true or false, `literal['a','b']` is 'a' or 'b'."""
+    simple = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "text"}
+    if tag in simple:
+        return simple[tag]
+    inner = tag[tag.find("[") + 1 : -1] if tag.endswith("]") else ""
+    if tag.startswith("literal["):
+        values = [v.strip() for v in inner.split(",")]
+        return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+    if tag.startswith("list["):
+        return f"a list of {_describe_member(inner)}"
+    if tag.startswith("tuple["):
+        return f"a pair [{inner.replace('int', 'integer')}]"
+    if tag.startswith("dict["):
+        return "a mapping of keys to values"
+    return tag
+
+
+def _field_description(path: tuple[Any, ...]) -> str:
+    if len(path) == 1 and path[0] in HellbenderConfig.model_fields:
+        return HellbenderConfig.model_fields[path[0]].description or ""
+    if len(path) == 3 and path[0] in ENTRY_MODELS and path[2] in ENTRY_MODELS[path[0]].model_fields:
+        return ENTRY_MODELS[path[0]].model_fields[path[2]].description or ""
+    return ""
+
+
+def _shown(value: Any) -> str:
+    return "nothing" if value is _MISSING else "a mapping" if isinstance(value, dict) else repr(value)
+
+
+def _plain_message(err: dict[str, Any], path: tuple[Any, ...]) -> str:
+    """pydantic's message, in YAML words where it speaks Python (a dictionary, an instance of a model)."""
+    if err["type"] == "list_type" and len(path) == 1 and path[0] in ENTRY_MODELS:
+        return f"must be a list of entries{_ENTRY_LIST_HINT}"
+    if err["type"] in ("model_type", "model_attributes_type") and len(path) == 2 and path[0] in ENTRY_MODELS:
+        return f"must be a mapping of keys to values: `{path[0]}` is a list of entries{_ENTRY_LIST_HINT}"
+    if err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        return "Input should be a mapping of keys to values (`key: value` lines)"
+    return err["msg"].rstrip(".")
+
+
+def describe_validation_error(exc: ValidationError, raw: dict[str, Any]) -> list[str]:
+    """One paragraph per wrong key: the key path as `--set` writes it (`datasets.0.type`), what it accepts and the
+    value it got. The errors pydantic gives for each member of a union type are merged into one."""
+    groups: dict[tuple[Any, ...], list[tuple[str | None, dict[str, Any]]]] = {}
+    for err in exc.errors():
+        if err["type"] == "missing":
+            path, member = tuple(err["loc"]), None
+        else:
+            path, member = _split_loc(err["loc"], raw)
+        groups.setdefault(path, []).append((member, err))
+    problems = []
+    for path, errs in groups.items():
+        loc = ".".join(str(p) for p in path)
+        members = list(dict.fromkeys(m for m, _ in errs if m is not None))
+        if errs[0][1]["type"] == "missing":
+            description = _field_description(path).rstrip(".")
+            problems.append(f"`{loc}` is required but missing" + (f": {description}." if description else "."))
+        elif members:
+            try:
+                value = _value_at(raw, path)
+            except (KeyError, IndexError, TypeError):
+                value = _MISSING
+            accepted = ", or ".join(_describe_member(m) for m in members)
+            problems.append(f"`{loc}` must be {accepted} (got {_shown(value)}).")
+        else:
+            for _, err in errs:
+                msg = _plain_message(err, path)
+                colon = "" if msg.startswith("must") else ":"
+                problems.append(f"`{loc}`{colon} {msg} (got {_shown(err.get('input'))}).")
+    return problems

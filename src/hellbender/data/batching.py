@@ -1,0 +1,22 @@
+"""The collator a config trains and evaluates with: padded (or packed) token rows for text models, the processor's
+batches for vision-language models. Training and `hellbender evaluate` both build it here, so they batch alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hellbender.config import HellbenderConfig
+from hellbender.data.collator import CausalLMCollator
+from hellbender.data.contexts import image_policy
+from hellbender.data.multimodal_collator import MultimodalCollator
+from hellbender.data.vision_tokens import vision_token_ids
+
+
+def build_collator(
+    cfg: HellbenderConfig, tokenizer: Any, processor: Any | None
+) -> CausalLMCollator | MultimodalCollator:
+    if processor is None:
+        return CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation)
+    return MultimodalCollator(
+        processor, image_policy(cfg), frozenset(vision_token_ids(processor, cfg.vision_tokens_to_mask))
+    )

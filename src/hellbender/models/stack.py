@@ -1,0 +1,55 @@
+"""The model a config describes, assembled in one place: the base model with its family's preparation, then what
+training adds (fused kernels, a new adapter, tiled MLPs, activation checkpointing), or a saved adapter on top for
+what is done with a trained run (inference, evaluation, merging)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from hellbender.config import HellbenderConfig
+from hellbender.errors import ConfigError
+from hellbender.models.activation_checkpointing import enable_activation_checkpointing
+from hellbender.models.adapters import apply_adapter
+from hellbender.models.fixes import prepare_for_training
+from hellbender.models.kernels import apply_liger_kernels
+from hellbender.models.loading import load_model
+from hellbender.models.tiled_mlp import tile_mlps
+
+logger = logging.getLogger("hellbender")
+
+
+def load_base_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None = None) -> Any:
+    """The model of `base_model` (or the whole model saved in `source`), ready for its family's forward passes."""
+    return prepare_for_training(load_model(cfg, tokenizer, source), cfg.attn_implementation)
+
+
+def build_trainable_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
+    """The base model with everything training adds, in the order each step needs."""
+    from transformers import set_seed
+
+    model = load_base_model(cfg, tokenizer)
+    apply_liger_kernels(cfg, model)  # before the adapter, so LoRA wraps the projections the fused modules call
+    set_seed(cfg.seed)  # the adapter's initial weights must not depend on what loading drew from the RNG
+    model = apply_adapter(cfg, model)
+    if cfg.tiled_mlp:  # after Liger and the adapter: tiles whatever forward the MLPs have by now
+        logger.info("tiled_mlp: %d MLPs run in shards", tile_mlps(model, cfg.tiled_mlp_num_shards))
+    if cfg.checkpoints_activations:  # hellbender's own setup, not the Trainer's nor FSDP's: activation_checkpointing.py
+        enable_activation_checkpointing(
+            model, offload=cfg.gradient_checkpointing == "offload", layers=cfg.gradient_checkpointing_layers
+        )
+    return model
+
+
+def with_saved_adapter(cfg: HellbenderConfig, base: Any, adapter_dir: Path) -> Any:
+    """`base` wrapped with the PEFT adapter saved in `adapter_dir`."""
+    from peft import PeftModel
+
+    try:
+        return PeftModel.from_pretrained(base, str(adapter_dir))
+    except (ValueError, RuntimeError, KeyError) as exc:  # shapes or module names that do not fit the base
+        raise ConfigError(
+            f"The adapter in {adapter_dir} does not fit `base_model: {cfg.base_model}`: {exc}. Use the config the "
+            "adapter was trained with."
+        ) from None
