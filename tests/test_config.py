@@ -295,7 +295,7 @@ def test_streaming_defaults_to_true_for_pretraining_dataset():
     assert cfg.pretraining_dataset[0].path == "corpus.jsonl"
     assert cfg.pretraining_dataset[0].text_column == "text"
     cfg = validate_config(cfg_dict())
-    assert cfg.streaming is None and not cfg.uses_streaming
+    assert cfg.streaming is False and not cfg.uses_streaming  # decided, so `validate` shows it
 
 
 def test_pretraining_dataset_may_be_a_single_mapping():

@@ -37,6 +37,23 @@ CONVERSATION = [
 ]
 
 
+def bare_context(tokenizer, train_on_inputs: bool, text_field: str = "text") -> FormatContext:
+    """A context with only what the alpaca / completion / pretokenized formats read."""
+    return FormatContext(
+        tokenizer=tokenizer,
+        train_on_inputs=train_on_inputs,
+        chat_template=None,
+        field_messages=None,
+        role_key=None,
+        content_key=None,
+        role_map=None,
+        roles_to_train=(),
+        train_on_eos=None,
+        text_field=text_field,
+        vision=None,
+    )
+
+
 def ids_of(tok, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
@@ -86,7 +103,7 @@ def ctx_for(tok, entry: dict, **top) -> FormatContext:
 def test_alpaca_masks_prompt_and_trains_output_and_eos(tiny_tokenizer):
     tok = tiny_tokenizer
     row = {"instruction": "Name a colour.", "output": "Blue is a colour."}
-    out = FORMATTERS["alpaca"](row, FormatContext(tokenizer=tok, train_on_inputs=False))
+    out = FORMATTERS["alpaca"](row, bare_context(tokenizer=tok, train_on_inputs=False))
 
     prompt = ALPACA_NO_INPUT.format(instruction="Name a colour.")
     prompt_ids = ids_of(tok, prompt)
@@ -100,7 +117,7 @@ def test_alpaca_masks_prompt_and_trains_output_and_eos(tiny_tokenizer):
 def test_alpaca_with_input_uses_input_prompt_and_masks_the_input(tiny_tokenizer):
     tok = tiny_tokenizer
     row = {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"}
-    out = FORMATTERS["alpaca"](row, FormatContext(tokenizer=tok, train_on_inputs=False))
+    out = FORMATTERS["alpaca"](row, bare_context(tokenizer=tok, train_on_inputs=False))
 
     prompt = ALPACA_WITH_INPUT.format(instruction="Translate to French.", input="Good morning")
     prompt_ids = ids_of(tok, prompt)
@@ -113,7 +130,7 @@ def test_alpaca_with_input_uses_input_prompt_and_masks_the_input(tiny_tokenizer)
 def test_alpaca_empty_input_uses_the_no_input_prompt(tiny_tokenizer, empty_input):
     tok = tiny_tokenizer
     row = {"instruction": "Say hi.", "input": empty_input, "output": "Hi"}
-    out = FORMATTERS["alpaca"](row, FormatContext(tokenizer=tok, train_on_inputs=False))
+    out = FORMATTERS["alpaca"](row, bare_context(tokenizer=tok, train_on_inputs=False))
     prompt_ids = ids_of(tok, ALPACA_NO_INPUT.format(instruction="Say hi."))
     assert out["input_ids"] == prompt_ids + ids_of(tok, "Hi") + [tok.eos_token_id]
 
@@ -121,7 +138,7 @@ def test_alpaca_empty_input_uses_the_no_input_prompt(tiny_tokenizer, empty_input
 def test_alpaca_train_on_inputs_trains_every_token(tiny_tokenizer):
     tok = tiny_tokenizer
     row = {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"}
-    out = FORMATTERS["alpaca"](row, FormatContext(tokenizer=tok, train_on_inputs=True))
+    out = FORMATTERS["alpaca"](row, bare_context(tokenizer=tok, train_on_inputs=True))
     text = ALPACA_WITH_INPUT.format(instruction="Translate to French.", input="Good morning") + "Bonjour" + EOS
     assert out["input_ids"] == ids_of(tok, text)
     assert out["labels"] == out["input_ids"]
@@ -139,7 +156,7 @@ def test_alpaca_dataset_train_on_inputs_overrides_top_level(tiny_tokenizer):
 
 def test_alpaca_missing_output_column_raises_row_error(tiny_tokenizer):
     with pytest.raises(RowError, match="`output` is missing"):
-        FORMATTERS["alpaca"]({"instruction": "x"}, FormatContext(tokenizer=tiny_tokenizer, train_on_inputs=False))
+        FORMATTERS["alpaca"]({"instruction": "x"}, bare_context(tokenizer=tiny_tokenizer, train_on_inputs=False))
 
 
 # --- chat_template ------------------------------------------------------------------------------------------
@@ -310,9 +327,7 @@ def test_chat_template_empty_assistant_turn_trains_its_own_end_token(tiny_tokeni
 
 def test_completion_trains_all_tokens_and_appends_eos_once(tiny_tokenizer):
     tok = tiny_tokenizer
-    out = FORMATTERS["completion"](
-        {"text": "The quick brown fox."}, FormatContext(tokenizer=tok, train_on_inputs=False)
-    )
+    out = FORMATTERS["completion"]({"text": "The quick brown fox."}, bare_context(tokenizer=tok, train_on_inputs=False))
     assert out["input_ids"] == ids_of(tok, "The quick brown fox.") + [tok.eos_token_id]
     assert out["labels"] == out["input_ids"]
     assert out["input_ids"].count(tok.eos_token_id) == 1
@@ -328,7 +343,7 @@ def test_completion_reads_the_configured_field(tiny_tokenizer):
 
 
 def test_completion_empty_text_gives_an_empty_row(tiny_tokenizer):
-    out = FORMATTERS["completion"]({"text": ""}, FormatContext(tokenizer=tiny_tokenizer, train_on_inputs=False))
+    out = FORMATTERS["completion"]({"text": ""}, bare_context(tokenizer=tiny_tokenizer, train_on_inputs=False))
     assert out == {"input_ids": [], "labels": []}
 
 
@@ -336,7 +351,7 @@ def test_completion_empty_text_gives_an_empty_row(tiny_tokenizer):
 
 
 def pretok(row, tok):
-    return FORMATTERS["pretokenized"](row, FormatContext(tokenizer=tok, train_on_inputs=False))
+    return FORMATTERS["pretokenized"](row, bare_context(tokenizer=tok, train_on_inputs=False))
 
 
 def test_pretokenized_labels_default_to_input_ids(tiny_tokenizer):

@@ -242,7 +242,7 @@ def test_default_lora_on_a_vlm_adapts_only_the_language_model(tmp_path, name, ta
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
-    from hellbender.models.adapters import DEFAULT_TARGETS
+    from hellbender.config.defaults import DEFAULT_LORA_TARGETS as DEFAULT_TARGETS
 
     base_dir = model_dir(name)
     cfg = validate_config(vlm_config(tmp_path, name, adapter="lora", lora_target_linear=target_linear, max_steps=1))

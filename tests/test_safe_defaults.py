@@ -98,7 +98,7 @@ def test_a_checkpoint_that_would_run_code_when_unpickled_is_refused_without_runn
 
 
 def test_background_loaders_are_the_default_only_for_prepared_images_on_a_gpu(tmp_path):
-    from hellbender.train.arguments import dataloader_workers
+    from hellbender.config.defaults import dataloader_workers
 
     vlm = dict(
         base_model="hellbender/tiny-qwen2.5-vl",

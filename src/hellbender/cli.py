@@ -326,8 +326,9 @@ def evaluate(
 def validate(config: ConfigArg, set_: SetOpt = None, debug: DebugOpt = False) -> None:
     """Check a config without loading the model or data; print the resolved config."""
     from hellbender.config import dump_config, load_config
+    from hellbender.config.machine import this_machine
 
-    _run(debug, lambda: sys.stdout.write(dump_config(load_config(config, set_))))
+    _run(debug, lambda: sys.stdout.write(dump_config(load_config(config, set_), this_machine())))
 
 
 @app.command()

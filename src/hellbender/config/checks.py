@@ -29,6 +29,12 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
             "Mixing `datasets:` with a streamed `pretraining_dataset:` is not supported yet. Train them in separate "
             "runs, or set `streaming: false` to prepare the pretraining text like the other datasets."
         )
+    if cfg.uses_streaming and cfg.sample_packing is False and not cfg.is_multimodal:
+        problems.append(
+            "`sample_packing: false` cannot be honoured with a streamed `pretraining_dataset`: streamed raw text is "
+            "always packed into full `sequence_len` bins (a long document continues in the next bin). Remove the key, "
+            "or set `streaming: false` to prepare the text as rows of their own."
+        )
     if cfg.streaming and not cfg.pretraining_dataset:
         problems.append("`streaming: true` applies to `pretraining_dataset:` entries, but none are given.")
     if cfg.save_steps is not None and cfg.saves_per_epoch is not None:
@@ -220,6 +226,24 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
         problems.append(
             "`fsdp_version: 1` is not supported: hellbender shards with FSDP2 only. Set `fsdp_version: 2`; the "
             "`fsdp_config` keys stay the same."
+        )
+    fsdp = cfg.fsdp_settings
+    if fsdp.use_orig_params is False:
+        problems.append(
+            "`fsdp_config.use_orig_params: false` cannot be honoured: FSDP2 always trains the original parameters "
+            "(FSDP1 flattened them). Remove the key or set it to true."
+        )
+    if fsdp.sync_module_states is False and fsdp.cpu_ram_efficient_loading:
+        problems.append(
+            "`fsdp_config.sync_module_states: false` contradicts `cpu_ram_efficient_loading: true`, which sends the "
+            "first process's weights to the others. Remove `sync_module_states` (every process starts from the "
+            "same weights either way)."
+        )
+    if cfg.fsdp_final_state_dict_type == "SHARDED_STATE_DICT":
+        problems.append(
+            "`fsdp_final_state_dict_type: SHARDED_STATE_DICT` is not supported: the final model is always saved whole, "
+            "so that transformers and PEFT load it. Remove the key (checkpoints can be sharded with "
+            "`fsdp_config.state_dict_type`)."
         )
     if cfg.fsdp_config is not None and cfg.fsdp_version is None:
         problems.append("`fsdp_config` is set but `fsdp_version` is not: add `fsdp_version: 2` to shard with FSDP2.")

@@ -49,7 +49,7 @@ class DatasetEntry(ImageEntryKeys):
         description="Local file, directory or glob; a hub dataset id; or an fsspec URL (s3://, gs://, az://)."
     )
     type: DatasetType | None = Field(
-        None, description="Row format. Unset: rows that already hold `input_ids` are passed through (`pretokenized`)."
+        None, description="Row format. Default `pretokenized`: rows that already hold `input_ids` are passed through."
     )
     ds_type: DsType | None = Field(None, description="File format; guessed from the file extension when unset.")
     data_files: list[str] | str | None = Field(None, description="Files inside a hub dataset or directory to load.")
@@ -118,13 +118,17 @@ class DataSettings(BaseModel):
     dataset_prepared_path: str | None = Field(
         None, description="Directory of the prepared-dataset cache; default `last_run_prepared` beside `output_dir`."
     )
-    dataset_processes: int | None = Field(None, gt=0, description="Processes used to tokenize; default 1.")
+    dataset_processes: int = Field(1, gt=0, description="Processes used to tokenize.")
     sequence_len: int = Field(2048, gt=1, description="Maximum tokens per row (and per packed bin).")
     excess_length_strategy: Literal["drop", "truncate", "raise"] = Field(
         "drop",
         description="Rows longer than `sequence_len`: `drop` and count them, `truncate` them, or `raise` an error naming the row.",
     )
-    sample_packing: bool = Field(False, description="Pack several rows into each `sequence_len` bin.")
+    sample_packing: bool | None = Field(
+        None,
+        description="Pack several rows into each `sequence_len` bin. Default: on for streamed raw text (always packed "
+        "into full bins), off otherwise.",
+    )
     train_on_inputs: bool = Field(False, description="Also train on prompt / user tokens.")
     chat_template: str | None = Field(
         None,

@@ -226,7 +226,7 @@ def _replaced_choices(cfg: HellbenderConfig, settings: dict[str, Any]) -> list[s
     choice the hellbender config makes explicitly."""
     problems = []
     chosen = cfg.model_fields_set
-    if "optimizer" in settings and "optimizer" in chosen and cfg.optimizer is not None:
+    if "optimizer" in settings and "optimizer" in chosen and cfg.optimizer != "auto":
         problems.append(
             f"`deepspeed: {cfg.deepspeed}` has an `optimizer` block, which replaces hellbender's `optimizer: "
             f"{cfg.optimizer}`. Remove one of them."

@@ -1,35 +1,215 @@
-"""Every default that depends on other keys is computed here, in one visible place.
+"""Every default the code decides is decided here, so `hellbender validate` prints exactly what runs.
 
-Defaults that depend on the prepared data (steps per epoch for `saves_per_epoch`, warm-up from a ratio)
-are computed by `hellbender.train.schedule` once the data is known.
+Three kinds of key stay open after validation, each for a stated reason:
+- a key whose absence is itself the setting (`UNSET_MEANS`: no resume, no DeepSpeed, the base model's tokenizer);
+- a value that depends on the machine that runs (`bf16: auto`, `optimizer: auto`, `dataloader_num_workers: auto`):
+  decided by `machine_defaults` where the run happens, since a config validated on one machine may train on another
+  (Ray workers, launched processes); `validate` shows what each will be on its own machine;
+- a value that depends on the prepared data or the loaded model (steps per epoch for the save interval, the
+  model's decoder-layer class): computed by `hellbender.train.schedule` and the model code, listed in `UNSET_MEANS`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, TypeVar
 
-from hellbender.config.schema import HellbenderConfig
+from pydantic import BaseModel
 
+from hellbender.config.machine import Machine, this_machine
+from hellbender.config.precision import run_precision
+from hellbender.config.schema import DatasetEntry, HellbenderConfig
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 ADAPTER_LEARNING_RATE = 2e-4
 FULL_FINETUNE_LEARNING_RATE = 2e-5
+# Adam's usual constants, which are also transformers' defaults; written out so the config shows them.
+ADAM_DEFAULTS = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8}
+# What LoRA adapts when the config names nothing: the attention and MLP projections of common decoder families.
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Dataset types whose rows hold images (with `processor_type`).
+VISION_TYPES = ("chat_template", "multimodal_pretrain")
+AUTO = "auto"
+IMAGE_LOADER_WORKERS = 4
+TORCH_COMPILE_DEFAULTS = {"torch_compile_backend": "inductor", "torch_compile_mode": "default"}
+
+# Keys left null after validation, and what null means for each (top-level and `fsdp_config:` keys; dataset entries
+# below). A test keeps every null of a validated config in these lists, so a new key either gets its default decided
+# in this module or says here why it stays open.
+UNSET_MEANS: dict[str, str] = {
+    "tokenizer_config": "the tokenizer of `base_model`",
+    "revision_of_model": "the default branch of `base_model`",
+    "adapter": "full fine-tuning",
+    "lora_target_modules": "with `lora_target_linear`: every linear layer; without an adapter: nothing",
+    "chat_template_jinja": "no Jinja template (only `chat_template: jinja` uses one)",
+    "max_steps": "`num_epochs` passes over the data",
+    "warmup_ratio": "`warmup_steps` decides the warm-up",
+    "warmup_steps": "`warmup_ratio` x the number of steps (from the data)",
+    "logging_steps": "about 10 logs per run, at least every 10 steps (from the number of steps)",
+    "save_steps": "once per epoch, or `saves_per_epoch` times (from the steps per epoch); streamed: every tenth",
+    "saves_per_epoch": "`save_steps` decides",
+    "save_total_limit": "every checkpoint is kept",
+    "eval_steps": "once per epoch, or `evals_per_epoch` times (from the steps per epoch); streamed: every tenth",
+    "evals_per_epoch": "`eval_steps` decides",
+    "resume_from_checkpoint": "start from the base model",
+    "gradient_checkpointing_layers": "every decoder layer is checkpointed",
+    "tiled_mlp_num_shards": "about one shard per `hidden_size` tokens (from the model)",
+    "torch_compile_backend": "not compiled (`torch_compile` is off)",
+    "torch_compile_mode": "not compiled (`torch_compile` is off)",
+    "image_size": "images keep their size",
+    "processor_type": "a text model",
+    "fsdp_version": "no FSDP",
+    "fsdp_config": "no FSDP",
+    "fsdp": "no FSDP",
+    "fsdp_final_state_dict_type": "the final model is saved whole",
+    "deepspeed": "no DeepSpeed",
+    # fsdp_config
+    "transformer_layer_cls_to_wrap": "the model's own `_no_split_modules`",
+    "sync_module_states": "every process starts from the same weights (FSDP2 always does)",
+    "use_orig_params": "FSDP2 trains the original parameters",
+}
 
 
 def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
-    updates: dict = {}
-    if cfg.learning_rate is None:
-        updates["learning_rate"] = ADAPTER_LEARNING_RATE if cfg.adapter else FULL_FINETUNE_LEARNING_RATE
-    if cfg.model_type is None:
-        updates["model_type"] = "AutoModelForImageTextToText" if cfg.is_multimodal else "AutoModelForCausalLM"
-    if cfg.attn_implementation is None:
-        updates["attn_implementation"] = "flash_attention_2" if cfg.flash_attention else "sdpa"
+    updates: dict[str, Any] = {}
+
+    def default(key: str, value: Any) -> None:
+        if getattr(cfg, key) is None:
+            updates[key] = value
+
+    default("learning_rate", ADAPTER_LEARNING_RATE if cfg.adapter else FULL_FINETUNE_LEARNING_RATE)
+    default("model_type", "AutoModelForImageTextToText" if cfg.is_multimodal else "AutoModelForCausalLM")
+    default("attn_implementation", "flash_attention_2" if cfg.flash_attention else "sdpa")
+    default("dataset_prepared_path", str(Path(cfg.output_dir).parent / "last_run_prepared"))
+    default("streaming", bool(cfg.pretraining_dataset))
+    default("eval_batch_size", cfg.micro_batch_size)
+    default("chat_template", "tokenizer_default")
+    for key, value in ADAM_DEFAULTS.items():
+        default(key, value)
+    if cfg.warmup_ratio is None:
+        default("warmup_steps", 0)
     if cfg.adapter == "qlora":
         updates["load_in_4bit"] = True
-    if cfg.dataset_prepared_path is None:
-        updates["dataset_prepared_path"] = str(Path(cfg.output_dir).parent / "last_run_prepared")
-    if cfg.streaming is None and cfg.pretraining_dataset:
-        updates["streaming"] = True
-    if cfg.eval_batch_size is None:
-        updates["eval_batch_size"] = cfg.micro_batch_size
-    if cfg.chat_template is None:
-        updates["chat_template"] = "tokenizer_default"
-    return cfg.model_copy(update=updates)
+    if cfg.adapter and not cfg.lora_target_linear:
+        default("lora_target_modules", list(DEFAULT_LORA_TARGETS))
+    if cfg.torch_compile:
+        for key, value in TORCH_COMPILE_DEFAULTS.items():
+            default(key, value)
+    # Streamed raw text is always packed into full bins; streamed image+text rows are not packed.
+    streams_text = bool(cfg.pretraining_dataset) and cfg.streaming is not False and not cfg.is_multimodal
+    default("sample_packing", streams_text)
+    cfg = _updated(cfg, updates)
+    entries: dict[str, Any] = {
+        key: [entry_with_defaults(e, cfg) for e in getattr(cfg, key)] for key in ("datasets", "test_datasets")
+    }
+    if cfg.is_multimodal:
+        entries["pretraining_dataset"] = [
+            _updated(e, {"image_base_dir": e.image_base_dir or str(default_image_base_dir(e.path))})
+            if e.type == "multimodal_pretrain"
+            else e
+            for e in cfg.pretraining_dataset
+        ]
+    return _updated(cfg, entries)
+
+
+def _updated(model: ModelT, updates: dict[str, Any]) -> ModelT:
+    """`model` with `updates`, still telling which keys the user wrote (`model_fields_set`): checks that ask
+    whether a key was chosen (a DeepSpeed block replacing a chosen schedule) must not count a default as chosen."""
+    copied = model.model_copy(update=updates)
+    object.__setattr__(copied, "__pydantic_fields_set__", set(model.model_fields_set))
+    return copied
+
+
+ENTRY_UNSET_MEANS: dict[str, str] = {
+    "ds_type": "guessed from the file extension",
+    "data_files": "every file of the path",
+    "name": "the dataset's default configuration",
+    "revision": "the default branch of the dataset",
+    "field": "`text_column` names the text column",
+    "field_messages": "each row's `messages` column, or else its `conversations` column",
+    "chat_template_jinja": "no Jinja template (only `chat_template: jinja` uses one)",
+    "roles": "the built-in role names (`human`/`user`, `gpt`/`assistant`, `system`, `tool`)",
+    "image_token": "the processor's image token",
+    "image_base_dir": "not a vision-language dataset",
+    # keys used by one dataset type only; null for the others
+    "message_property_mappings": "not a `chat_template` dataset",
+    "roles_to_train": "not a `chat_template` dataset",
+    "train_on_eos": "not a `chat_template` dataset",
+    "chat_template": "not a `chat_template` dataset",
+    "train_on_inputs": "not a dataset with prompts (`chat_template`, `alpaca`)",
+    "text_column": "not a raw-text dataset (`completion`, `multimodal_pretrain`)",
+}
+
+# The entry keys each dataset type reads, which validation fills when they are unset (a test holds this to it).
+KEYS_FILLED_FOR_TYPE: dict[str, tuple[str, ...]] = {
+    "chat_template": (
+        "train_on_inputs",
+        "message_property_mappings",
+        "roles_to_train",
+        "train_on_eos",
+        "chat_template",
+    ),
+    "alpaca": ("train_on_inputs",),
+    "completion": ("text_column",),
+    "multimodal_pretrain": ("text_column",),
+    "pretokenized": (),
+}
+
+
+def entry_with_defaults(entry: DatasetEntry, cfg: HellbenderConfig) -> DatasetEntry:
+    """The dataset entry with the defaults of its type filled in from the top-level keys."""
+    updates: dict[str, Any] = {}
+    kind = entry.type or "pretokenized"
+    updates["type"] = kind
+    if kind in ("chat_template", "alpaca") and entry.train_on_inputs is None:
+        updates["train_on_inputs"] = cfg.train_on_inputs
+    if kind == "chat_template":
+        mappings = {"role": "role", "content": "content", **(entry.message_property_mappings or {})}
+        updates["message_property_mappings"] = mappings
+        updates["roles_to_train"] = entry.roles_to_train or ["assistant"]
+        updates["train_on_eos"] = entry.train_on_eos or "turn"
+        updates["chat_template"] = entry.chat_template or cfg.chat_template
+        if updates["chat_template"] == "jinja" and entry.chat_template_jinja is None:
+            updates["chat_template_jinja"] = cfg.chat_template_jinja
+    if kind in ("completion", "multimodal_pretrain"):
+        updates["text_column"] = entry.field or entry.text_column or "text"
+        updates["field"] = None  # one key for the text column from here on
+    if cfg.is_multimodal and kind in VISION_TYPES:
+        updates["image_base_dir"] = entry.image_base_dir or str(default_image_base_dir(entry.path))
+    return _updated(entry, updates)
+
+
+def default_image_base_dir(dataset_path: str) -> Path:
+    """Image paths start from the dataset file's directory (the directory itself for a directory source, the
+    current directory for a hub dataset)."""
+    path = Path(dataset_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_file():
+        return path.parent
+    return Path(".")
+
+
+def machine_defaults(cfg: HellbenderConfig, machine: Machine | None = None) -> dict[str, Any]:
+    """The values of the machine-dependent keys on `machine` (default: this one)."""
+    machine = machine or this_machine()
+    # transformers' default, fused AdamW, on a GPU where it is faster; plain AdamW on CPU, where the fused kernel made
+    # this project's CPU test suite several times slower.
+    optimizer = cfg.optimizer if cfg.optimizer != AUTO else ("adamw_torch_fused" if machine.cuda else "adamw_torch")
+    return {
+        "bf16": run_precision(cfg, machine),
+        "optimizer": optimizer,
+        "dataloader_num_workers": dataloader_workers(cfg, machine),
+    }
+
+
+def dataloader_workers(cfg: HellbenderConfig, machine: Machine | None = None) -> int:
+    """`dataloader_num_workers`, with `auto` decided: background processes for prepared image+text rows on a GPU,
+    where opening and processing images in the training process left the GPU waiting 22% of each step. Streamed
+    rows stay in the training process (each worker would read the whole stream), as do text rows (nothing to gain)."""
+    if cfg.dataloader_num_workers != AUTO:
+        return cfg.dataloader_num_workers
+    machine = machine or this_machine()
+    if cfg.is_multimodal and not cfg.uses_streaming and machine.cuda:
+        return min(IMAGE_LOADER_WORKERS, machine.cpus)
+    return 0

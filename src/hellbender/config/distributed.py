@@ -39,8 +39,17 @@ class FsdpSettings(BaseModel):
     cpu_ram_efficient_loading: bool = Field(
         False, description="Only the first process reads the weights; the others receive their shards from it."
     )
-    sync_module_states: bool | None = Field(None, description="Accepted for FSDP1 configs; FSDP2 ignores it.")
-    use_orig_params: bool | None = Field(None, description="Accepted for FSDP1 configs; FSDP2 ignores it.")
+    sync_module_states: bool | None = Field(
+        None,
+        description="FSDP1's key. Every FSDP2 process starts from the same weights (each reads them, or with "
+        "`cpu_ram_efficient_loading` the first sends them), so `true` is what happens; `false` is refused with "
+        "`cpu_ram_efficient_loading`.",
+    )
+    use_orig_params: bool | None = Field(
+        None,
+        description="FSDP1's key. FSDP2 always trains the original parameters, so `true` is what happens; `false` "
+        "is refused.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -77,7 +86,9 @@ class DistributedSettings(BaseModel):
         None, description="FSDP1's option list (`full_shard auto_wrap`); refused: use `fsdp_version: 2`."
     )
     fsdp_final_state_dict_type: StateDictType | None = Field(
-        None, description="Accepted for Axolotl configs; the final model is always saved whole."
+        None,
+        description="The final model is always saved whole (`FULL_STATE_DICT`, what transformers loads); "
+        "`SHARDED_STATE_DICT` is refused.",
     )
     fp32_norms: bool = Field(
         False,
@@ -99,7 +110,7 @@ class DistributedSettings(BaseModel):
         description="Run training under Ray Train's TorchTrainer, one worker per process; needs the `ray` extra.",
     )
     ray_num_workers: int = Field(1, gt=0, description="Ray workers (training processes) with `use_ray`.")
-    ray_run_name: str | None = Field(None, description="Name of the Ray Train run; default `hellbender`.")
+    ray_run_name: str = Field("hellbender", description="Name of the Ray Train run.")
 
     @field_validator("fsdp_version", "fsdp_config", "fsdp", "deepspeed", mode="before")
     @classmethod

@@ -10,8 +10,9 @@ import yaml
 from pydantic import ValidationError
 
 from hellbender.config.checks import find_conflicts, find_path_problems
-from hellbender.config.defaults import apply_derived_defaults
+from hellbender.config.defaults import apply_derived_defaults, machine_defaults
 from hellbender.config.keys import key_problems
+from hellbender.config.machine import Machine
 from hellbender.config.overrides import apply_overrides
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.validation_errors import describe_validation_error
@@ -48,6 +49,17 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Hellben
     return validate_config(apply_overrides(raw, overrides or []))
 
 
-def dump_config(cfg: HellbenderConfig) -> str:
-    """The resolved config as YAML, every key included, in schema order."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+def dump_config(cfg: HellbenderConfig, machine: Machine | None = None) -> str:
+    """The resolved config as YAML, every key included, in schema order. With `machine`, the keys decided on the
+    machine that runs (`bf16`, `optimizer`, `dataloader_num_workers`) say what they will be on it, as comments."""
+    text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+    if machine is None:
+        return text
+    notes = {
+        key: f"on this machine ({machine.describe()}): {value}" for key, value in machine_defaults(cfg, machine).items()
+    }
+    lines = []
+    for line in text.splitlines():
+        key = line.partition(":")[0]
+        lines.append(f"{line}  # {notes[key]}" if key in notes else line)
+    return "\n".join(lines) + "\n"

@@ -26,7 +26,8 @@ class ModelSettings(BaseModel):
     tokenizer_type: str = Field("AutoTokenizer", description="transformers tokenizer class to load.")
     special_tokens: dict[str, str] = Field(
         default_factory=dict,
-        description="Special tokens to set on the tokenizer, e.g. `{pad_token: '<|pad|>'}`; new tokens grow the embeddings.",
+        description="Special tokens to set on the tokenizer, e.g. `{pad_token: '<|pad|>'}`; new tokens grow the embeddings. "
+        "A tokenizer without a pad token pads with its EOS token (padding is never attended to or trained).",
     )
     trust_remote_code: bool = Field(
         False, description="Allow model and tokenizer code from the model repository to run. Off unless set."

@@ -11,6 +11,7 @@ from pydantic_core import PydanticUndefined
 
 from hellbender.config.adapter import AdapterSettings
 from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatasetEntry
+from hellbender.config.defaults import ENTRY_UNSET_MEANS, UNSET_MEANS
 from hellbender.config.distributed import DistributedSettings, FsdpSettings
 from hellbender.config.kernels import KernelSettings
 from hellbender.config.model import ModelSettings
@@ -51,10 +52,12 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _default(field: Any) -> str:
+def _default(name: str, field: Any, unset_means: dict[str, str]) -> str:
     if field.default is PydanticUndefined and field.default_factory is None:
         return "required"
     value = field.default_factory() if field.default_factory is not None else field.default
+    if value is None:
+        return f"`null`: {unset_means[name]}" if name in unset_means else "decided at validation"
     return f"`{json.dumps(value)}`"
 
 
@@ -65,12 +68,17 @@ def config_markdown() -> str:
         "Generated from the schema by `hellbender schema --markdown`; a test keeps this page current.",
         "Key names follow Axolotl's. A key Axolotl defines that hellbender does not implement yet is refused",
         "by name (unless it is set to false or null); any other unknown key is an error with a suggestion.",
+        'Defaults marked "decided at validation" depend on other keys; `hellbender validate` prints the value. Where a',
+        "key may stay null, the table says what null means for it.",
         "",
     ]
     for title, model in SECTIONS:
+        unset_means = ENTRY_UNSET_MEANS if model in (DatasetEntry, PretrainingDatasetEntry) else UNSET_MEANS
         lines += [f"## {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for name, field in model.model_fields.items():
             description = (field.description or "").replace("|", "\\|")
-            lines.append(f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} | {description} |")
+            lines.append(
+                f"| `{name}` | {_type_name(field.annotation)} | {_default(name, field, unset_means)} | {description} |"
+            )
         lines.append("")
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,18 +28,18 @@ class TrainingSettings(BaseModel):
         None, gt=0, description="Peak learning rate; default 2e-4 with an adapter, 2e-5 for full fine-tuning."
     )
     lr_scheduler: LrScheduler = Field("cosine", description="Learning-rate schedule after warm-up.")
-    warmup_steps: int | None = Field(None, ge=0, description="Linear warm-up steps.")
+    warmup_steps: int | None = Field(None, ge=0, description="Linear warm-up steps; default 0 (or `warmup_ratio`).")
     warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Warm-up as a fraction of all steps.")
-    optimizer: str | None = Field(
-        None,
+    optimizer: str = Field(
+        "auto",
         description="Optimizer name as transformers knows it (`adamw_torch_fused`, `adamw_torch`, `adamw_bnb_8bit`, "
-        "`sgd`, ...). Default: `adamw_torch_fused` on a GPU (5% faster than `adamw_torch` on a 1B full fine-tune, "
-        "docs/benchmarks.md), `adamw_torch` on CPU.",
+        "`sgd`, ...). `auto`: `adamw_torch_fused` on a GPU (5% faster than `adamw_torch` on a 1B full fine-tune, "
+        "docs/benchmarks.md), `adamw_torch` on CPU, decided on the machine that trains.",
     )
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
-    adam_beta1: float | None = Field(None, description="Adam beta1 (transformers' default when unset).")
-    adam_beta2: float | None = Field(None, description="Adam beta2 (transformers' default when unset).")
-    adam_epsilon: float | None = Field(None, description="Adam epsilon (transformers' default when unset).")
+    adam_beta1: float | None = Field(None, description="Adam beta1; default 0.9 (transformers' default).")
+    adam_beta2: float | None = Field(None, description="Adam beta2; default 0.999 (transformers' default).")
+    adam_epsilon: float | None = Field(None, description="Adam epsilon; default 1e-8 (transformers' default).")
     max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables clipping.")
     gradient_checkpointing: bool | Literal["offload"] = Field(
         False,
@@ -83,11 +83,11 @@ class TrainingSettings(BaseModel):
     ignore_data_skip: bool = Field(
         False, description="On resume, do not fast-forward the data to where the checkpoint stopped."
     )
-    dataloader_num_workers: int | None = Field(
-        None,
-        ge=0,
-        description="Background processes loading batches. Default: 4 for prepared image+text data on a GPU (image "
-        "processing then keeps up with the GPU: 1.40x on the Gemma-4-E2B benchmark, docs/benchmarks.md), else 0.",
+    dataloader_num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto",
+        description="Background processes loading batches. `auto`: 4 for prepared image+text data on a GPU (image "
+        "processing then keeps up with the GPU: 1.40x on the Gemma-4-E2B benchmark, docs/benchmarks.md), else 0, "
+        "decided on the machine that trains.",
     )
     memory_watchdog: Literal["warn", "error", "off"] = Field(
         "warn",

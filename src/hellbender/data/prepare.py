@@ -31,17 +31,22 @@ class PreparedData:
     from_cache: bool
 
 
+def _worker_processes(cfg: HellbenderConfig) -> int | None:
+    """`dataset_processes` as `datasets` takes it: None runs in this process (1 would start a pool of one)."""
+    return cfg.dataset_processes if cfg.dataset_processes > 1 else None
+
+
 def _row_format(entry: DatasetEntry, columns: list[str], multimodal: bool, where: str) -> str:
     if entry.type == "chat_template" and multimodal:
         return "multimodal_chat"
-    if entry.type is not None:
-        return entry.type
-    if "input_ids" in columns:
-        return "pretokenized"
-    raise DataError(
-        f"{where} has no `type` and its rows hold no `input_ids` (columns: {', '.join(columns)}). "
-        "Set `type: alpaca`, `chat_template` or `completion`."
-    )
+    kind = entry.type or "pretokenized"
+    if kind == "pretokenized" and "input_ids" not in columns:
+        what = "is `type: pretokenized`" if "type" in entry.model_fields_set else "has no `type` (so `pretokenized`)"
+        raise DataError(
+            f"{where} {what} and its rows hold no `input_ids` (columns: {', '.join(columns)}). "
+            "Set `type: alpaca`, `chat_template` or `completion`."
+        )
+    return kind
 
 
 def tokenize_entries(
@@ -67,7 +72,7 @@ def tokenize_entries(
                 cfg.sequence_len,
                 cfg.excess_length_strategy,
                 where,
-                cfg.dataset_processes,
+                _worker_processes(cfg),
             )
         except UnicodeDecodeError:
             # Arrow reads bytes that are not UTF-8 into text columns; they fail only when a row is decoded.
@@ -183,10 +188,10 @@ def _build(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> tuple[Any |
     }
     if cfg.sample_packing:
         if train is not None:
-            train = pack_dataset(train, cfg.sequence_len, cfg.dataset_processes)
+            train = pack_dataset(train, cfg.sequence_len, _worker_processes(cfg))
             stats["packed_bins"] = len(train)
         if eval_ds is not None:
-            eval_ds = pack_dataset(eval_ds, cfg.sequence_len, cfg.dataset_processes)
+            eval_ds = pack_dataset(eval_ds, cfg.sequence_len, _worker_processes(cfg))
     return train, eval_ds, stats
 
 

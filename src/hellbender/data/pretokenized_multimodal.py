@@ -9,13 +9,12 @@ expanded tokens (see `MultimodalCollator`).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from hellbender.config import HellbenderConfig
-from hellbender.data.contexts import default_image_base_dir, image_policy
+from hellbender.data.contexts import image_base_dir, image_policy
 from hellbender.data.formats.base import IGNORE_INDEX, UNEXPANDED_KEY
 from hellbender.data.images import ImagePolicy, ImageProblem, image_reference, resolve_image
 from hellbender.data.sources import load_rows
@@ -62,11 +61,11 @@ class PretokenizedMultimodalRows(torch.utils.data.Dataset):
 def pretokenized_multimodal_rows(cfg: HellbenderConfig) -> torch.utils.data.Dataset:
     parts = []
     for i, entry in enumerate(cfg.datasets):
-        base = entry.image_base_dir or default_image_base_dir(entry)
-        policy = image_policy(cfg, base_dir=Path(base), allow_remote=entry.allow_remote_images)
+        where = f"Dataset datasets[{i}] `{entry.path}`"
+        policy = image_policy(cfg, base_dir=image_base_dir(entry, where), allow_remote=entry.allow_remote_images)
         parts.append(
             PretokenizedMultimodalRows(
-                load_rows(entry, where=f"Dataset datasets[{i}] `{entry.path}`"),
+                load_rows(entry, where=where),
                 policy,
                 f"datasets[{i}] `{entry.path}`",
                 entry.image_column,

@@ -8,8 +8,6 @@ from typing import Any
 from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError, EnvironmentProblem
 
-# Used when the config names no targets: the attention and MLP projections of common decoder families.
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # PEFT's ModulesToSaveWrapper forwards keyword-only calls from this version on; Gemma 4 calls its vision
 # tower and embedder with keyword arguments only.
 MIN_PEFT_FOR_KEYWORD_MODULES = (0, 21)
@@ -38,8 +36,8 @@ def _linear_modules(model: Any, prefix: str) -> dict[str, str]:
 
 def target_modules(cfg: HellbenderConfig, model: Any) -> list[str] | str:
     """What LoRA adapts. A regex string is passed to PEFT as is (it may reach the vision tower). Otherwise
-    targets are leaf names (`q_proj`), and for vision-language models only layers of the language model
-    are adapted, given as full names."""
+    targets are leaf names (`q_proj`; validation fills the default list), and for vision-language models only
+    layers of the language model are adapted, given as full names. A named target the model lacks is an error."""
     if isinstance(cfg.lora_target_modules, str):
         return cfg.lora_target_modules
     prefix = language_model_prefix(model) if cfg.is_multimodal else ""
@@ -47,13 +45,14 @@ def target_modules(cfg: HellbenderConfig, model: Any) -> list[str] | str:
         return "all-linear"
     linear = _linear_modules(model, prefix)
     leaves = set(linear.values())
-    wanted = set(cfg.lora_target_modules or [t for t in DEFAULT_TARGETS if t in leaves])
+    wanted = set(cfg.lora_target_modules or [])
     missing = sorted(wanted - leaves)
-    if missing or not wanted:
+    if missing or not (wanted or cfg.lora_target_linear):
         where = f" of the language model (`{prefix}`)" if prefix else ""
         raise ConfigError(
-            f"`lora_target_modules`: {', '.join(missing) or 'no default projection'} not found among the linear "
-            f"layers{where}: {', '.join(sorted(leaves))}. Or set `lora_target_linear: true`."
+            f"`lora_target_modules`: {', '.join(missing) or 'no module'} not found among the linear layers{where}: "
+            f"{', '.join(sorted(leaves))}. Name the ones to adapt in `lora_target_modules`, or set "
+            "`lora_target_linear: true`."
         )
     if cfg.lora_target_linear:
         wanted = leaves

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 
 from transformers import TrainingArguments
 
 from hellbender.config import HellbenderConfig
-from hellbender.config.precision import run_precision
+from hellbender.config.defaults import machine_defaults
 from hellbender.errors import EnvironmentProblem
 from hellbender.train.deepspeed import deepspeed_config
 from hellbender.train.distributed import runs_on_cpu_processes
@@ -30,30 +29,6 @@ def report_targets(cfg: HellbenderConfig) -> list[str]:
     return targets
 
 
-def default_optimizer() -> str:
-    """transformers' default (fused AdamW) on a GPU, where it is faster; plain AdamW on CPU, where the fused
-    kernel made this project's CPU test suite several times slower."""
-    import torch
-
-    return "adamw_torch_fused" if torch.cuda.is_available() else "adamw_torch"
-
-
-IMAGE_LOADER_WORKERS = 4
-
-
-def dataloader_workers(cfg: HellbenderConfig) -> int:
-    """The config's `dataloader_num_workers`, or its default: background processes for prepared image+text rows on
-    a GPU, where opening and processing images in the training process left the GPU waiting 22% of each step.
-    Streamed rows stay in the training process: each worker would read the whole stream."""
-    import torch
-
-    if cfg.dataloader_num_workers is not None:
-        return cfg.dataloader_num_workers
-    if cfg.is_multimodal and not cfg.uses_streaming and torch.cuda.is_available():
-        return min(IMAGE_LOADER_WORKERS, os.cpu_count() or 1)
-    return 0
-
-
 def training_arguments(
     cfg: HellbenderConfig, schedule: Schedule, has_eval: bool, data_resumes_itself: bool = False
 ) -> TrainingArguments:
@@ -61,8 +36,8 @@ def training_arguments(
     must not skip batches."""
     import torch
 
-    precision = run_precision(cfg)
-    optional = {k: v for k in ("adam_beta1", "adam_beta2", "adam_epsilon") if (v := getattr(cfg, k)) is not None}
+    on_this_machine = machine_defaults(cfg)
+    precision = on_this_machine["bf16"]
     args = TrainingArguments(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.micro_batch_size,
@@ -73,7 +48,10 @@ def training_arguments(
         learning_rate=cfg.learning_rate,
         lr_scheduler_type=cfg.lr_scheduler,
         warmup_steps=schedule.warmup_steps,
-        optim=cfg.optimizer or default_optimizer(),
+        optim=on_this_machine["optimizer"],
+        adam_beta1=cfg.adam_beta1,
+        adam_beta2=cfg.adam_beta2,
+        adam_epsilon=cfg.adam_epsilon,
         use_cpu=runs_on_cpu_processes(),  # several processes without a GPU: DDP over gloo
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,
@@ -97,7 +75,7 @@ def training_arguments(
         # batches from one process would slice every tensor along its first dimension, which for image tensors
         # (patches, grids) is not the batch dimension.
         accelerator_config={"dispatch_batches": False} if cfg.uses_streaming else None,
-        dataloader_num_workers=dataloader_workers(cfg),
+        dataloader_num_workers=on_this_machine["dataloader_num_workers"],
         dataloader_pin_memory=torch.cuda.is_available(),
         include_num_input_tokens_seen="no",
         save_only_model=False,
@@ -106,7 +84,6 @@ def training_arguments(
         torch_compile_backend=cfg.torch_compile_backend,
         torch_compile_mode=cfg.torch_compile_mode,
         **fsdp_arguments(cfg),
-        **optional,
     )
     check_fsdp_plugin_arguments(cfg, getattr(args, "fsdp_plugin_args", None))
     return args

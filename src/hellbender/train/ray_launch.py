@@ -17,7 +17,6 @@ from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError, EnvironmentProblem, UserError
 
 logger = logging.getLogger("hellbender")
-DEFAULT_RUN_NAME = "hellbender"
 STORAGE_SUBDIR = "ray"  # Ray Train's run records go inside output_dir, never to ~/ray_results
 # dill (which `datasets` uses to fingerprint functions) reads a function's globals from its printed disassembly;
 # Ray Train's print-to-log redirection would copy that disassembly into the training log.
@@ -64,7 +63,7 @@ def train_with_ray(cfg: HellbenderConfig, callbacks: list[Any] | None = None) ->
             train_loop_config={"config": cfg, "callbacks": callbacks, "cwd": os.getcwd()},
             scaling_config=ScalingConfig(num_workers=cfg.ray_num_workers, use_gpu=use_gpu),
             run_config=RunConfig(
-                name=cfg.ray_run_name or DEFAULT_RUN_NAME,
+                name=cfg.ray_run_name,
                 storage_path=str(Path(cfg.output_dir).resolve() / STORAGE_SUBDIR),
                 # A failed worker is reported, not restarted: a user error would only fail again.
                 failure_config=FailureConfig(max_failures=0),

@@ -3,10 +3,12 @@ and the tokens that end an answer."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from hellbender.data.formats.chat_template import special_ids
 
+logger = logging.getLogger("hellbender")
 # Rendered as an assistant turn to find what the template writes after an answer; plain letters, one word.
 _ANSWER_MARKER = "hbanswerq"
 
@@ -34,7 +36,13 @@ def end_of_turn_id(tokenizer: Any, template_owner: Any, multimodal: bool) -> int
     messages = [text_message("user", "hi", multimodal), text_message("assistant", _ANSWER_MARKER, multimodal)]
     try:
         text = template_owner.apply_chat_template(messages, tokenize=False)
-    except Exception:  # a template that cannot render this conversation has no end-of-turn token to find
+    except Exception as exc:  # jinja raises many kinds (TemplateError, TypeError, ...) for conversations it refuses
+        logger.warning(
+            "The chat template could not render a plain user / assistant exchange (%s: %s), so its end-of-turn token "
+            "is unknown: generation stops only at the end-of-sequence token.",
+            type(exc).__name__,
+            exc,
+        )
         return None
     if _ANSWER_MARKER not in text:
         return None

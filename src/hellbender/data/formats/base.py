@@ -28,28 +28,31 @@ class VisionContext:
     vision_ids: frozenset[int]  # never trained: image tokens plus the config's `vision_tokens_to_mask`
     image_ids: frozenset[int]  # the processor's own image / video tokens
     placeholder_id: int
-    image_column: str = "images"
-    skip_bad_images: bool = False
-    max_tokens: int = 2048  # `sequence_len`; multimodal_pretrain refuses longer rows itself
-    cache_images: bool = False  # store the decoded images in the prepared row (`cache_images`)
+    image_column: str
+    skip_bad_images: bool
+    max_tokens: int  # `sequence_len`; multimodal_pretrain refuses longer rows itself
+    cache_images: bool  # store the decoded images in the prepared row (`cache_images`)
 
 
 @dataclass(frozen=True)
 class FormatContext:
+    """A dataset entry's settings as its format reads them, built by `data.contexts.format_context` from the entry
+    with its defaults filled (`config/defaults.py`); a setting a format does not use is None."""
+
     tokenizer: Any
     train_on_inputs: bool
     # chat_template only
-    chat_template: str | None = None
-    field_messages: str | None = None
-    role_key: str = "role"
-    content_key: str = "content"
-    role_map: dict[str, str] | None = None
-    roles_to_train: tuple[str, ...] = ("assistant",)
-    train_on_eos: str = "turn"
-    # completion only
-    text_field: str = "text"
-    # vision-language chat rows only
-    vision: VisionContext | None = None
+    chat_template: str | None
+    field_messages: str | None  # None: `messages`, else `conversations`, whichever the row holds
+    role_key: str | None
+    content_key: str | None
+    role_map: dict[str, str] | None  # None: the built-in role names
+    roles_to_train: tuple[str, ...]
+    train_on_eos: str | None
+    # completion / multimodal_pretrain only
+    text_field: str | None
+    # vision-language rows only
+    vision: VisionContext | None
 
 
 def require_eos(tokenizer: Any) -> int:
