@@ -24,12 +24,33 @@ from functools import partial
 from typing import Any
 
 from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from hellbender.models.activation_offload import ActivationOffloader
+from hellbender.models.fixes.contract import Contract, Requirement
 
 MUTABLE_CONTAINERS = (MutableMapping, MutableSequence, MutableSet)
 CHANNEL_ATTRIBUTE = "hellbender_checkpoint_side_channel"
 OFFLOADER_ATTRIBUTE = "hellbender_activation_offloader"
+
+# The transformers internals `enable_activation_checkpointing` works through, checked each time it is called.
+CONTRACT = Contract(
+    "hellbender's activation checkpointing",
+    (
+        Requirement(
+            PreTrainedModel,
+            "_set_gradient_checkpointing",
+            "called to give every layer hellbender's checkpoint function",
+            parameters=("enable", "gradient_checkpointing_func"),
+        ),
+        Requirement(
+            GradientCheckpointingLayer,
+            "gradient_checkpointing",
+            "each decoder layer's own switch, turned off for layers beyond `gradient_checkpointing_layers`",
+        ),
+    ),
+)
 
 
 class SideChannel:
@@ -107,8 +128,6 @@ def layers_left_unchecked(model: Any, count: int) -> list[Any]:
     """The language model's decoder layers after the first `count` (a `gradient_checkpointing_layers` of `count`
     leaves them unchecked); refuses a count above the number of decoder layers. Works on a meta-device skeleton,
     so the count is checked before any data work."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
     decoder_layers = [m for m in model.get_decoder().modules() if isinstance(m, GradientCheckpointingLayer)]
     if count > len(decoder_layers):
         from hellbender.errors import ConfigError
@@ -142,6 +161,7 @@ def enable_activation_checkpointing(
     `checkpoint_function`, or only the first `layers` decoder layers of its language model, and return the model's
     side channel. `side_channel=False` captures mutable arguments in the replay function as transformers does by
     default (for comparison in tests)."""
+    CONTRACT.check()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not getattr(base, "supports_gradient_checkpointing", False):
         from hellbender.errors import ConfigError

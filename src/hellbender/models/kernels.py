@@ -1,9 +1,15 @@
-"""Liger's fused kernels, applied to a loaded model through Liger's own per-family entry points.
+"""Liger's fused kernels, applied to one loaded model through Liger's own per-family entry points.
 
 Liger swaps a family's RMSNorm / MLP / RoPE for Triton kernels and, with fused linear cross-entropy, computes the
 loss from the last hidden states in chunks, so the [tokens x vocab] logits never exist. Each `liger_*` key maps to
-the argument of the family's `apply_liger_kernel_to_<family>` function; a key the family's function does not take
-is refused rather than ignored. Applied before the adapter, so LoRA wraps the projections the fused modules call.
+the argument of the family's `apply_liger_kernel_to_<family>` function; a key the family's function does not take,
+or that changes nothing in this model, is refused rather than ignored. Applied before the adapter, so LoRA wraps
+the projections the fused modules call.
+
+Liger's functions also replace classes and functions in transformers' modeling modules for the whole process, so
+a model built later (DPO's reference model, a distillation teacher) would be fused too. They run through
+`one_model_patch.patch_one_model`, which puts transformers back and leaves the kernels on this model's modules
+only.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any
 
 from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError, EnvironmentProblem
+from hellbender.models.one_model_patch import CannotScope, patch_one_model
 
 # config key -> the names Liger's per-family functions use for it (the MLP activation differs by family)
 LIGER_ARGUMENTS: dict[str, tuple[str, ...]] = {
@@ -29,12 +36,12 @@ def requested_liger_keys(cfg: HellbenderConfig) -> list[str]:
 
 
 def apply_liger_kernels(cfg: HellbenderConfig, model: Any) -> list[str]:
-    """Apply the requested kernels to `model` in place; returns the keys applied."""
+    """Apply the requested kernels to `model` (and nothing else) in place; returns the keys applied."""
     keys = requested_liger_keys(cfg)
     if not keys:
         return []
     try:
-        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+        import liger_kernel.transformers.monkey_patch  # noqa: F401
     except ImportError:
         raise EnvironmentProblem(
             f"{', '.join(f'`{k}`' for k in keys)} need the `liger-kernel` package, which is not installed. Run "
@@ -46,6 +53,14 @@ def apply_liger_kernels(cfg: HellbenderConfig, model: Any) -> list[str]:
         raise EnvironmentProblem(
             "Liger's kernels are Triton kernels and need a CUDA GPU; this machine has none. Remove the `liger_*` keys."
         )
+    return fuse(model, keys)
+
+
+def fuse(model: Any, keys: list[str]) -> list[str]:
+    """Liger's kernels for `keys` on `model`'s modules only, one key at a time, so that a key Liger does not apply
+    to this model is refused by name. Patching runs on any device; the fused modules then need CUDA."""
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
     model_type = model.config.model_type
     apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
     if apply is None:
@@ -54,17 +69,49 @@ def apply_liger_kernels(cfg: HellbenderConfig, model: Any) -> list[str]:
             f"{', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))}). Remove the `liger_*` keys for this model."
         )
     parameters = inspect.signature(apply).parameters
-    arguments: dict[str, bool] = {}
-    for key, names in LIGER_ARGUMENTS.items():
-        name = next((n for n in names if n in parameters), None)
+    # Every switch is passed, off unless requested: Liger's defaults switch some kernels on (and its plain
+    # cross-entropy, which replaces torch's function for everyone).
+    switches = {name: False for name, parameter in parameters.items() if isinstance(parameter.default, bool)}
+    arguments = {}
+    for key in keys:
+        name = next((n for n in LIGER_ARGUMENTS[key] if n in parameters), None)
         if name is None:
-            if getattr(cfg, key):
-                raise ConfigError(
-                    f"`{key}: true`, but Liger's kernels for {model_type} do not include it. Remove the key."
-                )
-            continue
-        arguments[name] = bool(getattr(cfg, key))  # explicit False too: Liger's own defaults switch some on
-    if "cross_entropy" in parameters:
-        arguments["cross_entropy"] = False
-    apply(model=model, **arguments)
+            raise ConfigError(f"`{key}: true`, but Liger's kernels for {model_type} do not include it. Remove the key.")
+        arguments[key] = {**switches, name: True}
+    for key in keys:
+        changed = _apply_one(model, key, lambda arguments=arguments[key]: apply(model=model, **arguments))
+        if not changed:
+            raise ConfigError(
+                f"`{key}: true`, but Liger's kernels for {model_type} change nothing in this "
+                f"{type(model).__name__} ({_versions()}). Remove the key."
+            )
     return keys
+
+
+def _apply_one(model: Any, key: str, patch: Any) -> list[str]:
+    model_type = model.config.model_type
+    try:
+        return patch_one_model(model, patch, library="liger_kernel")
+    except CannotScope as problem:
+        raise EnvironmentProblem(
+            f"`{key}`: Liger's kernels for {model_type} change {problem} for the whole process, which hellbender "
+            f"cannot limit to the model being trained (a model built later, such as DPO's reference model, would "
+            f"be fused too) ({_versions()}). Remove `{key}`."
+        ) from None
+    except NotImplementedError as error:
+        raise ConfigError(
+            f"`{key}: true`, but Liger's kernels for {model_type} do not implement it ({error}). Remove the key."
+        ) from None
+    except Exception as error:  # Liger's entry point failed: an error for the user, with Liger's below it
+        raise EnvironmentProblem(
+            f"Liger's kernels for {model_type} failed to apply `{key}` ({type(error).__name__}: {error}) with "
+            f"{_versions()}. Remove the key, or install a liger-kernel release made for this transformers release."
+        ) from error
+
+
+def _versions() -> str:
+    from importlib.metadata import version
+
+    import transformers
+
+    return f"liger-kernel {version('liger-kernel')}, transformers {transformers.__version__}"

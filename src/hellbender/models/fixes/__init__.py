@@ -1,5 +1,6 @@
 """Model-family quirks, one module per family. Each module names the `model_type`s it covers and holds every
-special case of that family; the rest of hellbender stays generic and asks here."""
+special case of that family; the rest of hellbender stays generic and asks here. A fix that overrides or calls
+transformers internals declares them in a `contract.Contract` and checks it when it is applied."""
 
 from __future__ import annotations
 

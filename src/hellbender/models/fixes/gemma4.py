@@ -3,7 +3,8 @@
 Processor: `Gemma4Processor` requires a `Gemma4VideoProcessor`, which cannot be imported without torchvision,
 so `AutoProcessor.from_pretrained` fails on machines without it (ImportError). `load_processor` then builds
 `Gemma4ProcessorWithoutVideo`: the same processor for text and images, refusing videos, saving the same files
-a `Gemma4Processor` saves. With torchvision installed, it is plain `AutoProcessor.from_pretrained`.
+a `Gemma4Processor` saves. With torchvision installed, it is plain `AutoProcessor.from_pretrained`. What the
+processor overrides and calls in transformers is `PROCESSOR_CONTRACT`, checked when it is built.
 
 Images: the chat template writes the image token (`<image_soft_token>`) once per image, and the processor
 expands it to `<start_of_image>` + n soft tokens + `<end_of_image>`.
@@ -25,11 +26,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from transformers import Gemma4Processor
+from transformers import Gemma4Processor, PreTrainedTokenizerBase
 from transformers.utils import CHAT_TEMPLATE_FILE, PROCESSOR_NAME
 
 from hellbender.errors import EnvironmentProblem
 from hellbender.models.attention import FLASH_MAX_HEAD_DIM, register_large_head_sdpa, widest_head_dim
+from hellbender.models.fixes.contract import Contract, Requirement
 
 MODEL_TYPES = ("gemma4",)
 TEXT_MODEL_TYPES = ("gemma4", "gemma4_text")  # the image-text model, and the text-only one
@@ -88,6 +90,34 @@ class Gemma4ProcessorWithoutVideo(Gemma4Processor):
         return [output_file]
 
 
+# What `Gemma4ProcessorWithoutVideo` and `load_processor` rely on in transformers, checked when the processor is built.
+PROCESSOR_CONTRACT = Contract(
+    "hellbender's Gemma 4 processor without torchvision",
+    (
+        Requirement(
+            Gemma4Processor,
+            "check_argument_for_proper_class",
+            "overridden so that the missing video processor (None) is accepted",
+        ),
+        Requirement(Gemma4Processor, "_process_videos", "overridden so that videos are refused clearly"),
+        Requirement(Gemma4Processor, "to_dict", "overridden so that the saved config names `Gemma4Processor`"),
+        Requirement(Gemma4Processor, "save_pretrained", "overridden so that saving skips the missing video processor"),
+        Requirement(Gemma4Processor, "get_processor_dict", "reads the saved processor settings"),
+        Requirement(
+            Gemma4Processor,
+            "from_args_and_dict",
+            "builds the processor from its loaded parts",
+            parameters=("args", "processor_dict"),
+        ),
+        Requirement(
+            PreTrainedTokenizerBase,
+            "_set_processor_class",
+            "makes the saved tokenizer config name `Gemma4Processor`",
+        ),
+    ),
+)
+
+
 def load_processor(path: str | os.PathLike, **kwargs: Any):
     """The processor saved by `build` (or any Gemma 4 processor directory).
 
@@ -103,6 +133,7 @@ def load_processor(path: str | os.PathLike, **kwargs: Any):
 
     if is_torchvision_available():
         return AutoProcessor.from_pretrained(path, **kwargs)
+    PROCESSOR_CONTRACT.check()
     processor_dict, _ = Gemma4ProcessorWithoutVideo.get_processor_dict(path, **kwargs)
     args = [
         AutoFeatureExtractor.from_pretrained(path, **kwargs),

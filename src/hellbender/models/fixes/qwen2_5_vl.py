@@ -3,7 +3,8 @@
 Processor: `Qwen2_5_VLProcessor` always loads a `Qwen2VLVideoProcessor`, which needs torchvision, so
 `AutoProcessor.from_pretrained` fails on machines without it (ImportError). `load_processor` then loads the
 same directory through `ImageOnlyQwen2_5_VLProcessor` (image processor and tokenizer only; videos are refused),
-which saves the files a stock `Qwen2_5_VLProcessor` writes, so the saved directory loads anywhere.
+which saves the files a stock `Qwen2_5_VLProcessor` writes, so the saved directory loads anywhere. What it
+overrides and calls in transformers is `PROCESSOR_CONTRACT`, checked when it is loaded.
 
 Batches: the model builds its 3-D (M-RoPE) image positions from `mm_token_type_ids` together with
 `image_grid_thw`; without `mm_token_type_ids` it silently falls back to 1-D positions. The processor returns
@@ -15,7 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from transformers import Qwen2_5_VLProcessor
+from transformers import PreTrainedTokenizerBase, Qwen2_5_VLProcessor
+
+from hellbender.models.fixes.contract import Contract, Requirement
 
 MODEL_TYPES = ("qwen2_5_vl",)
 
@@ -65,6 +68,42 @@ class ImageOnlyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
         return files
 
 
+# What `ImageOnlyQwen2_5_VLProcessor` relies on in transformers, checked when the processor is built.
+PROCESSOR_CONTRACT = Contract(
+    "hellbender's Qwen2.5-VL processor without torchvision",
+    (
+        Requirement(
+            Qwen2_5_VLProcessor,
+            "__init__",
+            "called with the image processor and tokenizer, and no video processor",
+            parameters=("image_processor", "tokenizer", "video_processor", "chat_template"),
+        ),
+        Requirement(
+            Qwen2_5_VLProcessor,
+            "__call__",
+            "overridden so that videos are refused clearly",
+            parameters=("images", "text", "videos"),
+        ),
+        Requirement(
+            Qwen2_5_VLProcessor,
+            "get_attributes",
+            "overridden so that loading and saving skip the missing video processor",
+        ),
+        Requirement(Qwen2_5_VLProcessor, "to_dict", "overridden so that the saved config names `Qwen2_5_VLProcessor`"),
+        Requirement(
+            Qwen2_5_VLProcessor,
+            "save_pretrained",
+            "overridden so that the saved tokenizer config names `Qwen2_5_VLProcessor`",
+        ),
+        Requirement(
+            PreTrainedTokenizerBase,
+            "_set_processor_class",
+            "makes the saved tokenizer config name `Qwen2_5_VLProcessor`",
+        ),
+    ),
+)
+
+
 def load_processor(path: str | Path, **kwargs: Any):
     """`AutoProcessor.from_pretrained` where torchvision is installed; the image-only processor elsewhere."""
     from transformers.utils import is_torchvision_available
@@ -73,4 +112,5 @@ def load_processor(path: str | Path, **kwargs: Any):
         from transformers import AutoProcessor
 
         return AutoProcessor.from_pretrained(str(path), **kwargs)
+    PROCESSOR_CONTRACT.check()
     return ImageOnlyQwen2_5_VLProcessor.from_pretrained(str(path), **kwargs)
