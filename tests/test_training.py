@@ -118,34 +118,6 @@ def test_lora_a_matrices_change_by_the_second_step(tmp_path):
         assert not torch.equal(snap.before[name].cpu(), saved[key]), f"{name} never changed"
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_model_path, attn):
-    from transformers import AutoModelForCausalLM
-
-    from hellbender.data.packing import concat_documents
-    from hellbender.train.collator import REAL_TOKENS_KEY, CausalLMCollator
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation=attn, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(0)
-    docs = [torch.randint(5, 500, (n,), generator=gen).tolist() for n in (9, 14, 6, 11)]
-
-    def per_token_losses(batch):
-        batch.pop(REAL_TOKENS_KEY)
-        labels = batch.pop("labels")
-        logits = model(**batch).logits
-        losses = torch.nn.functional.cross_entropy(
-            logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), reduction="none", ignore_index=-100
-        )
-        return losses[labels[:, 1:].flatten() != -100]
-
-    collate = CausalLMCollator(pad_token_id=1, attn_implementation=attn)
-    unpacked = per_token_losses(collate([{"input_ids": d, "labels": d} for d in docs]))
-    packed_rows = [concat_documents(docs[:3], docs[:3]), concat_documents(docs[3:], docs[3:])]
-    packed = per_token_losses(collate(packed_rows))
-    assert unpacked.shape == packed.shape == (sum(len(d) - 1 for d in docs),)
-    torch.testing.assert_close(packed, unpacked, atol=1e-5, rtol=1e-5)
-
-
 RESUME_SCRIPT = textwrap.dedent(
     """
     import sys
