@@ -30,6 +30,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="module")
+def libraries_log_to_the_session_stderr():
+    """For modules that invoke the CLI in-process (`pytestmark = pytest.mark.usefixtures(...)`): `datasets` and
+    `transformers` bind their log handlers to whatever sys.stderr is when they are first imported. Imported inside a
+    CliRunner call, that is the runner's stream, which is closed afterwards, and every later log line prints
+    "--- Logging error --- Traceback ..." into the next test's output."""
+    import datasets  # noqa: F401
+    import transformers  # noqa: F401
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """The built-in tiny model's tokenizer (ChatML template, EOS `<|endoftext|>`, pad `<|pad|>`)."""

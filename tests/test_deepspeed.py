@@ -27,7 +27,7 @@ from hellbender.train.deepspeed import (
     settings_for_loading,
 )
 from tests.conftest import EXAMPLES
-from tests.test_training import base_config
+from tests.helpers import base_config
 
 BUNDLED = {name: EXAMPLES / "deepspeed" / f"{name}.json" for name in ("zero2", "zero3")}
 PACKAGE_PARAGRAPH = "needs the `deepspeed` package"

@@ -10,7 +10,7 @@ from hellbender.config import validate_config
 from hellbender.errors import EnvironmentProblem
 from hellbender.models.kernels import LIGER_ARGUMENTS, requested_liger_keys
 from hellbender.train.run import train
-from tests.test_training import base_config
+from tests.helpers import base_config
 
 
 def test_every_liger_key_is_a_config_key_and_off_by_default(tmp_path):

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from hellbender.config import validate_config
 from hellbender.train.run import train
 from tests.conftest import EXAMPLES, write_jsonl
-from tests.test_training import StepSnapshot, base_config, final_weights, logged_losses
+from tests.helpers import StepSnapshot, StopAt, base_config, cli_train, final_weights, logged_losses
 
 SHAPES_DATA = EXAMPLES / "data" / "shapes.jsonl"
 CHAT_DATA = EXAMPLES / "data" / "chat.jsonl"
@@ -62,17 +61,6 @@ def square(colour: str, x: int, y: int):
     img = Image.new("RGB", (32, 32), (255, 255, 255))
     img.paste(COLOURS[colour], (x, y, x + 16, y + 16))
     return img
-
-
-def cli_train(tmp_path: Path, cfg: dict) -> None:
-    from typer.testing import CliRunner
-
-    from hellbender.cli import app
-
-    config = tmp_path / "config.yml"
-    config.write_text(yaml.safe_dump(cfg))
-    result = CliRunner().invoke(app, ["train", str(config)])
-    assert result.exit_code == 0, result.output
 
 
 def load_trained(cfg: dict):
@@ -458,16 +446,6 @@ def test_gemma4_vlm_trains_on_batches_mixing_image_and_text_only_rows(tmp_path, 
 
 
 def test_gemma4_vlm_resumed_run_reproduces_the_uninterrupted_run(tmp_path):
-    from transformers import TrainerCallback
-
-    class StopAt(TrainerCallback):
-        def __init__(self, step):
-            self.step = step
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step >= self.step:
-                control.should_training_stop = True
-
     half = 3
     common = dict(
         adapter="lora",
