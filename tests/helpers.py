@@ -11,6 +11,7 @@ from tests.conftest import EXAMPLES
 
 CHAT_DATA = str(EXAMPLES / "data" / "chat.jsonl")
 TEXT_DATA = str(EXAMPLES / "data" / "text.jsonl")
+SHAPES_DATA = EXAMPLES / "data" / "shapes.jsonl"  # coloured squares, image chat rows
 
 
 # --- configs and what a run leaves behind ---------------------------------------------------------------------
@@ -33,6 +34,19 @@ def base_config(tmp_path: Path, **overrides) -> dict:
     }
     cfg.update(overrides)
     return cfg
+
+
+def vlm_config(tmp_path: Path, base_model: str, **overrides) -> dict:
+    """`base_config` for a vision-language model on the bundled coloured-squares chat data."""
+    defaults = dict(
+        base_model=base_model,
+        processor_type="AutoProcessor",
+        datasets=[{"path": str(SHAPES_DATA), "type": "chat_template"}],
+        sequence_len=256,
+        max_steps=3,
+        learning_rate=1e-3,
+    )
+    return base_config(tmp_path, **{**defaults, **overrides})
 
 
 def trainer_state(output_dir: str | Path) -> dict:

@@ -16,9 +16,16 @@ import torch
 from hellbender.config import validate_config
 from hellbender.train.run import train
 from tests.conftest import EXAMPLES, write_jsonl
-from tests.helpers import StepSnapshot, StopAt, base_config, cli_train, final_weights, logged_losses
+from tests.helpers import (
+    SHAPES_DATA,
+    StepSnapshot,
+    StopAt,
+    cli_train,
+    final_weights,
+    logged_losses,
+    vlm_config,
+)
 
-SHAPES_DATA = EXAMPLES / "data" / "shapes.jsonl"
 CHAT_DATA = EXAMPLES / "data" / "chat.jsonl"
 GEMMA4 = "hellbender/tiny-gemma4-vlm"
 QWEN = "hellbender/tiny-qwen2.5-vl"
@@ -34,18 +41,6 @@ LANGUAGE_MODEL = {
     IDEFICS3: "model.text_model.",
 }
 VISION_PARTS = ("vision_tower", "embed_vision", "visual", "multi_modal_projector", "connector", "vision_model")
-
-
-def vlm_config(tmp_path: Path, base_model: str, **overrides) -> dict:
-    defaults = dict(
-        base_model=base_model,
-        processor_type="AutoProcessor",
-        datasets=[{"path": str(SHAPES_DATA), "type": "chat_template"}],
-        sequence_len=256,
-        max_steps=3,
-        learning_rate=1e-3,
-    )
-    return base_config(tmp_path, **{**defaults, **overrides})
 
 
 def model_dir(name: str) -> Path:
