@@ -29,11 +29,11 @@ from hellbender.models.tiny import tiny_model_dir
 from hellbender.train.multimodal_collator import MultimodalCollator
 from tests.conftest import write_config, write_jsonl
 from tests.helpers import assert_user_error
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN
 
 pytestmark = pytest.mark.usefixtures("libraries_log_to_the_session_stderr")
 
-QWEN = "hellbender/tiny-qwen2.5-vl"
-FAMILIES = [QWEN, "hellbender/tiny-gemma4-vlm", "hellbender/tiny-llava", "hellbender/tiny-idefics3"]
+FAMILIES = [QWEN, GEMMA4, LLAVA, IDEFICS3]
 SMALL_PIXELS = 2000  # `max_image_pixels` for these tests: 32x32 (1024) passes, 64x64 (4096) does not
 
 

@@ -26,11 +26,8 @@ from hellbender.errors import ConfigError, DataError
 from hellbender.models.tiny import tiny_model_dir
 from tests.conftest import REPO, write_jsonl
 from tests.helpers import base_config, cli_train, final_weights, logged_losses, record_training, trainer_state
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN
 
-QWEN = "hellbender/tiny-qwen2.5-vl"
-GEMMA4 = "hellbender/tiny-gemma4-vlm"
-LLAVA = "hellbender/tiny-llava"
-IDEFICS3 = "hellbender/tiny-idefics3"
 FAMILIES = [QWEN, GEMMA4, LLAVA, IDEFICS3]
 # How each family's documents mark an image (Qwen2.5-VL wraps its image token in vision markers).
 QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"

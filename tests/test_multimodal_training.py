@@ -25,12 +25,9 @@ from tests.helpers import (
     logged_losses,
     vlm_config,
 )
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN
 
 CHAT_DATA = EXAMPLES / "data" / "chat.jsonl"
-GEMMA4 = "hellbender/tiny-gemma4-vlm"
-QWEN = "hellbender/tiny-qwen2.5-vl"
-LLAVA = "hellbender/tiny-llava"
-IDEFICS3 = "hellbender/tiny-idefics3"
 # The colours of the bundled dataset, as scripts/make_example_data.py draws them.
 COLOURS = {"red": (220, 30, 30), "green": (30, 180, 30), "blue": (30, 30, 220)}
 # Where each tiny model keeps its language model, and names that only its vision side / projector uses.

@@ -70,7 +70,7 @@ def train_text_lora(root: Path) -> TrainedRun:
 def train_vlm_lora(root: Path) -> TrainedRun:
     """The tiny Qwen2.5-VL on the coloured squares, LoRA on the language model; 4 held-out rows, one batch."""
     from tests.helpers import vlm_config
-    from tests.test_multimodal_training import QWEN
+    from tests.tiny_vlms import QWEN
 
     raw = vlm_config(
         root,
