@@ -40,7 +40,7 @@ def loss_and_grads(path: str, keys: tuple[str, ...], ids: torch.Tensor) -> tuple
 def accumulation(work: Path) -> None:
     from hellbender.config import validate_config
     from hellbender.train.run import train
-    from tests.test_training import base_config, final_weights, logged_losses
+    from tests.helpers import base_config, final_weights, logged_losses
 
     common = dict(adapter="lora", lora_target_linear=True, max_steps=1, learning_rate=1e-2, bf16=False)
     common.update(liger_fused_linear_cross_entropy=True, liger_rms_norm=True, liger_glu_activation=True)

@@ -24,8 +24,8 @@ from hellbender.models.activation_checkpointing import (
 )
 from hellbender.models.tiny import tiny_model_dir
 from hellbender.train.run import train
-from tests.test_multimodal_training import GEMMA4, IDEFICS3, LLAVA, QWEN, vlm_config
-from tests.test_training import base_config
+from tests.helpers import base_config, vlm_config
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN
 
 GEMMA4_TEXT = "hellbender/tiny-gemma4"
 MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)

@@ -31,6 +31,8 @@ from hellbender.cli import app
 from hellbender.config import DatasetEntry, HellbenderConfig
 from hellbender.data.cache import COMPLETE_MARKER
 
+pytestmark = pytest.mark.usefixtures("libraries_log_to_the_session_stderr")
+
 CASES_FILE = Path(__file__).parent / "bad_inputs" / "cases.yaml"
 COMMANDS = ("validate", "preprocess", "train")
 SMALL_PIXELS = 2000  # `max_image_pixels` of the image bases: 32x32 (1024) passes, 64x64 (4096) does not
@@ -338,14 +340,6 @@ def snapshot(root: Path) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------- the test
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _libraries_log_to_the_session_stderr():
-    # Imported inside a CliRunner call, `datasets` / `transformers` bind their log handlers to the runner's
-    # stream, which is closed afterwards (see tests/test_cli_errors.py).
-    import datasets  # noqa: F401
-    import transformers  # noqa: F401
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.id)

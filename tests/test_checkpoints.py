@@ -15,7 +15,7 @@ from hellbender.errors import ConfigError
 from hellbender.storage import CHECKPOINT_MANIFEST, FINAL_MANIFEST, checkpoint_dirs, incompleteness, latest_checkpoint
 from hellbender.train.resume import checkpoint_to_resume
 from hellbender.train.run import train
-from tests.test_training import base_config, logged_losses
+from tests.helpers import base_config, logged_losses
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def test_hellbender_train_preempted_by_sigterm_exits_143_with_a_checkpoint_and_r
     cfg = base_config(tmp_path, max_steps=400, save_steps=2, logging_steps=50, auto_resume_from_checkpoints=True)
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump(cfg))
-    command = [sys.executable, "-c", "from hellbender.cli import main; main()", "train", str(config)]
+    command = [sys.executable, "-m", "hellbender", "train", str(config)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
     out = Path(cfg["output_dir"])
     deadline = time.monotonic() + 120

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from hellbender.cli import app
 from hellbender.config import load_config
 from hellbender.errors import ConfigError
 from tests.conftest import EXAMPLES, write_config, write_jsonl
+from tests.helpers import assert_user_error, invoke
+
+pytestmark = pytest.mark.usefixtures("libraries_log_to_the_session_stderr")
 
 CHAT_ROWS = [
     {"messages": [{"role": "user", "content": f"What is {i} plus 1?"}, {"role": "assistant", "content": f"{i + 1}."}]}
@@ -27,34 +28,10 @@ CHAT_ROWS = [
 TEXT_ROWS = [{"text": f"Document number {i} is about the sea."} for i in range(8)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _libraries_log_to_the_session_stderr():
-    # `datasets` and `transformers` bind their log handlers to whatever sys.stderr is when they are first
-    # imported. Imported inside a CliRunner call, that is the runner's stream, which is closed afterwards, and
-    # every later log line prints "--- Logging error --- Traceback ..." into the next test's output.
-    import datasets  # noqa: F401
-    import transformers  # noqa: F401
-
-
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch, tmp_path):
     monkeypatch.delenv("HELLBENDER_DEBUG", raising=False)
     monkeypatch.chdir(tmp_path)
-
-
-def invoke(*args: str, env: dict[str, str] | None = None):
-    return CliRunner().invoke(app, [str(a) for a in args], env=env)
-
-
-def assert_user_error(result, *needles: str) -> None:
-    """Exit code 2, an `error:` paragraph on stderr naming each needle, and no traceback."""
-    detail = f"exit {result.exit_code}, exception {result.exception!r}\n{result.output}"
-    assert result.exit_code == 2, detail
-    assert isinstance(result.exception, SystemExit), detail  # not an exception that escaped the CLI
-    assert "Traceback" not in result.output, detail
-    assert "error:" in result.stderr, detail
-    for needle in needles:
-        assert needle in result.output, f"{needle!r} not in output:\n{result.output}"
 
 
 def make_config(tmp_path: Path, body: str, name: str = "config.yml") -> Path:

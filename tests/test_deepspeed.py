@@ -22,7 +22,7 @@ from hellbender.config.deepspeed import contradictions, read_deepspeed_json
 from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.train.deepspeed import deepspeed_config, precision_at_run_time, settings_for_loading
 from tests.conftest import EXAMPLES
-from tests.test_training import base_config
+from tests.helpers import base_config
 
 BUNDLED = {name: EXAMPLES / "deepspeed" / f"{name}.json" for name in ("zero2", "zero3")}
 PACKAGE_PARAGRAPH = "needs the `deepspeed` package"

@@ -16,7 +16,7 @@ import yaml
 from hellbender.config import validate_config
 from hellbender.launch import Launch
 from hellbender.train.run import train
-from tests.test_training import base_config, final_weights, logged_losses
+from tests.helpers import base_config, final_weights, logged_losses
 
 
 def free_port() -> int:

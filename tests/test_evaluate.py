@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from tests.test_cli_errors import assert_user_error, invoke
+from tests.helpers import assert_user_error, invoke
 
 METRIC_KEYS = {"loss", "perplexity", "token_accuracy", "tokens"}
 

@@ -25,6 +25,7 @@ import yaml
 
 from hellbender.storage import FINAL_MANIFEST, checkpoint_dirs, incompleteness, latest_checkpoint
 from tests.conftest import EXAMPLES
+from tests.helpers import logged_losses
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "crash_run.py"
@@ -70,11 +71,6 @@ def crash_run(config: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def losses(output_dir: Path) -> dict[int, float]:
-    state = json.loads((output_dir / "trainer_state.json").read_text())
-    return {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e}
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> tuple[dict[int, float], list[tuple[str, str]]]:
     root = tmp_path_factory.mktemp("reference")
@@ -83,7 +79,7 @@ def reference(tmp_path_factory) -> tuple[dict[int, float], list[tuple[str, str]]
     assert done.returncode == 0, done.stderr[-3000:]
     recorded = [tuple(line.split("\t", 1)) for line in events.read_text().splitlines()]
     relative = [(kind, str(Path(path).relative_to(root))) for kind, path in recorded]
-    return losses(root / "out"), relative
+    return logged_losses(root / "out"), relative
 
 
 def all_kill_points(events: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
@@ -133,7 +129,7 @@ def kill_and_resume(root: Path, arguments: list[str], expected: dict[int, float]
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     if trusted is not None:
         assert f"Resuming from {trusted}" in resumed.stderr
-    got = losses(root / "out")
+    got = logged_losses(root / "out")
     assert sorted(got) == sorted(expected)
     for step, loss in expected.items():
         assert got[step] == pytest.approx(loss, abs=1e-6), (step, got, expected)

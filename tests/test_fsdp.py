@@ -21,8 +21,8 @@ from hellbender.models.loading import load_model, load_tokenizer_and_processor
 from hellbender.train.arguments import training_arguments
 from hellbender.train.fsdp import check_fsdp_plugin_arguments, matches_norm_class, norm_modules
 from hellbender.train.schedule import plan_schedule
+from tests.helpers import base_config
 from tests.test_distributed import run_torchrun
-from tests.test_training import base_config
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "fsdp_worker.py"

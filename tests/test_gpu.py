@@ -10,7 +10,7 @@ import torch
 
 from hellbender.config import validate_config
 from hellbender.train.run import train
-from tests.test_training import base_config, logged_losses
+from tests.helpers import base_config, logged_losses
 
 pytestmark = pytest.mark.gpu
 

@@ -20,8 +20,8 @@ import torch
 import yaml
 
 from tests.conftest import EXAMPLES
+from tests.helpers import base_config, logged_losses
 from tests.test_distributed import free_port
-from tests.test_training import base_config, logged_losses
 
 BUNDLED = {stage: EXAMPLES / "deepspeed" / f"zero{stage}.json" for stage in (2, 3)}
 PADDED_VOCAB = 640

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import CHAT_DATA, logged_losses
 from tests.test_distributed import run_torchrun
-from tests.test_training import CHAT_DATA, logged_losses
 
 pytestmark = [
     pytest.mark.gpu,

@@ -10,7 +10,7 @@ import datasets  # noqa: F401 - imported before any CliRunner call (see tests/te
 import pytest
 import torch
 
-from tests.test_cli_errors import assert_user_error, invoke
+from tests.helpers import assert_user_error, invoke
 from tests.test_multimodal_training import square
 from tests.trained_runs import base_model_dir, load_with_peft
 

@@ -24,7 +24,7 @@ from hellbender.models.kernels import LIGER_ARGUMENTS, fuse, requested_liger_key
 from hellbender.models.one_model_patch import CannotScope, patch_one_model
 from hellbender.models.tiny import tiny_model_dir
 from hellbender.train.run import train
-from tests.test_training import base_config
+from tests.helpers import base_config
 
 needs_liger = pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None, reason="liger-kernel is missing")
 IDS = torch.randint(10, 200, (2, 24), generator=torch.Generator().manual_seed(0))

@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 from hellbender.config import validate_config
 from hellbender.train.memory_watchdog import MemoryLeak, fit_line
 from hellbender.train.run import train
-from tests.test_training import base_config
+from tests.helpers import base_config
 
 LEAK_BYTES = 4 * 1024 * 1024
 

@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from hellbender.storage import FINAL_MANIFEST, incompleteness
 from hellbender.use.merge import MERGE_INFO
-from tests.test_cli_errors import assert_user_error, invoke
+from tests.helpers import assert_user_error, invoke
 from tests.test_multimodal_training import square
 from tests.trained_runs import base_model_dir, load_base, load_with_peft, model_class
 

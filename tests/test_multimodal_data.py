@@ -28,9 +28,12 @@ from hellbender.errors import ConfigError, DataError
 from hellbender.models.loading import load_tokenizer_and_processor
 from hellbender.models.tiny import tiny_model_dir
 from tests.conftest import write_config, write_jsonl
+from tests.helpers import assert_user_error
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN
 
-QWEN = "hellbender/tiny-qwen2.5-vl"
-FAMILIES = [QWEN, "hellbender/tiny-gemma4-vlm", "hellbender/tiny-llava", "hellbender/tiny-idefics3"]
+pytestmark = pytest.mark.usefixtures("libraries_log_to_the_session_stderr")
+
+FAMILIES = [QWEN, GEMMA4, LLAVA, IDEFICS3]
 SMALL_PIXELS = 2000  # `max_image_pixels` for these tests: 32x32 (1024) passes, 64x64 (4096) does not
 
 
@@ -42,14 +45,6 @@ def row(*images: str, question: str = "What colour is it?", answer: str = "Red."
             {"role": "assistant", "content": [{"type": "text", "text": answer}]},
         ]
     }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _libraries_log_to_the_session_stderr():
-    # Imported inside a CliRunner call, `datasets` / `transformers` would bind their log handlers to the
-    # runner's stream, closed afterwards (see tests/test_cli_errors.py).
-    import datasets  # noqa: F401
-    import transformers  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -97,16 +92,6 @@ def prepare(loaded, cfg, processor=None):
 def invoke_preprocess(tmp_path: Path, config: dict):
     path = write_config(tmp_path / "config.yml", json.dumps(config))  # JSON is YAML
     return CliRunner().invoke(app, ["preprocess", str(path)])
-
-
-def assert_user_error(result, *needles: str) -> None:
-    detail = f"exit {result.exit_code}, exception {result.exception!r}\n{result.output}"
-    assert result.exit_code == 2, detail
-    assert isinstance(result.exception, SystemExit), detail
-    assert "Traceback" not in result.output, detail
-    assert "error:" in result.stderr, detail
-    for needle in needles:
-        assert needle in result.output, f"{needle!r} not in output:\n{result.output}"
 
 
 BAD_IMAGES = {

@@ -11,7 +11,6 @@ import math
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -26,12 +25,9 @@ from hellbender.data.prepare import prepare_datasets, training_entries
 from hellbender.errors import ConfigError, DataError
 from hellbender.models.tiny import tiny_model_dir
 from tests.conftest import REPO, write_jsonl
-from tests.test_training import base_config, final_weights, logged_losses
+from tests.helpers import base_config, cli_train, final_weights, logged_losses, record_training, trainer_state
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN
 
-QWEN = "hellbender/tiny-qwen2.5-vl"
-GEMMA4 = "hellbender/tiny-gemma4-vlm"
-LLAVA = "hellbender/tiny-llava"
-IDEFICS3 = "hellbender/tiny-idefics3"
 FAMILIES = [QWEN, GEMMA4, LLAVA, IDEFICS3]
 # How each family's documents mark an image (Qwen2.5-VL wraps its image token in vision markers).
 QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -40,12 +36,6 @@ IGNORE = -100
 COLOURS = ["red", "green", "blue", "yellow"]
 RGB = {"red": (220, 30, 30), "green": (30, 180, 30), "blue": (30, 30, 220), "yellow": (220, 220, 30)}
 N_IMAGES = 16
-
-
-def python_path() -> str:
-    """The repository first (for `tests.*`), then whatever the parent process had (the package itself, on
-    machines where it is on PYTHONPATH rather than installed)."""
-    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def image_name(i: int) -> str:
@@ -141,18 +131,6 @@ def cli(args: list[str]):
     from hellbender.cli import app
 
     return CliRunner().invoke(app, args)
-
-
-def cli_train(tmp_path: Path, cfg: dict, name: str = "config.yml") -> Path:
-    config = tmp_path / name
-    config.write_text(yaml.safe_dump(cfg))
-    result = cli(["train", str(config)])
-    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
-    return config
-
-
-def trainer_state(output_dir: str | Path) -> dict:
-    return json.loads((Path(output_dir) / "trainer_state.json").read_text())
 
 
 def token_counters(output_dir: str | Path) -> dict:
@@ -435,69 +413,6 @@ def test_test_datasets_of_the_same_modality_give_the_eval_loss(tmp_path, images)
 # ---------------------------------------------------------------------------------------------------------------
 # Streaming, and resuming a stream without touching the images of rows already trained
 
-RECORDER_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    from pathlib import Path
-    from transformers import TrainerCallback
-    from hellbender.config import load_config
-    from hellbender.train.run import train
-    from tests.test_multimodal_pretrain import record_training
-
-    class StopAt(TrainerCallback):
-        def __init__(self, step):
-            self.step = step
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step >= self.step:
-                control.should_training_stop = True
-
-    config, stop, report = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    record = record_training(setattr)
-    train(load_config(config), callbacks=[StopAt(stop)] if stop else None)
-    Path(report).write_text(json.dumps(record))
-    """
-)
-
-
-def record_training(patch) -> dict:
-    """Record, in this process, every image file opened (by the encoder or the collator), the images of each
-    streamed row collated, and the stream rows and token ids of each micro-batch trained on. `patch` is
-    `setattr` or `monkeypatch.setattr`."""
-    import hellbender.data.formats.multimodal_pretrain as encoder_module
-    import hellbender.data.multimodal_collator as collator_module
-    from hellbender.data.multimodal_collator import MultimodalCollator
-    from hellbender.data.streaming import STREAM_ROW_KEY
-    from hellbender.train.trainer import HellbenderTrainer
-
-    record: dict = {"opened": [], "images_of_row": {}, "trained": []}
-
-    def counting(original):
-        def open_image(path, policy):
-            record["opened"].append(str(path))
-            return original(path, policy)
-
-        return open_image
-
-    patch(encoder_module, "open_image", counting(encoder_module.open_image))
-    patch(collator_module, "open_image", counting(collator_module.open_image))
-    collate = MultimodalCollator.__call__
-
-    def collating(self, rows):
-        for row in rows:
-            record["images_of_row"][str(row[STREAM_ROW_KEY])] = list(row["images"])
-        return collate(self, rows)
-
-    compute_loss = HellbenderTrainer.compute_loss
-
-    def recording(self, model, inputs, *args, **kwargs):
-        if model.training:
-            record["trained"].append([inputs[STREAM_ROW_KEY].tolist(), inputs["input_ids"].tolist()])
-        return compute_loss(self, model, inputs, *args, **kwargs)
-
-    patch(MultimodalCollator, "__call__", collating)
-    patch(HellbenderTrainer, "compute_loss", recording)
-    return record
-
 
 def test_streamed_run_trains_max_steps_cycling_through_the_data(tmp_path, images, monkeypatch):
     """`pretraining_dataset` + `streaming: true` + `max_steps` through `hellbender train`: 3 steps of 2 samples from 5
@@ -543,15 +458,12 @@ def test_streamed_run_resumed_in_a_new_process_continues_at_the_next_unseen_row(
     resumed = mm_config(tmp_path / "resumed", auto_resume_from_checkpoints=True, **common)
     config = tmp_path / "resumed.yml"
     config.write_text(yaml.safe_dump(resumed))
-    script = tmp_path / "recorded_run.py"
-    script.write_text(RECORDER_SCRIPT)
     runs = []
-    for stop in (2, 0):
-        report = tmp_path / f"report-{stop}.json"
+    for stop in (["--stop-at", "2"], []):
+        report = tmp_path / f"report-{len(runs)}.json"
         done = subprocess.run(
-            [sys.executable, str(script), str(config), str(stop), str(report)],
+            [sys.executable, "-m", "tests.stopped_run", str(config), *stop, "--record", str(report)],
             cwd=REPO,
-            env={**os.environ, "PYTHONPATH": python_path()},
             capture_output=True,
             text=True,
         )
@@ -605,10 +517,8 @@ def test_first_run_of_a_tiny_vlm_is_reproduced_by_later_runs(tmp_path, images):
     config = tmp_path / "cold.yml"
     config.write_text(yaml.safe_dump(cold_cfg))
 
-    script = tmp_path / "recorded_run.py"
-    script.write_text(RECORDER_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": python_path(), "HELLBENDER_CACHE": str(tmp_path / "fresh-cache")}
-    args = [sys.executable, str(script), str(config), "0", str(tmp_path / "report.json")]
+    env = {**os.environ, "HELLBENDER_CACHE": str(tmp_path / "fresh-cache")}
+    args = [sys.executable, "-m", "tests.stopped_run", str(config)]
     done = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "fresh-cache" / "models").is_dir()  # that run built the model

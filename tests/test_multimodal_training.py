@@ -12,19 +12,22 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from hellbender.config import validate_config
 from hellbender.train.run import train
 from tests.conftest import EXAMPLES, write_jsonl
-from tests.test_training import StepSnapshot, base_config, final_weights, logged_losses
+from tests.helpers import (
+    SHAPES_DATA,
+    StepSnapshot,
+    StopAt,
+    cli_train,
+    final_weights,
+    logged_losses,
+    vlm_config,
+)
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN
 
-SHAPES_DATA = EXAMPLES / "data" / "shapes.jsonl"
 CHAT_DATA = EXAMPLES / "data" / "chat.jsonl"
-GEMMA4 = "hellbender/tiny-gemma4-vlm"
-QWEN = "hellbender/tiny-qwen2.5-vl"
-LLAVA = "hellbender/tiny-llava"
-IDEFICS3 = "hellbender/tiny-idefics3"
 # The colours of the bundled dataset, as scripts/make_example_data.py draws them.
 COLOURS = {"red": (220, 30, 30), "green": (30, 180, 30), "blue": (30, 30, 220)}
 # Where each tiny model keeps its language model, and names that only its vision side / projector uses.
@@ -35,18 +38,6 @@ LANGUAGE_MODEL = {
     IDEFICS3: "model.text_model.",
 }
 VISION_PARTS = ("vision_tower", "embed_vision", "visual", "multi_modal_projector", "connector", "vision_model")
-
-
-def vlm_config(tmp_path: Path, base_model: str, **overrides) -> dict:
-    defaults = dict(
-        base_model=base_model,
-        processor_type="AutoProcessor",
-        datasets=[{"path": str(SHAPES_DATA), "type": "chat_template"}],
-        sequence_len=256,
-        max_steps=3,
-        learning_rate=1e-3,
-    )
-    return base_config(tmp_path, **{**defaults, **overrides})
 
 
 def model_dir(name: str) -> Path:
@@ -62,17 +53,6 @@ def square(colour: str, x: int, y: int):
     img = Image.new("RGB", (32, 32), (255, 255, 255))
     img.paste(COLOURS[colour], (x, y, x + 16, y + 16))
     return img
-
-
-def cli_train(tmp_path: Path, cfg: dict) -> None:
-    from typer.testing import CliRunner
-
-    from hellbender.cli import app
-
-    config = tmp_path / "config.yml"
-    config.write_text(yaml.safe_dump(cfg))
-    result = CliRunner().invoke(app, ["train", str(config)])
-    assert result.exit_code == 0, result.output
 
 
 def load_trained(cfg: dict):
@@ -242,7 +222,7 @@ def test_default_lora_on_a_vlm_adapts_only_the_language_model(tmp_path, name, ta
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
-    from hellbender.config.defaults import DEFAULT_LORA_TARGETS as DEFAULT_TARGETS
+    from hellbender.config.defaults import DEFAULT_LORA_TARGETS
 
     base_dir = model_dir(name)
     cfg = validate_config(vlm_config(tmp_path, name, adapter="lora", lora_target_linear=target_linear, max_steps=1))
@@ -254,7 +234,7 @@ def test_default_lora_on_a_vlm_adapts_only_the_language_model(tmp_path, name, ta
     if target_linear:
         candidates = {n for n, m in base.named_modules() if isinstance(m, torch.nn.Linear) and m is not base.lm_head}
     else:
-        candidates = {n for n, _ in base.named_modules() if n.rsplit(".", 1)[-1] in DEFAULT_TARGETS}
+        candidates = {n for n, _ in base.named_modules() if n.rsplit(".", 1)[-1] in DEFAULT_LORA_TARGETS}
     expected = {n for n in candidates if n.startswith(lm)}
     # The vision side has modules of the same kind (q_proj, gate_proj, linear layers), which must not be adapted.
     assert candidates - expected, "no vision module could be confused with a target; the test proves nothing"
@@ -458,16 +438,6 @@ def test_gemma4_vlm_trains_on_batches_mixing_image_and_text_only_rows(tmp_path, 
 
 
 def test_gemma4_vlm_resumed_run_reproduces_the_uninterrupted_run(tmp_path):
-    from transformers import TrainerCallback
-
-    class StopAt(TrainerCallback):
-        def __init__(self, step):
-            self.step = step
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step >= self.step:
-                control.should_training_stop = True
-
     half = 3
     common = dict(
         adapter="lora",

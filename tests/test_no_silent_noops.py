@@ -10,7 +10,7 @@ import pytest
 from hellbender.config import validate_config
 from hellbender.errors import ConfigError, DataError
 from tests.conftest import write_jsonl
-from tests.test_training import base_config
+from tests.helpers import base_config
 
 
 def streamed(tmp_path: Path, **overrides) -> dict:

@@ -215,21 +215,41 @@ def test_collator_pad_to_multiple_of():
     assert batch["num_real_tokens"].tolist() == [3]
 
 
-def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_model_path):
-    """The packed row (block-diagonal mask, restarting positions, masked first labels) must score every trained
+# Two document sets: prompt-masked labels in one packed row, and plain documents in two packed rows, the second
+# padded after its last document (padding is its own block).
+PROMPT_MASKED_DOCS = [
+    {"input_ids": [40, 41, 42, 43, 44, 45], "labels": [40, 41, 42, 43, 44, 45]},
+    {"input_ids": [50, 51, 52, 53], "labels": [IGNORE, IGNORE, 52, 53]},
+    {"input_ids": [60, 61, 62, 63, 64], "labels": [60, 61, 62, 63, 64]},
+]
+
+
+def random_docs() -> list[dict[str, list[int]]]:
+    gen = torch.Generator().manual_seed(0)
+    docs = [torch.randint(5, 500, (n,), generator=gen).tolist() for n in (9, 14, 6, 11)]
+    return [{"input_ids": d, "labels": list(d)} for d in docs]
+
+
+@pytest.mark.parametrize(
+    "docs, row_splits, trained",
+    [
+        pytest.param(PROMPT_MASKED_DOCS, [3], 5 + 2 + 4, id="prompt-masked-one-row"),
+        pytest.param(random_docs(), [3, 1], 8 + 13 + 5 + 10, id="two-rows-padded"),
+    ],
+)
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_model_path, attn, docs, row_splits, trained):
+    """The packed rows (block-diagonal mask, restarting positions, masked first labels) must score every trained
     token exactly as the documents alone do."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation="sdpa").eval()
-    docs = [
-        {"input_ids": [40, 41, 42, 43, 44, 45], "labels": [40, 41, 42, 43, 44, 45]},
-        {"input_ids": [50, 51, 52, 53], "labels": [IGNORE, IGNORE, 52, 53]},
-        {"input_ids": [60, 61, 62, 63, 64], "labels": [60, 61, 62, 63, 64]},
-    ]
+    from hellbender.data.collator import REAL_TOKENS_KEY
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation=attn, dtype=torch.float32).eval()
 
     def per_token_nll(batch):
         batch = dict(batch)
-        batch.pop("num_real_tokens")
+        batch.pop(REAL_TOKENS_KEY)
         labels = batch.pop("labels")
         with torch.no_grad():
             logits = model(**batch).logits.float()
@@ -238,8 +258,14 @@ def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_model_path)
         keep = target != IGNORE
         return -logp.gather(-1, target.clamp(min=0)[..., None])[..., 0][keep]
 
-    unpacked = per_token_nll(CausalLMCollator(pad_token_id=PAD)(docs))
-    packed_row = concat_documents([d["input_ids"] for d in docs], [d["labels"] for d in docs])
-    packed = per_token_nll(CausalLMCollator(pad_token_id=PAD, attn_implementation="sdpa")([packed_row]))
-    assert unpacked.shape == packed.shape == (5 + 2 + 4,)
+    collate = CausalLMCollator(pad_token_id=PAD, attn_implementation=attn)
+    unpacked = per_token_nll(collate(docs))
+    packed_rows, start = [], 0
+    for n in row_splits:
+        row_docs = docs[start : start + n]
+        packed_rows.append(concat_documents([d["input_ids"] for d in row_docs], [d["labels"] for d in row_docs]))
+        start += n
+    assert start == len(docs)
+    packed = per_token_nll(collate(packed_rows))
+    assert unpacked.shape == packed.shape == (trained,)
     torch.testing.assert_close(packed, unpacked, atol=1e-5, rtol=1e-5)

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 import yaml
 from typer.testing import CliRunner
@@ -22,7 +21,8 @@ from hellbender.config import validate_config
 from hellbender.errors import ConfigError
 from hellbender.train import ray_launch
 from hellbender.train.run import train
-from tests.test_training import base_config, final_weights, logged_losses
+from tests.conftest import REPO
+from tests.helpers import base_config, final_weights, logged_losses
 
 COMMON = dict(adapter="lora", lora_target_linear=True, max_steps=4, lora_dropout=0.0, save_steps=2)
 
@@ -30,7 +30,9 @@ COMMON = dict(adapter="lora", lora_target_linear=True, max_steps=4, lora_dropout
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A small local Ray cluster for this module: 2 CPUs (one per worker), a 100 MiB object store, no dashboard,
-    no usage report. Workers inherit this environment, so each trains on one thread."""
+    no usage report. Workers inherit this environment, so each trains on one thread. Without Ray installed the
+    tests that need a cluster are skipped; the others (refusals, the missing-Ray message) still run."""
+    ray = pytest.importorskip("ray")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")
         env.setenv("RAY_USAGE_STATS_ENABLED", "0")
@@ -175,29 +177,16 @@ def test_a_local_cluster_too_small_is_refused_and_a_remote_one_warns(caplog):
     ray_launch._check_capacity(2, False, {"CPU": 2.0}, local=True)
 
 
-# Runs `hellbender train` in a process where `import ray` fails as if Ray were not installed.
-WITHOUT_RAY = """
-import sys
-
-class NoRay:
-    def find_spec(self, name, path=None, target=None):
-        if name == "ray" or name.startswith("ray."):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-sys.meta_path.insert(0, NoRay())
-sys.argv = ["hellbender", *sys.argv[1:]]
-from hellbender.cli import main
-main()
-"""
-
-
 def test_use_ray_without_ray_installed_names_the_extra(tmp_path):
     raw = base_config(tmp_path, use_ray=True, ray_num_workers=2)
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump(raw))
     done = subprocess.run(
-        [sys.executable, "-c", WITHOUT_RAY, "train", str(config)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tests.without_ray", "train", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 2, done.stderr[-3000:]
     assert "error: `use_ray: true` needs Ray Train, which is not installed (`ray` is missing)" in done.stderr

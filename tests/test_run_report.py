@@ -14,7 +14,7 @@ from hellbender.config import validate_config
 from hellbender.train.memory_watchdog import MemoryWatchdog
 from hellbender.train.plots import PLOTS
 from hellbender.train.report import REPORT_DIR, SUMMARY_NAME, RunReport
-from tests.test_training import base_config
+from tests.helpers import base_config
 
 
 def assert_real_plot(path: Path) -> None:

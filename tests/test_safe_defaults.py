@@ -13,8 +13,8 @@ from hellbender.config import validate_config
 from hellbender.errors import ConfigError
 from hellbender.storage import write_manifest
 from hellbender.train.run import train
+from tests.helpers import base_config
 from tests.test_checkpoints import finished_run  # noqa: F401 - the fixture
-from tests.test_training import base_config
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "hellbender"
 

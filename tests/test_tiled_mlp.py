@@ -13,7 +13,7 @@ from hellbender.models.adapters import apply_adapter
 from hellbender.models.loading import load_model, load_tokenizer_and_processor
 from hellbender.models.tiled_mlp import ATTRIBUTE, DECODER_MLP, shard_count, tile_mlps
 from hellbender.train.run import train
-from tests.test_training import base_config, final_weights, logged_losses
+from tests.helpers import base_config, final_weights, logged_losses
 
 
 def tiny_model(tmp_path, **overrides):

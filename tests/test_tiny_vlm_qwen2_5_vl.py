@@ -10,30 +10,14 @@ from PIL import Image
 
 from hellbender.models.fixes import qwen2_5_vl as qwen_fix
 from hellbender.models.tiny_vlm import qwen2_5_vl
+from tests.tiny_vlms import TINY_VLMS, training_labels
+
+pytestmark = pytest.mark.parametrize("tiny_vlm", ["qwen2.5-vl"], indirect=True)  # the fixtures are in conftest.py
 
 # 32x32 is resized to 16x16 (max_pixels=256): a 4x4 grid of 4-pixel patches, merged 2x2 into 4 soft tokens.
 TOKENS_32x32 = 4
 # 64x32 (width x height) is resized to 16x8: a 2x4 grid, 2 soft tokens.
 TOKENS_64x32 = 2
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    target = tmp_path_factory.mktemp("tiny-qwen2.5-vl")
-    qwen2_5_vl.build(target)
-    return target
-
-
-@pytest.fixture(scope="module")
-def processor(saved):
-    return qwen_fix.load_processor(saved)
-
-
-@pytest.fixture(scope="module")
-def model(saved):
-    from transformers import AutoModelForImageTextToText
-
-    return AutoModelForImageTextToText.from_pretrained(saved)
 
 
 def square(color=(200, 30, 30)):
@@ -62,18 +46,11 @@ def pad_runs(ids, pad_id):
     return runs
 
 
-def training_labels(batch, processor):
-    """Labels as a trainer builds them: padding and image placeholders are ignored."""
-    labels = batch["input_ids"].clone()
-    labels[batch["attention_mask"] == 0] = -100
-    labels[labels == processor.image_token_id] = -100
-    return labels
-
-
-def test_saved_directory_loads_back_with_consistent_ids(saved, processor, model):
+def test_saved_directory_loads_back_with_consistent_ids(tiny_vlm_dir, tiny_vlm_processor, tiny_vlm_model):
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
     from transformers.utils import is_torchvision_available
 
+    saved, processor, model = tiny_vlm_dir, tiny_vlm_processor, tiny_vlm_model
     assert isinstance(processor, Qwen2_5_VLProcessor)
     # AutoImageProcessor picks the torchvision backend where torchvision is installed (the GPU machines).
     backend = "Qwen2VLImageProcessor" if is_torchvision_available() else "Qwen2VLImageProcessorPil"
@@ -112,9 +89,10 @@ def test_saved_directory_loads_back_with_consistent_ids(saved, processor, model)
             AutoProcessor.from_pretrained(saved)
 
 
-def test_image_only_processor_matches_and_refuses_videos(saved, processor):
+def test_image_only_processor_matches_and_refuses_videos(tiny_vlm_dir, tiny_vlm_processor):
     """The torchvision-free processor (what `load_processor` returns without torchvision) gives the same ids, grids
     and attributes as `load_processor` here, and refuses videos instead of dropping them."""
+    saved, processor = tiny_vlm_dir, tiny_vlm_processor
     image_only = qwen_fix.ImageOnlyQwen2_5_VLProcessor.from_pretrained(saved)
     assert image_only.get_attributes() == ["image_processor", "tokenizer"]
     for name in ("image_token", "image_token_id", "video_token", "video_token_id", "chat_template"):
@@ -127,16 +105,8 @@ def test_image_only_processor_matches_and_refuses_videos(saved, processor):
         image_only(text=["<|vision_start|><|video_pad|><|vision_end|>"], videos=[[square(), square()]])
 
 
-def test_build_is_deterministic(saved, tmp_path):
-    from safetensors.torch import load_file
-
-    qwen2_5_vl.build(tmp_path)
-    first, second = load_file(saved / "model.safetensors"), load_file(tmp_path / "model.safetensors")
-    assert first.keys() == second.keys()
-    assert all(torch.equal(first[k], second[k]) for k in first)
-
-
-def test_chat_template_renders_parts_and_strings(processor):
+def test_chat_template_renders_parts_and_strings(tiny_vlm_processor):
+    processor = tiny_vlm_processor
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "image", "image": square()}, {"type": "text", "text": "What is it?"}]},
@@ -156,7 +126,8 @@ def test_chat_template_renders_parts_and_strings(processor):
         processor.apply_chat_template([{"role": "user", "content": [{"type": "audio"}]}], tokenize=False)
 
 
-def test_processor_expands_the_image_placeholder(processor):
+def test_processor_expands_the_image_placeholder(tiny_vlm_processor):
+    processor = tiny_vlm_processor
     text = processor.apply_chat_template(
         image_turn({"type": "image"}, {"type": "text", "text": "What is it?"}), tokenize=False
     )
@@ -187,27 +158,8 @@ def test_processor_expands_the_image_placeholder(processor):
     assert torch.equal(chat["pixel_values"], batch["pixel_values"])
 
 
-def test_forward_with_labels_trains_text_and_vision(processor, model):
-    text = processor.apply_chat_template(
-        image_turn({"type": "image"}, {"type": "text", "text": "What is it?"}), tokenize=False
-    )
-    batch = processor(text=[text], images=[square()], return_tensors="pt")
-    model.zero_grad()
-    loss = model(**batch, labels=training_labels(batch, processor)).loss
-    assert torch.isfinite(loss)
-    loss.backward()
-    for name in (
-        "model.visual.patch_embed.proj",
-        "model.visual.merger.mlp.2",
-        "model.language_model.layers.0.self_attn.q_proj",
-        "lm_head",
-    ):
-        grad = model.get_submodule(name).weight.grad
-        assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
-    model.zero_grad()
-
-
-def test_two_images_in_one_row(processor, model):
+def test_two_images_in_one_row(tiny_vlm_processor, tiny_vlm_model):
+    processor, model = tiny_vlm_processor, tiny_vlm_model
     text = processor.apply_chat_template(
         image_turn({"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}), tokenize=False
     )
@@ -215,16 +167,18 @@ def test_two_images_in_one_row(processor, model):
     assert batch["image_grid_thw"].tolist() == [[1, 4, 4], [1, 2, 4]]
     assert batch["pixel_values"].shape[0] == 16 + 8
     assert pad_runs(batch["input_ids"][0].tolist(), processor.image_token_id) == [TOKENS_32x32, TOKENS_64x32]
-    loss = model(**batch, labels=training_labels(batch, processor)).loss
+    loss = model(**batch, labels=training_labels(batch, processor, TINY_VLMS["qwen2.5-vl"])).loss
     assert torch.isfinite(loss)
     loss.backward()
     model.zero_grad()
 
 
 @pytest.mark.parametrize("layout", ["flat", "nested"])
-def test_batch_mixing_rows_with_and_without_images(processor, model, layout):
+def test_batch_mixing_rows_with_and_without_images(tiny_vlm_processor, layout):
     """Images are matched to `<|image_pad|>` placeholders in reading order, so a row without an image simply has
-    none: pass a flat list of the batch's images, or one list per row with `[]` for an image-free row."""
+    none: pass a flat list of the batch's images, or one list per row with `[]` for an image-free row. (That each row
+    then gives the logits it gives alone is tested for every family in test_tiny_vlms.py.)"""
+    processor = tiny_vlm_processor
     text_only = processor.apply_chat_template([{"role": "user", "content": "just text here"}], tokenize=False)
     with_image = processor.apply_chat_template(
         image_turn({"type": "image"}, {"type": "text", "text": "hi"}), tokenize=False
@@ -234,33 +188,11 @@ def test_batch_mixing_rows_with_and_without_images(processor, model, layout):
 
     assert batch["image_grid_thw"].tolist() == [[1, 4, 4]]
     assert (batch["input_ids"] == processor.image_token_id).sum(dim=1).tolist() == [0, TOKENS_32x32]
-    loss = model(**batch, labels=training_labels(batch, processor)).loss
-    assert torch.isfinite(loss)
-
-    # Each row gives the same logits as when it is processed alone (right padding, attention mask).
-    with torch.no_grad():
-        logits = model(**batch).logits
-        for row, (text, row_images) in enumerate([(text_only, None), (with_image, [square()])]):
-            alone = processor(text=[text], images=row_images, return_tensors="pt")
-            n = alone["input_ids"].shape[1]
-            assert torch.equal(batch["input_ids"][row, :n], alone["input_ids"][0])
-            torch.testing.assert_close(logits[row, :n], model(**alone).logits[0], atol=1e-5, rtol=1e-5)
 
 
-def test_text_only_forward(processor, model):
-    text = processor.apply_chat_template([{"role": "user", "content": "just text here"}], tokenize=False)
-    batch = processor(text=[text], return_tensors="pt")
-    assert "pixel_values" not in batch and "image_grid_thw" not in batch
-    loss = model(**batch, labels=training_labels(batch, processor)).loss
-    assert torch.isfinite(loss)
-    loss.backward()
-    assert model.lm_head.weight.grad.abs().sum() > 0
-    assert model.model.visual.patch_embed.proj.weight.grad is None
-    model.zero_grad()
-
-
-def test_mrope_positions_need_mm_token_type_ids(processor, model):
+def test_mrope_positions_need_mm_token_type_ids(tiny_vlm_processor, tiny_vlm_model):
     """A collator must keep `mm_token_type_ids`: without it the model silently uses 1-D positions for the image."""
+    processor, model = tiny_vlm_processor, tiny_vlm_model
     text = processor.apply_chat_template(image_turn({"type": "image"}, {"type": "text", "text": "hi"}), tokenize=False)
     batch = processor(text=[text], images=[square()], return_tensors="pt")
     without = {k: v for k, v in batch.items() if k != "mm_token_type_ids"}

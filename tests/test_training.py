@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,33 +13,8 @@ import yaml
 
 from hellbender.config import validate_config
 from hellbender.train.run import train
-from tests.conftest import EXAMPLES
-
-CHAT_DATA = str(EXAMPLES / "data" / "chat.jsonl")
-TEXT_DATA = str(EXAMPLES / "data" / "text.jsonl")
-
-
-def base_config(tmp_path: Path, **overrides) -> dict:
-    cfg = {
-        "base_model": "hellbender/tiny-llama",
-        "datasets": [{"path": CHAT_DATA, "type": "chat_template"}],
-        "sequence_len": 128,
-        "micro_batch_size": 4,
-        "max_steps": 6,
-        "learning_rate": 3e-3,
-        "lr_scheduler": "constant",
-        "logging_steps": 1,
-        "bf16": False,
-        "output_dir": str(tmp_path / "out"),
-        "dataset_prepared_path": str(tmp_path / "prepared"),
-    }
-    cfg.update(overrides)
-    return cfg
-
-
-def logged_losses(output_dir: str | Path) -> dict[int, float]:
-    state = json.loads((Path(output_dir) / "trainer_state.json").read_text())
-    return {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e}
+from tests.conftest import REPO
+from tests.helpers import TEXT_DATA, StepSnapshot, base_config, final_weights, logged_losses
 
 
 def test_loss_falls_on_a_learnable_task(tmp_path):
@@ -60,26 +34,6 @@ def test_loss_falls_on_a_learnable_task(tmp_path):
     first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
     assert last < 0.75 * first, losses
     assert metrics["trained_tokens"] > 0 and metrics["input_tokens"] > metrics["trained_tokens"]
-
-
-class StepSnapshot:
-    """Records parameters before the first optimizer step and after it."""
-
-    def __init__(self):
-        from transformers import TrainerCallback
-
-        outer = self
-
-        class Callback(TrainerCallback):
-            def on_train_begin(self, args, state, control, model=None, **kwargs):
-                outer.before = {n: p.detach().clone() for n, p in model.named_parameters()}
-                outer.trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-
-            def on_step_end(self, args, state, control, model=None, **kwargs):
-                if state.global_step == 1:
-                    outer.after = {n: p.detach().clone() for n, p in model.named_parameters()}
-
-        self.callback = Callback()
 
 
 @pytest.mark.parametrize("adapter", ["lora", None])
@@ -118,54 +72,6 @@ def test_lora_a_matrices_change_by_the_second_step(tmp_path):
         assert not torch.equal(snap.before[name].cpu(), saved[key]), f"{name} never changed"
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_model_path, attn):
-    from transformers import AutoModelForCausalLM
-
-    from hellbender.data.collator import REAL_TOKENS_KEY, CausalLMCollator
-    from hellbender.data.packing import concat_documents
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation=attn, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(0)
-    docs = [torch.randint(5, 500, (n,), generator=gen).tolist() for n in (9, 14, 6, 11)]
-
-    def per_token_losses(batch):
-        batch.pop(REAL_TOKENS_KEY)
-        labels = batch.pop("labels")
-        logits = model(**batch).logits
-        losses = torch.nn.functional.cross_entropy(
-            logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), reduction="none", ignore_index=-100
-        )
-        return losses[labels[:, 1:].flatten() != -100]
-
-    collate = CausalLMCollator(pad_token_id=1, attn_implementation=attn)
-    unpacked = per_token_losses(collate([{"input_ids": d, "labels": d} for d in docs]))
-    packed_rows = [concat_documents(docs[:3], docs[:3]), concat_documents(docs[3:], docs[3:])]
-    packed = per_token_losses(collate(packed_rows))
-    assert unpacked.shape == packed.shape == (sum(len(d) - 1 for d in docs),)
-    torch.testing.assert_close(packed, unpacked, atol=1e-5, rtol=1e-5)
-
-
-RESUME_SCRIPT = textwrap.dedent(
-    """
-    import sys
-    from transformers import TrainerCallback
-    from hellbender.config import load_config
-    from hellbender.train.run import train
-
-    class StopAt(TrainerCallback):
-        def __init__(self, step):
-            self.step = step
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step >= self.step:
-                control.should_training_stop = True
-
-    config, stop = sys.argv[1], int(sys.argv[2])
-    train(load_config(config), callbacks=[StopAt(stop)] if stop else None)
-    """
-)
-
-
 def test_resume_in_a_new_process_reproduces_the_uninterrupted_run(tmp_path):
     from safetensors.torch import load_file
 
@@ -189,10 +95,15 @@ def test_resume_in_a_new_process_reproduces_the_uninterrupted_run(tmp_path):
     config_path = resumed_dir / "config.yml"
     config_path.parent.mkdir(parents=True)
     config_path.write_text(yaml.safe_dump(cfg))
-    script = tmp_path / "resume_run.py"
-    script.write_text(RESUME_SCRIPT)
-    for stop in (half, 0):  # first process stops after the checkpoint at `half`; the second resumes to the end
-        subprocess.run([sys.executable, str(script), str(config_path), str(stop)], check=True, capture_output=True)
+    # The first process stops after the checkpoint at `half`; the second resumes to the end.
+    for stop in (["--stop-at", str(half)], []):
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.stopped_run", str(config_path), *stop],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
         if stop:
             assert (Path(cfg["output_dir"]) / f"checkpoint-{half}").is_dir()
             assert max(logged_losses(cfg["output_dir"])) == half
@@ -281,14 +192,6 @@ def test_completion_pretraining_with_packing_and_gradient_checkpointing(tmp_path
     # With completion every token but the first of each document is trained.
     assert metrics["trained_tokens"] == metrics["input_tokens"] - 400
     assert metrics["epoch"] == pytest.approx(1.0)
-
-
-def final_weights(output_dir: str | Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    out = Path(output_dir)
-    name = "adapter_model.safetensors" if (out / "adapter_model.safetensors").is_file() else "model.safetensors"
-    return load_file(out / name)
 
 
 def test_gradient_accumulation_equals_the_larger_batch(tmp_path):

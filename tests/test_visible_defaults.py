@@ -19,7 +19,7 @@ from hellbender.config.defaults import (
 )
 from hellbender.config.machine import Machine
 from tests.conftest import EXAMPLES
-from tests.test_training import base_config
+from tests.helpers import base_config
 
 EXAMPLE_CONFIGS = sorted(EXAMPLES.glob("*.yml"))
 ENTRY_LISTS = ("datasets", "test_datasets", "pretraining_dataset")

@@ -51,7 +51,7 @@ def _train(root: Path, raw: dict) -> TrainedRun:
 def train_text_lora(root: Path) -> TrainedRun:
     """tiny-llama, LoRA on every linear layer plus a trained lm_head; 8 held-out rows scored in one batch at steps
     10 and 20 (so the Trainer's eval loss is a token-weighted mean, like `evaluate`'s); checkpoints at 10 and 20."""
-    from tests.test_training import base_config
+    from tests.helpers import base_config
 
     raw = base_config(
         root,
@@ -69,7 +69,8 @@ def train_text_lora(root: Path) -> TrainedRun:
 
 def train_vlm_lora(root: Path) -> TrainedRun:
     """The tiny Qwen2.5-VL on the coloured squares, LoRA on the language model; 4 held-out rows, one batch."""
-    from tests.test_multimodal_training import QWEN, vlm_config
+    from tests.helpers import vlm_config
+    from tests.tiny_vlms import QWEN
 
     raw = vlm_config(
         root,
