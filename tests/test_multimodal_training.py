@@ -362,10 +362,10 @@ class BatchRecorder:
     """Wraps the collator hellbender builds, recording what each batch held (rows with images, pixel values)."""
 
     def __init__(self, monkeypatch):
-        import hellbender.train.run as run
+        import hellbender.data.batching as batching
 
         self.batches: list[dict] = []
-        original = run.MultimodalCollator
+        original = batching.MultimodalCollator
         outer = self
 
         class Recording(original):
@@ -380,7 +380,7 @@ class BatchRecorder:
                 )
                 return batch
 
-        monkeypatch.setattr(run, "MultimodalCollator", Recording)
+        monkeypatch.setattr(batching, "MultimodalCollator", Recording)
 
 
 def test_gemma4_vlm_trains_on_text_only_chat_rows(tmp_path, monkeypatch):
