@@ -171,8 +171,6 @@ CONFLICTS = [
     pytest.param(
         {"warmup_steps": 10, "warmup_ratio": 0.1}, "`warmup_steps` and `warmup_ratio` are both set", id="warmup"
     ),
-    pytest.param({"eval_steps": 10}, "there is no evaluation data", id="eval-steps-no-eval-data"),
-    pytest.param({"evals_per_epoch": 2}, "there is no evaluation data", id="evals-per-epoch-no-eval-data"),
     pytest.param(
         {"datasets": ..., "pretraining_dataset": STREAM, "max_steps": 5, "saves_per_epoch": 2},
         "A streamed dataset has no epochs",

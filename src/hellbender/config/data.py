@@ -118,7 +118,9 @@ class DataSettings(BaseModel):
     dataset_prepared_path: str | None = Field(
         None, description="Directory of the prepared-dataset cache; default `last_run_prepared` beside `output_dir`."
     )
-    dataset_processes: int = Field(1, gt=0, description="Processes used to tokenize.")
+    dataset_num_proc: int = Field(
+        1, gt=0, description="Processes used to tokenize (`dataset_processes`, the older spelling, is read as this)."
+    )
     sequence_len: int = Field(2048, gt=1, description="Maximum tokens per row (and per packed bin).")
     excess_length_strategy: Literal["drop", "truncate", "raise"] = Field(
         "drop",

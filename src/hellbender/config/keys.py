@@ -31,14 +31,18 @@ def _is_unset(value: Any) -> bool:
 
 
 def check_keys(raw: dict[str, Any], model: type[BaseModel], axolotl_keys: frozenset[str], where: str) -> list[str]:
-    """Unknown keys get a did-you-mean; keys Axolotl defines that we do not implement are refused by name.
+    """Unknown keys get a did-you-mean; keys Axolotl defines that we do not implement are refused by name. Each key
+    with a problem is removed from `raw`, so the rest of the config can still be checked in the same pass.
 
     An unimplemented key set to an empty or false value asks for nothing, so it is accepted (configs
-    written for Axolotl often carry `load_in_8bit: false` and the like)."""
+    written for Axolotl often carry `load_in_8bit: false` and the like). A known key left blank (`special_tokens:`)
+    is unset: it takes its default, as in Axolotl."""
     problems = []
     known = set(model.model_fields)
     for key in list(raw):
         if key in known:
+            if raw[key] is None:
+                del raw[key]
             continue
         if key in axolotl_keys:
             if _is_unset(raw[key]):
@@ -48,16 +52,17 @@ def check_keys(raw: dict[str, Any], model: type[BaseModel], axolotl_keys: frozen
                 f"{where}`{key}` is not supported yet: hellbender does not implement it, and ignoring it would "
                 f"silently change your run. Remove it, or set it to false / null if you do not need it."
             )
-            continue
-        misplaced = _misplaced(key, model)
-        if misplaced:
+        elif misplaced := _misplaced(key, model):
             problems.append(f"{where}{misplaced}")
-            continue
-        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6) or difflib.get_close_matches(
-            key, sorted(axolotl_keys), n=1, cutoff=0.6
-        )
-        hint = f" Did you mean `{close[0]}`?" if close else " See `hellbender schema` or docs/config.md for every key."
-        problems.append(f"{where}`{key}` is not a config key.{hint}")
+        else:
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6) or difflib.get_close_matches(
+                key, sorted(axolotl_keys), n=1, cutoff=0.6
+            )
+            hint = (
+                f" Did you mean `{close[0]}`?" if close else " See `hellbender schema` or docs/config.md for every key."
+            )
+            problems.append(f"{where}`{key}` is not a config key.{hint}")
+        del raw[key]
     return problems
 
 
@@ -76,8 +81,8 @@ def _misplaced(key: str, model: type[BaseModel]) -> str | None:
 
 
 def key_problems(raw: dict[str, Any]) -> list[str]:
-    """Every key problem of the raw config, its dataset entries included. Unimplemented keys set to nothing are
-    removed from `raw` (they ask for nothing)."""
+    """Every key problem of the raw config, its dataset entries included. Keys with a problem, unimplemented keys
+    set to nothing and known keys left blank are removed from `raw`."""
     problems = check_keys(raw, HellbenderConfig, axolotl_keys("axolotl_keys.txt"), "")
     for list_key, model in ENTRY_MODELS.items():
         entries = raw.get(list_key)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,6 +47,12 @@ class TrainingSettings(BaseModel):
         "`offload` also keeps the layers' saved inputs in pinned host memory until backward, copied on a side stream "
         "(host memory needed: layers x tokens x hidden size x 2 bytes in bf16, about 85 GiB for an 8B model at "
         "350k tokens).",
+    )
+    gradient_checkpointing_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="Arguments of the checkpointing call, as Axolotl passes them to transformers. hellbender's "
+        "checkpointing is always non-reentrant, so `{use_reentrant: false}` is what happens; `use_reentrant: true` "
+        "and other arguments are refused.",
     )
     gradient_checkpointing_layers: int | None = Field(
         None,

@@ -32,8 +32,8 @@ class PreparedData:
 
 
 def _worker_processes(cfg: HellbenderConfig) -> int | None:
-    """`dataset_processes` as `datasets` takes it: None runs in this process (1 would start a pool of one)."""
-    return cfg.dataset_processes if cfg.dataset_processes > 1 else None
+    """`dataset_num_proc` as `datasets` takes it: None runs in this process (1 would start a pool of one)."""
+    return cfg.dataset_num_proc if cfg.dataset_num_proc > 1 else None
 
 
 def _row_format(entry: DatasetEntry, columns: list[str], multimodal: bool, where: str) -> str:

@@ -1,0 +1,79 @@
+"""Axolotl's keys that ask for what hellbender already does are accepted and mean the same; older Axolotl spellings
+are read as today's key with one notice line; settings that ask for nothing in this config are one notice line."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from hellbender.config import validate_config
+from hellbender.errors import ConfigError
+from tests.helpers import base_config
+
+
+def same_config(tmp_path, axolotl: dict, hellbender: dict, ignore: tuple[str, ...] = ()) -> None:
+    """The Axolotl spelling validates to the same config as hellbender's, so the run is the same run."""
+    a = validate_config(base_config(tmp_path, **axolotl)).model_dump()
+    b = validate_config(base_config(tmp_path, **hellbender)).model_dump()
+    for key in ignore:
+        a.pop(key), b.pop(key)
+    assert a == b
+
+
+def test_non_reentrant_checkpointing_kwargs_are_what_hellbender_does(tmp_path):
+    same_config(
+        tmp_path,
+        {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}},
+        {"gradient_checkpointing": True},
+        ignore=("gradient_checkpointing_kwargs",),
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"use_reentrant": True}, "`gradient_checkpointing_kwargs.use_reentrant` must be false"),
+        ({"use_reentrant": False, "preserve_rng_state": False}, "`preserve_rng_state` cannot be passed on"),
+    ],
+)
+def test_checkpointing_kwargs_hellbender_cannot_honour_are_refused(tmp_path, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(base_config(tmp_path, gradient_checkpointing=True, gradient_checkpointing_kwargs=kwargs))
+
+
+def test_the_older_dataset_processes_is_read_as_dataset_num_proc(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="hellbender"):
+        same_config(tmp_path, {"dataset_processes": 3}, {"dataset_num_proc": 3})
+    assert (
+        "`dataset_processes` is an older spelling of `dataset_num_proc`; read as `dataset_num_proc: 3`." in caplog.text
+    )
+
+
+def test_two_spellings_of_one_key_with_different_values_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"`dataset_processes: 2` and `dataset_num_proc: 4` are the same key"):
+        validate_config(base_config(tmp_path, dataset_processes=2, dataset_num_proc=4))
+
+
+def test_older_message_field_keys_become_message_property_mappings(tmp_path, caplog):
+    older = [
+        {"path": "chat.jsonl", "type": "chat_template", "message_field_role": "from", "message_field_content": "value"}
+    ]
+    today = [
+        {
+            "path": "chat.jsonl",
+            "type": "chat_template",
+            "message_property_mappings": {"role": "from", "content": "value"},
+        }
+    ]
+    with caplog.at_level(logging.WARNING, logger="hellbender"):
+        same_config(tmp_path, {"datasets": older}, {"datasets": today})
+    assert "read as `message_property_mappings.role: from`" in caplog.text
+
+
+def test_an_evaluation_schedule_without_evaluation_data_is_a_notice(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="hellbender"):
+        cfg = validate_config(base_config(tmp_path, eval_steps=10))
+    assert not cfg.has_eval_data
+    assert "`eval_steps` / `evals_per_epoch` is set but there is no evaluation data" in caplog.text
+    assert "nothing is evaluated" in caplog.text
