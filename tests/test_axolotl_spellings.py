@@ -77,3 +77,44 @@ def test_an_evaluation_schedule_without_evaluation_data_is_a_notice(tmp_path, ca
     assert not cfg.has_eval_data
     assert "`eval_steps` / `evals_per_epoch` is set but there is no evaluation data" in caplog.text
     assert "nothing is evaluated" in caplog.text
+
+
+LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
+CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
+
+
+def test_liger_plugin_with_liger_keys_is_hellbenders_liger(tmp_path):
+    same_config(
+        tmp_path,
+        {"plugins": [LIGER_PLUGIN], "liger_rms_norm": True, "liger_glu_activation": True},
+        {"liger_rms_norm": True, "liger_glu_activation": True},
+        ignore=("plugins",),
+    )
+
+
+@pytest.mark.parametrize(
+    "axolotl",
+    [{"plugins": [CCE_PLUGIN]}, {"plugins": [CCE_PLUGIN], "cut_cross_entropy": True}, {"cut_cross_entropy": True}],
+)
+def test_cut_cross_entropy_is_the_fused_linear_cross_entropy(tmp_path, axolotl):
+    cfg = validate_config(base_config(tmp_path, **axolotl))
+    assert cfg.cut_cross_entropy is True and cfg.liger_fused_linear_cross_entropy is True and cfg.fuses_the_loss
+    same_config(tmp_path, axolotl, {"liger_fused_linear_cross_entropy": True}, ignore=("plugins", "cut_cross_entropy"))
+
+
+def test_cut_cross_entropy_turned_off_keeps_the_plain_loss(tmp_path):
+    cfg = validate_config(base_config(tmp_path, plugins=[CCE_PLUGIN], cut_cross_entropy=False))
+    assert not cfg.fuses_the_loss
+
+
+@pytest.mark.parametrize(
+    ("plugin", "message"),
+    [
+        ("axolotl.integrations.swanlab.SwanLabPlugin", "SwanLab logging is not offered; use `report_to: tensorboard`"),
+        ("axolotl.integrations.kernels.KernelsPlugin", "kernels from the Hugging Face kernels hub are not offered"),
+        ("my_company.plugins.Custom", "hellbender has no plugins; it does natively what"),
+    ],
+)
+def test_other_plugins_are_refused_naming_what_hellbender_offers(tmp_path, plugin, message):
+    with pytest.raises(ConfigError, match=rf"`plugins`: `{plugin}` is not supported: {message}"):
+        validate_config(base_config(tmp_path, plugins=[LIGER_PLUGIN, plugin]))

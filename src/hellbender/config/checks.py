@@ -7,6 +7,7 @@ from pathlib import Path
 from hellbender.chat_templates import TEMPLATE_NAMES
 from hellbender.config.data import CHAT_ROLES
 from hellbender.config.deepspeed import deepspeed_problems
+from hellbender.config.plugins import plugin_problems
 from hellbender.config.schema import HellbenderConfig
 
 
@@ -80,6 +81,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
                 f"{where}`chat_template: {name}` is not supported yet. Use `tokenizer_default` (the model's own "
                 "template), `chatml`, or `jinja` with the template text in `chat_template_jinja`."
             )
+    problems += plugin_problems(cfg.plugins)
     problems += _roles_to_train_problems(cfg)
     problems += _multimodal_conflicts(cfg)
     problems += _distributed_conflicts(cfg)
@@ -293,6 +295,7 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "on an H100). Turn one of them off (`gradient_checkpointing: false`, or `torch_compile: false`)."
         )
     liger = sorted(k for k in type(cfg).model_fields if k.startswith("liger_") and getattr(cfg, k))
+    liger += ["cut_cross_entropy"] if cfg.cut_cross_entropy else []
     if cfg.torch_compile and liger:
         problems.append(
             f"`torch_compile: true` with Liger's kernels ({', '.join(f'`{k}`' for k in liger)}) is not supported yet: "

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from hellbender.config.machine import Machine, this_machine
+from hellbender.config.plugins import CUT_CROSS_ENTROPY_PLUGIN
 from hellbender.config.precision import run_precision
 from hellbender.config.schema import DatasetEntry, HellbenderConfig
 
@@ -93,6 +94,10 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
         updates["load_in_4bit"] = True
     if cfg.adapter and not cfg.lora_target_linear:
         default("lora_target_modules", list(DEFAULT_LORA_TARGETS))
+    if cfg.cut_cross_entropy is None:
+        updates["cut_cross_entropy"] = CUT_CROSS_ENTROPY_PLUGIN in cfg.plugins
+    if updates.get("cut_cross_entropy", cfg.cut_cross_entropy):
+        updates["liger_fused_linear_cross_entropy"] = True  # the same fused LM head and loss
     if cfg.torch_compile:
         for key, value in TORCH_COMPILE_DEFAULTS.items():
             default(key, value)

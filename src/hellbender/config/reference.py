@@ -16,6 +16,7 @@ from hellbender.config.distributed import DistributedSettings, FsdpSettings
 from hellbender.config.kernels import KernelSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
+from hellbender.config.plugins import PluginSettings
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.training import TrainingSettings
 
@@ -30,6 +31,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("Fused kernels and compilation", KernelSettings),
     ("Several GPUs and machines", DistributedSettings),
     ("`fsdp_config:`", FsdpSettings),
+    ("Axolotl plugins", PluginSettings),
 ]
 
 

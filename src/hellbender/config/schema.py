@@ -8,6 +8,7 @@ from hellbender.config.distributed import DistributedSettings
 from hellbender.config.kernels import KernelSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
+from hellbender.config.plugins import PluginSettings
 from hellbender.config.training import TrainingSettings
 
 __all__ = ["HellbenderConfig", "DatasetEntry", "PretrainingDatasetEntry"]
@@ -21,6 +22,7 @@ class HellbenderConfig(
     TrainingSettings,
     KernelSettings,
     DistributedSettings,
+    PluginSettings,
 ):
     """A validated training config. Build it with `hellbender.config.load_config`, which also checks
     combinations of keys and fills derived defaults."""
@@ -35,8 +37,9 @@ class HellbenderConfig(
 
     @property
     def fuses_the_loss(self) -> bool:
-        """The model computes its own loss without logits (Liger's fused linear cross-entropy)."""
-        return self.liger_fused_linear_cross_entropy
+        """The model computes its own loss without logits (Liger's fused linear cross-entropy, which Axolotl's
+        `cut_cross_entropy` asks for too)."""
+        return self.liger_fused_linear_cross_entropy or bool(self.cut_cross_entropy)
 
     @property
     def checkpoints_activations(self) -> bool:
