@@ -104,6 +104,10 @@ def find_notices(cfg: HellbenderConfig) -> list[str]:
             "`eval_steps` / `evals_per_epoch` is set but there is no evaluation data (`val_set_size: 0`, no "
             "`test_datasets`), so nothing is evaluated; add one of them to evaluate."
         )
+    if "loss_watchdog_patience" in cfg.model_fields_set and cfg.loss_watchdog_threshold is None:
+        notices.append(
+            "`loss_watchdog_patience` is set but `loss_watchdog_threshold` is not, so the loss is not watched."
+        )
     return notices
 
 

@@ -50,6 +50,7 @@ UNSET_MEANS: dict[str, str] = {
     "save_steps": "once per epoch, or `saves_per_epoch` times (from the steps per epoch); streamed: every tenth",
     "saves_per_epoch": "`save_steps` decides",
     "save_total_limit": "every checkpoint is kept",
+    "loss_watchdog_threshold": "the loss is not watched",
     "eval_steps": "once per epoch, or `evals_per_epoch` times (from the steps per epoch); streamed: every tenth",
     "evals_per_epoch": "`eval_steps` decides",
     "resume_from_checkpoint": "start from the base model",

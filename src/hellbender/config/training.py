@@ -95,6 +95,15 @@ class TrainingSettings(BaseModel):
         "processing then keeps up with the GPU: 1.40x on the Gemma-4-E2B benchmark, docs/benchmarks.md), else 0, "
         "decided on the machine that trains.",
     )
+    loss_watchdog_threshold: float | None = Field(
+        None,
+        gt=0,
+        description="Stop the run (saving a checkpoint, writing no final model) when the logged training loss stays "
+        "above this for `loss_watchdog_patience` logged steps in a row; about twice the starting loss is a good value.",
+    )
+    loss_watchdog_patience: int = Field(
+        3, gt=0, description="Logged steps in a row above `loss_watchdog_threshold` before the run stops."
+    )
     memory_watchdog: Literal["warn", "error", "off"] = Field(
         "warn",
         description="Watch memory per step and report steady growth (a leak) with its rate and the step it would run "
