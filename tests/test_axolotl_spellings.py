@@ -118,3 +118,52 @@ def test_cut_cross_entropy_turned_off_keeps_the_plain_loss(tmp_path):
 def test_other_plugins_are_refused_naming_what_hellbender_offers(tmp_path, plugin, message):
     with pytest.raises(ConfigError, match=rf"`plugins`: `{plugin}` is not supported: {message}"):
         validate_config(base_config(tmp_path, plugins=[LIGER_PLUGIN, plugin]))
+
+
+def test_a_wandb_project_turns_on_wandb_reporting(tmp_path):
+    cfg = validate_config(base_config(tmp_path, wandb_project="my-project", report_to="tensorboard"))
+    assert cfg.report_targets == ["tensorboard", "wandb"]
+    same_config(
+        tmp_path,
+        {"wandb_project": "my-project", "report_to": "tensorboard"},
+        {"report_to": ["tensorboard", "wandb"]},
+        ignore=("wandb_project",),
+    )
+
+
+def test_wandb_keys_reach_wandb_through_its_environment_variables(tmp_path):
+    from hellbender.train.arguments import tracker_environment
+
+    cfg = validate_config(
+        base_config(
+            tmp_path,
+            wandb_project="p",
+            wandb_entity="team",
+            wandb_run_id="abc123",
+            wandb_mode="offline",
+            wandb_log_model=False,
+            wandb_watch="gradients",
+            wandb_name="first-try",
+        )
+    )
+    assert tracker_environment(cfg) == {
+        "WANDB_PROJECT": "p",
+        "WANDB_ENTITY": "team",
+        "WANDB_RUN_ID": "abc123",
+        "WANDB_MODE": "offline",
+        "WANDB_LOG_MODEL": "false",
+        "WANDB_WATCH": "gradients",
+    }
+
+
+def test_a_wandb_project_without_the_package_is_a_clear_error(tmp_path, monkeypatch):
+    import importlib.util
+
+    from hellbender.errors import EnvironmentProblem
+    from hellbender.train.arguments import report_targets
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    cfg = validate_config(base_config(tmp_path, wandb_project="p"))
+    with pytest.raises(EnvironmentProblem, match=r"`wandb_project` is set, but the `wandb` package is not installed"):
+        report_targets(cfg)

@@ -51,6 +51,13 @@ UNSET_MEANS: dict[str, str] = {
     "saves_per_epoch": "`save_steps` decides",
     "save_total_limit": "every checkpoint is kept",
     "loss_watchdog_threshold": "the loss is not watched",
+    "wandb_project": "no W&B project named (W&B's default project when `report_to` has `wandb`)",
+    "wandb_entity": "W&B's default entity",
+    "wandb_name": "a name W&B picks",
+    "wandb_run_id": "a new W&B run",
+    "wandb_mode": "W&B's own setting (online unless its environment says otherwise)",
+    "wandb_log_model": "no model uploaded to W&B",
+    "wandb_watch": "W&B's default (no histograms unless its environment says otherwise)",
     "eval_steps": "once per epoch, or `evals_per_epoch` times (from the steps per epoch); streamed: every tenth",
     "evals_per_epoch": "`eval_steps` decides",
     "resume_from_checkpoint": "start from the base model",
@@ -95,6 +102,8 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
         updates["load_in_4bit"] = True
     if cfg.adapter and not cfg.lora_target_linear:
         default("lora_target_modules", list(DEFAULT_LORA_TARGETS))
+    if cfg.wandb_project and "wandb" not in cfg.report_targets:
+        updates["report_to"] = [*cfg.report_targets, "wandb"]
     if cfg.cut_cross_entropy is None:
         updates["cut_cross_entropy"] = CUT_CROSS_ENTROPY_PLUGIN in cfg.plugins
     if updates.get("cut_cross_entropy", cfg.cut_cross_entropy):

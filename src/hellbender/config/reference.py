@@ -18,6 +18,7 @@ from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.plugins import PluginSettings
 from hellbender.config.schema import HellbenderConfig
+from hellbender.config.tracking import TrackingSettings
 from hellbender.config.training import TrainingSettings
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
@@ -32,6 +33,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("Several GPUs and machines", DistributedSettings),
     ("`fsdp_config:`", FsdpSettings),
     ("Axolotl plugins", PluginSettings),
+    ("Weights & Biases", TrackingSettings),
 ]
 
 

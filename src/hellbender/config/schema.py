@@ -9,6 +9,7 @@ from hellbender.config.kernels import KernelSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.plugins import PluginSettings
+from hellbender.config.tracking import TrackingSettings
 from hellbender.config.training import TrainingSettings
 
 __all__ = ["HellbenderConfig", "DatasetEntry", "PretrainingDatasetEntry"]
@@ -23,6 +24,7 @@ class HellbenderConfig(
     KernelSettings,
     DistributedSettings,
     PluginSettings,
+    TrackingSettings,
 ):
     """A validated training config. Build it with `hellbender.config.load_config`, which also checks
     combinations of keys and fills derived defaults."""
@@ -46,6 +48,12 @@ class HellbenderConfig(
         """Activation checkpointing is on: `gradient_checkpointing`, or FSDP2's `activation_checkpointing` (both run
         hellbender's own checkpointing)."""
         return bool(self.gradient_checkpointing) or (self.uses_fsdp2 and self.fsdp_settings.activation_checkpointing)
+
+    @property
+    def report_targets(self) -> list[str]:
+        """`report_to` as a list of trackers (`none` is no tracker)."""
+        targets = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)
+        return [t for t in targets if t != "none"]
 
     @property
     def has_eval_data(self) -> bool:
