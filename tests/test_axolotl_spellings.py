@@ -167,3 +167,62 @@ def test_a_wandb_project_without_the_package_is_a_clear_error(tmp_path, monkeypa
     cfg = validate_config(base_config(tmp_path, wandb_project="p"))
     with pytest.raises(EnvironmentProblem, match=r"`wandb_project` is set, but the `wandb` package is not installed"):
         report_targets(cfg)
+
+
+AXOLOTL_FSDP1 = {
+    "fsdp": ["full_shard", "auto_wrap"],
+    "fsdp_config": {
+        "fsdp_limit_all_gathers": True,
+        "fsdp_sync_module_states": True,
+        "fsdp_offload_params": False,
+        "fsdp_use_orig_params": True,
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+        "fsdp_state_dict_type": "FULL_STATE_DICT",
+        "fsdp_sharding_strategy": "FULL_SHARD",
+        "fsdp_backward_prefetch": "BACKWARD_PRE",
+    },
+}
+FSDP2_SPELLING = {
+    "fsdp_version": 2,
+    "fsdp_config": {
+        "sync_module_states": True,
+        "offload_params": False,
+        "use_orig_params": True,
+        "cpu_ram_efficient_loading": True,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+        "state_dict_type": "FULL_STATE_DICT",
+        "reshard_after_forward": True,
+    },
+}
+
+
+def test_an_fsdp1_config_is_translated_to_the_fsdp2_settings_it_means(tmp_path, caplog):
+    lora = {"adapter": "lora", "lora_target_linear": True}
+    with caplog.at_level(logging.WARNING, logger="hellbender"):
+        same_config(tmp_path, {**AXOLOTL_FSDP1, **lora}, {**FSDP2_SPELLING, **lora})
+    assert (
+        "FSDP1 settings translated to FSDP2: `fsdp_version: 2`, reshard_after_forward: true, auto_wrap_policy: "
+        "TRANSFORMER_BASED_WRAP; `backward_prefetch`, `limit_all_gathers` dropped (FSDP2 does that itself)."
+    ) in caplog.text
+
+
+def test_shard_grad_op_keeps_the_gathered_weights_after_forward(tmp_path):
+    cfg = validate_config(base_config(tmp_path, fsdp="shard_grad_op auto_wrap offload"))
+    assert cfg.fsdp_version == 2 and cfg.fsdp is None
+    assert cfg.fsdp_settings.reshard_after_forward is False and cfg.fsdp_settings.offload_params is True
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"fsdp": ["hybrid_shard"]}, "`hybrid_shard` cannot be translated to FSDP2: hybrid sharding"),
+        ({"fsdp": ["full_shard"], "fsdp_config": {"forward_prefetch": True}}, "`fsdp_config.forward_prefetch: true`"),
+        ({"fsdp_version": 1, "fsdp": ["full_shard"]}, "`fsdp_version: 1` is not supported"),
+    ],
+)
+def test_fsdp1_settings_without_an_fsdp2_counterpart_are_refused(tmp_path, keys, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(base_config(tmp_path, **keys))

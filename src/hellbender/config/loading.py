@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from hellbender.config.checks import find_conflicts, find_notices, find_path_problems
 from hellbender.config.defaults import apply_derived_defaults, machine_defaults
+from hellbender.config.fsdp1 import translate_fsdp1
 from hellbender.config.keys import ENTRY_MODELS, key_problems
 from hellbender.config.machine import Machine
 from hellbender.config.overrides import apply_overrides
@@ -35,6 +36,8 @@ def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
     key names, values, combinations of keys and paths, one paragraph each (a problem that follows from one already
     listed is left out)."""
     problems, notices = read_older_spellings(raw)
+    fsdp_problems, fsdp_notices = translate_fsdp1(raw)
+    problems, notices = problems + fsdp_problems, notices + fsdp_notices
     problems += key_problems(raw)  # removes the keys it reports, so the rest is still checked
     cfg, value_problems = _validated_values(raw)
     problems += value_problems
