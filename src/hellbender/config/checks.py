@@ -187,6 +187,13 @@ def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
         return problems
     if cfg.sample_packing:
         problems.append("`sample_packing` is not supported yet with `processor_type` (vision-language models).")
+    if cfg.eval_sample_packing:
+        problems.append("`eval_sample_packing` is not supported yet with `processor_type` (vision-language models).")
+    if cfg.pad_to_sequence_len:
+        problems.append(
+            "`pad_to_sequence_len` is not supported yet with `processor_type`: the processor pads image+text batches "
+            "itself. Remove it."
+        )
     other_types = sorted({e.type or "pretokenized" for e in cfg.datasets + cfg.test_datasets} - MULTIMODAL_TYPES)
     other_types += sorted({e.type for e in cfg.pretraining_dataset} - MULTIMODAL_TYPES)
     if other_types:

@@ -131,6 +131,14 @@ class DataSettings(BaseModel):
         description="Pack several rows into each `sequence_len` bin. Default: on for streamed raw text (always packed "
         "into full bins), off otherwise.",
     )
+    eval_sample_packing: bool | None = Field(
+        None, description="Pack the evaluation rows too; default: as `sample_packing`."
+    )
+    pad_to_sequence_len: bool = Field(
+        False,
+        description="Pad every batch to `sequence_len` tokens, so each step has the same shapes (steadier memory, "
+        "compiled kernels reused); padding is never attended to or trained.",
+    )
     train_on_inputs: bool = Field(False, description="Also train on prompt / user tokens.")
     chat_template: str | None = Field(
         None,

@@ -51,6 +51,7 @@ UNSET_MEANS: dict[str, str] = {
     "saves_per_epoch": "`save_steps` decides",
     "save_total_limit": "every checkpoint is kept",
     "loss_watchdog_threshold": "the loss is not watched",
+    "ddp_find_unused_parameters": "the Trainer's rule: on, except for a transformers model with activation checkpointing",
     "wandb_project": "no W&B project named (W&B's default project when `report_to` has `wandb`)",
     "wandb_entity": "W&B's default entity",
     "wandb_name": "a name W&B picks",
@@ -114,6 +115,7 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
     # Streamed raw text is always packed into full bins; streamed image+text rows are not packed.
     streams_text = bool(cfg.pretraining_dataset) and cfg.streaming is not False and not cfg.is_multimodal
     default("sample_packing", streams_text)
+    default("eval_sample_packing", updates.get("sample_packing", cfg.sample_packing))
     cfg = _updated(cfg, updates)
     entries: dict[str, Any] = {
         key: [entry_with_defaults(e, cfg) for e in getattr(cfg, key)] for key in ("datasets", "test_datasets")

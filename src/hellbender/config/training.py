@@ -104,6 +104,11 @@ class TrainingSettings(BaseModel):
     loss_watchdog_patience: int = Field(
         3, gt=0, description="Logged steps in a row above `loss_watchdog_threshold` before the run stops."
     )
+    ddp_find_unused_parameters: bool | None = Field(
+        None,
+        description="With several processes (DDP): look for parameters that got no gradient in a step (needed when "
+        "some parameters are unused, slower).",
+    )
     memory_watchdog: Literal["warn", "error", "off"] = Field(
         "warn",
         description="Watch memory per step and report steady growth (a leak) with its rate and the step it would run "

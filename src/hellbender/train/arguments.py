@@ -75,6 +75,7 @@ def training_arguments(
         save_total_limit=None,  # CheckpointKeeper rotates, after the newer checkpoint is complete
         eval_strategy="steps" if has_eval else "no",
         eval_steps=schedule.eval_steps,
+        ddp_find_unused_parameters=cfg.ddp_find_unused_parameters,
         seed=cfg.seed,
         run_name=cfg.wandb_name,
         data_seed=cfg.seed,
