@@ -175,7 +175,7 @@ AXOLOTL_FSDP1 = {
         "fsdp_limit_all_gathers": True,
         "fsdp_sync_module_states": True,
         "fsdp_offload_params": False,
-        "fsdp_use_orig_params": True,
+        "fsdp_use_orig_params": False,  # FSDP1 flattened the parameters; FSDP2 never does
         "fsdp_cpu_ram_efficient_loading": True,
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
@@ -187,9 +187,7 @@ AXOLOTL_FSDP1 = {
 FSDP2_SPELLING = {
     "fsdp_version": 2,
     "fsdp_config": {
-        "sync_module_states": True,
         "offload_params": False,
-        "use_orig_params": True,
         "cpu_ram_efficient_loading": True,
         "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
@@ -205,7 +203,8 @@ def test_an_fsdp1_config_is_translated_to_the_fsdp2_settings_it_means(tmp_path, 
         same_config(tmp_path, {**AXOLOTL_FSDP1, **lora}, {**FSDP2_SPELLING, **lora})
     assert (
         "FSDP1 settings translated to FSDP2: `fsdp_version: 2`, reshard_after_forward: true, auto_wrap_policy: "
-        "TRANSFORMER_BASED_WRAP; `backward_prefetch`, `limit_all_gathers` dropped (FSDP2 does that itself)."
+        "TRANSFORMER_BASED_WRAP; `backward_prefetch`, `limit_all_gathers`, `use_orig_params`, `sync_module_states` "
+        "dropped (FSDP2 does that itself)."
     ) in caplog.text
 
 
@@ -226,3 +225,14 @@ def test_shard_grad_op_keeps_the_gathered_weights_after_forward(tmp_path):
 def test_fsdp1_settings_without_an_fsdp2_counterpart_are_refused(tmp_path, keys, message):
     with pytest.raises(ConfigError, match=message):
         validate_config(base_config(tmp_path, **keys))
+
+
+def test_a_streamed_run_counts_as_one_epoch_for_per_epoch_intervals(tmp_path):
+    from hellbender.train.schedule import plan_schedule
+
+    text = tmp_path / "text.jsonl"
+    text.write_text('{"text": "a"}\n')
+    cfg = validate_config(
+        base_config(tmp_path, datasets=[], pretraining_dataset=[{"path": str(text)}], max_steps=100, saves_per_epoch=4)
+    )
+    assert plan_schedule(cfg, None).save_steps == 25

@@ -3,6 +3,8 @@ so a user fixes everything at once. Blank keys (`special_tokens:`) are unset, as
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from hellbender.config import validate_config
@@ -67,6 +69,18 @@ def test_blank_keys_take_their_defaults(tmp_path):
     assert entry_blank.datasets[0].split == "train"
 
 
-def test_a_blank_unknown_key_is_still_a_typo(tmp_path):
-    (problem,) = problems_of(base_config(tmp_path, special_tokns=None))
-    assert "`special_tokns` is not a config key. Did you mean `special_tokens`?" in problem
+def test_a_blank_unknown_key_asks_for_nothing_and_says_what_it_may_have_meant(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="hellbender"):
+        validate_config(base_config(tmp_path, special_tokns=None))
+    assert "`special_tokns` is not a config key; left blank, it asks for nothing. Did you mean `special_tokens`?" in (
+        caplog.text
+    )
+
+
+def test_a_parameter_of_a_feature_that_is_off_asks_for_nothing(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="hellbender"):
+        validate_config(base_config(tmp_path, eval_max_new_tokens=128))
+    assert "`eval_max_new_tokens` tunes `eval_table_size`, which is off, so it changes nothing." in caplog.text
+    problems = problems_of(base_config(tmp_path, eval_max_new_tokens=128, eval_table_size=5))
+    assert [p.split(" ")[0] for p in problems] == ["`eval_max_new_tokens`", "`eval_table_size`"]
+    assert all("is not supported yet" in p for p in problems)

@@ -44,8 +44,6 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
         problems.append("`eval_steps` and `evals_per_epoch` are both set; keep one.")
     if cfg.warmup_steps is not None and cfg.warmup_ratio is not None:
         problems.append("`warmup_steps` and `warmup_ratio` are both set; keep one.")
-    if cfg.uses_streaming and (cfg.saves_per_epoch or cfg.evals_per_epoch):
-        problems.append("A streamed dataset has no epochs: use `save_steps` / `eval_steps` instead of `*_per_epoch`.")
     # Keys at their default ask for nothing: a dumped full fine-tuning config lists them all and must reload.
     lora_keys = sorted(
         k

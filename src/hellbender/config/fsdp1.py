@@ -29,8 +29,10 @@ SHARDING_STRATEGIES = {
     "HYBRID_SHARD": "hybrid_shard",
     "_HYBRID_SHARD_ZERO2": "hybrid_shard_zero2",
 }
-# FSDP1 settings FSDP2 does on its own (always prefetches backward, never needs the all-gather limit)
-BUILT_IN = ("backward_prefetch", "limit_all_gathers")
+# FSDP1 settings with no meaning under FSDP2: it always prefetches backward, needs no all-gather limit, always keeps
+# the original parameters (FSDP1's `use_orig_params: false` flattened them) and starts every process from the same
+# weights (`sync_module_states`)
+BUILT_IN = ("backward_prefetch", "limit_all_gathers", "use_orig_params", "sync_module_states")
 
 
 def translate_fsdp1(raw: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -38,7 +38,7 @@ def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
     problems, notices = read_older_spellings(raw)
     fsdp_problems, fsdp_notices = translate_fsdp1(raw)
     problems, notices = problems + fsdp_problems, notices + fsdp_notices
-    problems += key_problems(raw)  # removes the keys it reports, so the rest is still checked
+    problems += key_problems(raw, notices)  # removes the keys it reports, so the rest is still checked
     cfg, value_problems = _validated_values(raw)
     problems += value_problems
     if cfg is not None:

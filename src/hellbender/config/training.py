@@ -70,14 +70,18 @@ class TrainingSettings(BaseModel):
         gt=0,
         description="Save a checkpoint every N steps. Default: once per epoch (streamed data: every tenth of `max_steps`).",
     )
-    saves_per_epoch: int | None = Field(None, gt=0, description="Save this many checkpoints per epoch.")
+    saves_per_epoch: int | None = Field(
+        None, gt=0, description="Save this many checkpoints per epoch (streamed data: over the whole `max_steps`)."
+    )
     save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
     eval_steps: int | None = Field(
         None,
         gt=0,
         description="Evaluate every N steps when there is evaluation data. Default: once per epoch (streamed data: every tenth of `max_steps`).",
     )
-    evals_per_epoch: int | None = Field(None, gt=0, description="Evaluate this many times per epoch.")
+    evals_per_epoch: int | None = Field(
+        None, gt=0, description="Evaluate this many times per epoch (streamed data: over the whole `max_steps`)."
+    )
     seed: int = Field(42, description="Seed for initialisation, shuffling, dropout and data splits.")
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] | Literal["tensorboard", "wandb", "mlflow", "none"] = (
         Field("none", description="Experiment trackers to log to (each must be installed).")
