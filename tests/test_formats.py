@@ -49,6 +49,7 @@ def bare_context(tokenizer, train_on_inputs: bool, text_field: str = "text") -> 
         role_map=None,
         roles_to_train=(),
         train_on_eos=None,
+        eot_ids=frozenset(),
         text_field=text_field,
         vision=None,
     )
@@ -387,3 +388,43 @@ def test_pretokenized_negative_labels_become_ignore_index(tiny_tokenizer):
 def test_pretokenized_bad_rows_raise_row_error(tiny_tokenizer, row, message):
     with pytest.raises(RowError, match=message):
         pretok(row, tiny_tokenizer)
+
+
+# --- eot_tokens ---------------------------------------------------------------------------------------------
+
+# A template that writes a marker special token (<|pad|>) before the real end of turn (<|im_end|>).
+MARKED_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|pad|><|im_end|>\\n' }}{% endfor %}"
+)
+
+
+def test_eot_tokens_that_name_the_templates_marker_change_nothing(tiny_tokenizer):
+    entry = {"path": "x.jsonl", "type": "chat_template"}
+    plain = FORMATTERS["chat_template"]({"messages": CONVERSATION}, ctx_for(tiny_tokenizer, entry))
+    named = FORMATTERS["chat_template"](
+        {"messages": CONVERSATION}, ctx_for(tiny_tokenizer, entry, eot_tokens=["<|im_end|>"])
+    )
+    assert named == plain
+
+
+def test_eot_tokens_pick_the_end_of_turn_past_other_special_tokens(tiny_tokenizer):
+    entry = {
+        "path": "x.jsonl",
+        "type": "chat_template",
+        "chat_template": "jinja",
+        "chat_template_jinja": MARKED_TEMPLATE,
+    }
+    first_special = FORMATTERS["chat_template"]({"messages": CONVERSATION}, ctx_for(tiny_tokenizer, entry))
+    assert trained_text(tiny_tokenizer, first_special["labels"]) == "Four.<|pad|>Six, of course.<|pad|>"
+    named = FORMATTERS["chat_template"](
+        {"messages": CONVERSATION}, ctx_for(tiny_tokenizer, entry, eot_tokens=["<|im_end|>"])
+    )
+    assert trained_text(tiny_tokenizer, named["labels"]) == "Four.<|im_end|>Six, of course.<|im_end|>"
+
+
+def test_an_eot_token_the_tokenizer_splits_is_refused(tiny_tokenizer):
+    from hellbender.errors import DataError
+
+    with pytest.raises(DataError, match=r"`eot_tokens` names `<end_of_turn>`, which this tokenizer splits into"):
+        ctx_for(tiny_tokenizer, {"path": "x.jsonl", "type": "chat_template"}, eot_tokens=["<end_of_turn>"])

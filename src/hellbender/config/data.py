@@ -147,6 +147,11 @@ class DataSettings(BaseModel):
     chat_template_jinja: str | None = Field(
         None, description="A Jinja chat template, used with `chat_template: jinja`."
     )
+    eot_tokens: list[str] = Field(
+        default_factory=list,
+        description="`chat_template`: the tokens that end a turn, for `train_on_eos` (each must be one token of the "
+        "tokenizer). Default: the first special token the template writes after a turn's text.",
+    )
     shuffle_merged_datasets: bool = Field(True, description="Shuffle the rows of all datasets together.")
     skip_prepare_dataset: bool = Field(
         False,

@@ -59,6 +59,21 @@ def vision_context(entry: DatasetEntry, cfg: HellbenderConfig, processor: Any, w
     )
 
 
+def eot_token_ids(eot_tokens: list[str], tokenizer: Any, where: str) -> frozenset[int]:
+    """The ids of `eot_tokens`, each of which must be one token of the tokenizer."""
+    ids = []
+    for token in eot_tokens:
+        encoded = tokenizer(token, add_special_tokens=False)["input_ids"]
+        if len(encoded) != 1:
+            raise DataError(
+                f"{where}: `eot_tokens` names `{token}`, which this tokenizer splits into {len(encoded)} tokens; an "
+                "end-of-turn token must be one token. Name a special token of the tokenizer (its chat template's "
+                "end-of-turn marker), or add it with `special_tokens: {additional_special_tokens: [...]}`."
+            )
+        ids.append(encoded[0])
+    return frozenset(ids)
+
+
 def format_context(
     entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any, processor: Any = None, where: str = ""
 ) -> FormatContext:
@@ -87,6 +102,7 @@ def format_context(
         role_map=role_map,
         roles_to_train=tuple(entry.roles_to_train or ()),
         train_on_eos=entry.train_on_eos,
+        eot_ids=eot_token_ids(cfg.eot_tokens, tokenizer, where) if entry.type == "chat_template" else frozenset(),
         text_field=entry.text_column,
         vision=vision_context(entry, cfg, processor, where)
         if processor is not None and entry.type in VISION_TYPES

@@ -49,6 +49,7 @@ class FormatContext:
     role_map: dict[str, str] | None  # None: the built-in role names
     roles_to_train: tuple[str, ...]
     train_on_eos: str | None
+    eot_ids: frozenset[int]  # `eot_tokens`; empty: the first special token after a turn ends it
     # completion / multimodal_pretrain only
     text_field: str | None
     # vision-language rows only

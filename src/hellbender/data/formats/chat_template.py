@@ -218,7 +218,10 @@ def conversation_labels(
 ) -> list[int]:
     """Labels for the tokens of a rendered conversation: the trained roles' text, plus each turn's
     end-of-turn token as `train_on_eos` says; everything else is IGNORE_INDEX. `image_ids` are image
-    placeholders, which may sit between a message's last text and its end-of-turn token."""
+    placeholders, which may sit between a message's last text and its end-of-turn token.
+
+    The end-of-turn token is the first special token after a message's text, or with `eot_tokens` the first of
+    those (other special tokens before it are passed over)."""
     segments = text_segments(messages)
     trained = [m["role"] in ctx.roles_to_train for m in messages]
     for k, span in enumerate(spans):
@@ -243,12 +246,15 @@ def conversation_labels(
         if last_segment[i] != k:
             continue
         # The end-of-turn marker: a special token right after the message's last text, with only whitespace or
-        # the message's trailing images between.
+        # the message's trailing images between (with `eot_tokens`: other special tokens too).
+        markers = ctx.eot_ids or special
         while token < len(ids) and (
-            ids[token] in image_ids or (ids[token] not in special and not text[starts[token] : ends[token]].strip())
+            ids[token] in image_ids
+            or (ctx.eot_ids and ids[token] in special and ids[token] not in markers)
+            or (ids[token] not in special and not text[starts[token] : ends[token]].strip())
         ):
             token += 1
-        if token < len(ids) and ids[token] in special and _train_eos(ctx.train_on_eos, trained[i], i == last_trained):
+        if token < len(ids) and ids[token] in markers and _train_eos(ctx.train_on_eos, trained[i], i == last_trained):
             labels[token] = ids[token]
     return labels
 
