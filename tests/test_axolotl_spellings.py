@@ -236,3 +236,32 @@ def test_a_streamed_run_counts_as_one_epoch_for_per_epoch_intervals(tmp_path):
         base_config(tmp_path, datasets=[], pretraining_dataset=[{"path": str(text)}], max_steps=100, saves_per_epoch=4)
     )
     assert plan_schedule(cfg, None).save_steps == 25
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"load_in_8bit": True},
+        {"load_in_8bit": True, "adapter": "qlora"},
+        {"load_in_8bit": True, "adapter": "lora", "load_in_4bit": True},
+    ],
+)
+def test_load_in_8bit_needs_a_lora_adapter_on_an_unquantized_spelling(tmp_path, keys):
+    with pytest.raises(ConfigError, match=r"`load_in_8bit: true` needs `adapter: lora`"):
+        validate_config(base_config(tmp_path, **keys))
+
+
+def test_load_in_8bit_without_a_gpu_is_a_clear_error(tmp_path):
+    import torch
+
+    from hellbender.errors import EnvironmentProblem
+    from hellbender.models.loading import quantization_config
+
+    cfg = validate_config(base_config(tmp_path, load_in_8bit=True, adapter="lora"))
+    assert cfg.quantized_bits == 8
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU; tests/test_gpu.py trains the 8-bit base there")
+    with pytest.raises(
+        EnvironmentProblem, match=r"`load_in_8bit: true` loads the base model in 8-bit with bitsandbytes"
+    ):
+        quantization_config(cfg)

@@ -70,9 +70,7 @@ def test_every_unknown_key_is_reported_at_once():
     assert "Did you mean `micro_batch_size`" in message
 
 
-@pytest.mark.parametrize(
-    ("key", "value"), [("neftune_noise_alpha", 5), ("lora_model_dir", "x"), ("load_in_8bit", True)]
-)
+@pytest.mark.parametrize(("key", "value"), [("neftune_noise_alpha", 5), ("lora_model_dir", "x"), ("relora", True)])
 def test_axolotl_key_not_implemented_is_refused_by_name(key, value):
     message = config_error(cfg_dict(**{key: value}))
     assert f"`{key}` is not supported yet" in message
@@ -80,7 +78,7 @@ def test_axolotl_key_not_implemented_is_refused_by_name(key, value):
 
 
 @pytest.mark.parametrize("value", [False, None, "", [], {}])
-@pytest.mark.parametrize("key", ["neftune_noise_alpha", "lora_model_dir", "load_in_8bit"])
+@pytest.mark.parametrize("key", ["neftune_noise_alpha", "lora_model_dir", "relora"])
 def test_axolotl_key_not_implemented_but_unset_is_accepted(key, value):
     cfg = validate_config(cfg_dict(**{key: value}))
     assert key not in cfg.model_dump()

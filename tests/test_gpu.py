@@ -60,6 +60,41 @@ def test_qlora_trains_a_4bit_base_and_saves_a_loadable_adapter(tmp_path, tiny_mo
     assert torch.isfinite(model(ids).logits).all()
 
 
+def test_8bit_lora_trains_an_int8_base_and_saves_a_loadable_adapter(tmp_path, tiny_model_path):
+    pytest.importorskip("bitsandbytes")
+    import bitsandbytes as bnb
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    cfg = validate_config(
+        base_config(
+            tmp_path,
+            adapter="lora",
+            load_in_8bit=True,
+            lora_target_linear=True,
+            lora_r=16,
+            bf16=True,
+            max_steps=30,
+            learning_rate=1e-2,
+            gradient_checkpointing=True,
+        )
+    )
+    seen = {}
+
+    class Inspect(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen["8bit_layers"] = sum(isinstance(m, bnb.nn.Linear8bitLt) for m in model.modules())
+
+    train(cfg, callbacks=[Inspect()])
+    assert seen["8bit_layers"] > 0
+    losses = list(logged_losses(cfg.output_dir).values())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.bfloat16, device_map="cuda")
+    model = PeftModel.from_pretrained(base, Path(cfg.output_dir))
+    assert torch.isfinite(model(torch.tensor([[5, 6, 7, 8]], device="cuda")).logits).all()
+
+
 def test_bf16_lora_with_packing_on_gpu_matches_the_cpu_loss_scale(tmp_path):
     cfg = validate_config(
         base_config(tmp_path, adapter="lora", lora_target_linear=True, bf16="auto", sample_packing=True, max_steps=10)

@@ -182,3 +182,13 @@ def test_merge_of_a_full_fine_tune_checkpoint_is_refused(trained_text_lora, tmp_
     write_manifest(whole)
     result = invoke("merge-lora", trained_text_lora.config, "--adapter", whole, "--output", tmp_path / "m")
     assert_user_error(result, "holds a whole model", "not a LoRA adapter")
+
+
+def test_an_8bit_base_is_merged_unquantized_in_bfloat16_and_says_so(trained_text_lora, tmp_path, caplog):
+    run = trained_text_lora
+    target = tmp_path / "merged-8bit"
+    assert merge(run, "--set", "load_in_8bit=true", "--output", target) == target  # on CPU too: nothing is quantized
+    assert "trained in 8-bit" in caplog.text and "loaded unquantized in bfloat16" in caplog.text
+    assert set(saved_parameter_names(target).values()) == {"BF16"}
+    info = json.loads((target / MERGE_INFO).read_text())
+    assert info["dequantized_from_8bit"] is True and info["dequantized_from_4bit"] is False

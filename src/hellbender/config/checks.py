@@ -55,6 +55,11 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
             f"{', '.join(f'`{k}`' for k in lora_keys)} set but `adapter` is not: add `adapter: lora` (or `qlora`), "
             "or remove these keys for full fine-tuning."
         )
+    if cfg.load_in_8bit and (cfg.adapter != "lora" or cfg.load_in_4bit):
+        problems.append(
+            "`load_in_8bit: true` needs `adapter: lora` (an 8-bit base is trained through an adapter), and not "
+            "`load_in_4bit` or `adapter: qlora` (a 4-bit base): choose one precision for the base model."
+        )
     if cfg.load_in_4bit and cfg.adapter != "qlora":
         problems.append(
             "`load_in_4bit: true` needs `adapter: qlora` (a 4-bit base can only be trained through an adapter)."
@@ -326,6 +331,12 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
         problems.append("`tiled_mlp_num_shards` is set but `tiled_mlp` is not: add `tiled_mlp: true`, or remove it.")
     if cfg.uses_fsdp2 and cfg.deepspeed:
         problems.append("`deepspeed` and `fsdp_version: 2` are both set; choose one engine.")
+    if cfg.uses_fsdp2 and cfg.load_in_8bit:
+        problems.append("`load_in_8bit` with FSDP2 is not supported yet; use a bf16 base (`load_in_8bit: false`).")
+    if cfg.deepspeed and cfg.load_in_8bit:
+        problems.append(
+            "`load_in_8bit` with `deepspeed` is not supported yet; use a bf16 base (`load_in_8bit: false`)."
+        )
     if cfg.uses_fsdp2 and cfg.load_in_4bit:
         problems.append(
             "QLoRA (`load_in_4bit`) with FSDP2 is not supported yet. Use `adapter: lora` with FSDP2, or QLoRA on "

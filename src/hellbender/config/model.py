@@ -46,3 +46,13 @@ class ModelSettings(BaseModel):
     load_in_4bit: bool = Field(
         False, description="Load the base model in 4-bit (bitsandbytes); needs `adapter: qlora`."
     )
+    load_in_8bit: bool = Field(
+        False,
+        description="Load the base model in 8-bit (bitsandbytes LLM.int8) and train a LoRA adapter on it; needs "
+        "`adapter: lora`, a CUDA GPU and bitsandbytes.",
+    )
+
+    @property
+    def quantized_bits(self) -> int | None:
+        """4 or 8 when the base model is loaded quantized (QLoRA, 8-bit LoRA), else None."""
+        return 4 if self.load_in_4bit else 8 if self.load_in_8bit else None

@@ -87,21 +87,25 @@ def customise_tokenizer(cfg: HellbenderConfig, tokenizer: Any) -> None:
 def quantization_config(cfg: HellbenderConfig):
     import torch
 
-    if not cfg.load_in_4bit:
+    bits = cfg.quantized_bits
+    if bits is None:
         return None
+    asked = "`adapter: qlora`" if bits == 4 else "`load_in_8bit: true`"
     if not torch.cuda.is_available():
         raise EnvironmentProblem(
-            "`adapter: qlora` loads the base model in 4-bit with bitsandbytes, which needs a CUDA GPU, and none is "
-            "visible here. Use `adapter: lora` on this machine, or run on a GPU."
+            f"{asked} loads the base model in {bits}-bit with bitsandbytes, which needs a CUDA GPU, and none is "
+            "visible here. Use `adapter: lora` with an unquantized base on this machine, or run on a GPU."
         )
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
         raise EnvironmentProblem(
-            "`adapter: qlora` needs the bitsandbytes package: `pip install 'hellbender[gpu]'` (or `pip install bitsandbytes`)."
+            f"{asked} needs the bitsandbytes package: `pip install 'hellbender[gpu]'` (or `pip install bitsandbytes`)."
         ) from None
     from transformers import BitsAndBytesConfig
 
+    if bits == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
     compute = torch_dtype(cfg)
     return BitsAndBytesConfig(
         load_in_4bit=True,

@@ -54,15 +54,19 @@ def merge_lora(
     _check_target(target, trained.path)
 
     load_cfg = cfg
-    if cfg.load_in_4bit:
+    bits = cfg.quantized_bits
+    if bits is not None:
         logger.warning(
-            "The base model was trained in 4-bit (QLoRA). 4-bit weights cannot absorb the adapter, so `%s` is loaded "
+            "The base model was trained in %s. Quantized weights cannot absorb the adapter, so `%s` is loaded "
             "unquantized in bfloat16 and the adapter is merged into it: the merged model is a bfloat16 model (2 bytes "
-            "per parameter, not 0.5), and its outputs differ slightly from the 4-bit base + adapter of training, whose "
-            "base weights were rounded to 4 bits.",
+            "per parameter), and its outputs differ slightly from the %d-bit base + adapter of training, whose "
+            "base weights were rounded to %d bits.",
+            "4-bit (QLoRA)" if bits == 4 else "8-bit",
             cfg.base_model,
+            bits,
+            bits,
         )
-        load_cfg = cfg.model_copy(update={"load_in_4bit": False, "bf16": True, "fp16": False})
+        load_cfg = cfg.model_copy(update={"load_in_4bit": False, "load_in_8bit": False, "bf16": True, "fp16": False})
     tokenizer, processor = load_tokenizer_and_processor(cfg)
     model = with_saved_adapter(cfg, load_model(load_cfg, tokenizer), trained.path)
     with torch.no_grad():
@@ -78,6 +82,7 @@ def merge_lora(
         "adapter_step": trained.step,
         "dtype": str(dtype).removeprefix("torch."),
         "dequantized_from_4bit": cfg.load_in_4bit,
+        "dequantized_from_8bit": cfg.load_in_8bit,
     }
     _save(merged, processor or tokenizer, target, max_shard_size, info)
     logger.info("Merged %s into %s (%s); saved to %s", trained.describe(), cfg.base_model, info["dtype"], target)
