@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from hellbender.config import validate_config
 from hellbender.errors import ConfigError
@@ -265,3 +266,61 @@ def test_load_in_8bit_without_a_gpu_is_a_clear_error(tmp_path):
         EnvironmentProblem, match=r"`load_in_8bit: true` loads the base model in 8-bit with bitsandbytes"
     ):
         quantization_config(cfg)
+
+
+def test_save_first_step_saves_a_checkpoint_after_the_first_step(tmp_path):
+    from hellbender.storage import checkpoint_dirs
+    from hellbender.train.run import train
+
+    cfg = validate_config(base_config(tmp_path, max_steps=3, save_steps=3, save_first_step=True))
+    train(cfg)
+    assert [p.name for _, p in checkpoint_dirs(cfg.output_dir)] == ["checkpoint-1", "checkpoint-3"]
+
+
+def test_unfrozen_parameters_train_only_what_they_match(tmp_path):
+    from safetensors.torch import load_file
+
+    from hellbender.models.tiny import tiny_model_dir
+    from hellbender.train.run import train
+
+    cfg = validate_config(
+        base_config(tmp_path, max_steps=2, unfrozen_parameters=[r"^lm_head\.", r"model\.layers\.1\.mlp"])
+    )
+    train(cfg)
+    before = load_file(tiny_model_dir("hellbender/tiny-llama") / "model.safetensors")
+    after = load_file(tmp_path / "out" / "model.safetensors")
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed and all(name.startswith(("lm_head.", "model.layers.1.mlp")) for name in changed), changed
+    assert {"lm_head.weight", "model.layers.1.mlp.down_proj.weight"} <= changed
+
+
+def test_unfrozen_parameters_that_match_nothing_or_go_with_an_adapter_are_refused(tmp_path):
+    from hellbender.train.run import train
+
+    with pytest.raises(ConfigError, match=r"`unfrozen_parameters` chooses what full fine-tuning trains"):
+        validate_config(base_config(tmp_path, adapter="lora", unfrozen_parameters=["^lm_head"]))
+    with pytest.raises(ConfigError, match=r"`unfrozen_parameters`: `\^transformer\.h` match no parameter"):
+        train(validate_config(base_config(tmp_path, max_steps=1, unfrozen_parameters=["^transformer.h"])))
+
+
+def test_new_tokens_with_lora_must_train_the_embeddings(tmp_path):
+    from hellbender.train.run import train
+
+    with pytest.raises(
+        ConfigError,
+        match=r"has 2 token\(s\) more than the model's embeddings.*`lora_modules_to_save: \[embed_tokens, lm_head\]`",
+    ):
+        train(validate_config(base_config(tmp_path, adapter="lora", max_steps=1, tokens=["<tool>", "</tool>"])))
+
+
+def test_added_tokens_grow_the_embeddings_to_a_multiple_of_32(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from hellbender.train.run import train
+
+    cfg = validate_config(
+        base_config(tmp_path, max_steps=1, tokens=["<tool>", "</tool>"], resize_token_embeddings_to_32x=True)
+    )
+    train(cfg)
+    rows = AutoModelForCausalLM.from_pretrained(cfg.output_dir).get_input_embeddings().weight.shape[0]
+    assert rows % 32 == 0

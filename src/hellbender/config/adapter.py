@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class AdapterSettings(BaseModel):
@@ -24,3 +25,18 @@ class AdapterSettings(BaseModel):
         default_factory=list, description="Modules trained in full and saved beside the adapter (e.g. `embed_tokens`)."
     )
     peft_use_dora: bool = Field(False, description="Use DoRA (weight-decomposed LoRA).")
+    unfrozen_parameters: list[str] = Field(
+        default_factory=list,
+        description="Full fine-tuning: train only the parameters whose names match one of these regular expressions "
+        "(matched from the start of the name, e.g. `^lm_head.weight$`, `model.layers.1[0-9].mlp`); the rest are frozen.",
+    )
+
+    @field_validator("unfrozen_parameters")
+    @classmethod
+    def _patterns_compile(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"`{pattern}` is not a regular expression ({exc})") from None
+        return patterns

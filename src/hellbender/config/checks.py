@@ -55,6 +55,11 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
             f"{', '.join(f'`{k}`' for k in lora_keys)} set but `adapter` is not: add `adapter: lora` (or `qlora`), "
             "or remove these keys for full fine-tuning."
         )
+    if cfg.unfrozen_parameters and cfg.adapter is not None:
+        problems.append(
+            "`unfrozen_parameters` chooses what full fine-tuning trains, and `adapter` is set: an adapter trains its own "
+            "matrices (and `lora_modules_to_save` in full). Remove one of them."
+        )
     if cfg.load_in_8bit and (cfg.adapter != "lora" or cfg.load_in_4bit):
         problems.append(
             "`load_in_8bit: true` needs `adapter: lora` (an 8-bit base is trained through an adapter), and not "

@@ -29,6 +29,15 @@ class ModelSettings(BaseModel):
         description="Special tokens to set on the tokenizer, e.g. `{pad_token: '<|pad|>'}`; new tokens grow the embeddings. "
         "A tokenizer without a pad token pads with its EOS token (padding is never attended to or trained).",
     )
+    tokens: list[str] = Field(
+        default_factory=list,
+        description="Ordinary (not special) tokens to add to the tokenizer; new tokens grow the embeddings.",
+    )
+    resize_token_embeddings_to_32x: bool = Field(
+        False,
+        description="When tokens are added, grow the embeddings to a multiple of 32 rows (faster matrix shapes on "
+        "GPUs; the extra rows are never produced by the tokenizer).",
+    )
     trust_remote_code: bool = Field(
         False, description="Allow model and tokenizer code from the model repository to run. Off unless set."
     )

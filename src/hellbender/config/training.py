@@ -74,6 +74,9 @@ class TrainingSettings(BaseModel):
         None, gt=0, description="Save this many checkpoints per epoch (streamed data: over the whole `max_steps`)."
     )
     save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
+    save_first_step: bool = Field(
+        False, description="Also save a checkpoint after the first optimizer step (to check saving early)."
+    )
     eval_steps: int | None = Field(
         None,
         gt=0,

@@ -73,6 +73,22 @@ def freeze_vision_modules(model: Any) -> list[str]:
     return frozen
 
 
+def freeze_all_but(model: Any, patterns: list[str]) -> None:
+    """Freeze every parameter whose name matches none of `patterns` (`re.match`: from the start of the name)."""
+    import re
+
+    names = [name for name, _ in model.named_parameters()]
+    unmatched = [p for p in patterns if not any(re.match(p, name) for name in names)]
+    if unmatched:
+        raise ConfigError(
+            f"`unfrozen_parameters`: {', '.join(f'`{p}`' for p in unmatched)} match no parameter of the model (they "
+            f"are matched from the start of the name, e.g. `{names[0]}`). Fix the patterns."
+        )
+    for name, param in model.named_parameters():
+        if not any(re.match(p, name) for p in patterns):
+            param.requires_grad_(False)
+
+
 def check_peft_version(cfg: HellbenderConfig) -> None:
     installed = version("peft")
     parts = tuple(int(p) for p in installed.split(".")[:2] if p.isdigit())
@@ -88,6 +104,8 @@ def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
     """Wrap `model` in a PEFT adapter when the config asks for one; otherwise return it for full fine-tuning."""
     if cfg.freeze_mm_modules:
         freeze_vision_modules(model)
+    if cfg.unfrozen_parameters:
+        freeze_all_but(model, cfg.unfrozen_parameters)
     if cfg.adapter is None:
         return model
     check_peft_version(cfg)

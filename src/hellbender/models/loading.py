@@ -77,6 +77,8 @@ def customise_tokenizer(cfg: HellbenderConfig, tokenizer: Any) -> None:
                 f"`special_tokens`: {exc}. Its keys are the tokenizer's named tokens (bos_token, eos_token, pad_token, "
                 "unk_token, ...)."
             ) from None
+    if cfg.tokens:
+        tokenizer.add_tokens(list(cfg.tokens))
     if tokenizer.pad_token is None:
         # Padding is always masked by the attention mask and labels, so reusing EOS for it is safe.
         tokenizer.pad_token = tokenizer.eos_token
@@ -114,6 +116,26 @@ def quantization_config(cfg: HellbenderConfig):
         bnb_4bit_compute_dtype=compute if compute != torch.float32 else torch.bfloat16,
         bnb_4bit_quant_storage=torch.bfloat16,
     )
+
+
+def check_new_embeddings_are_trained(cfg: HellbenderConfig, model: Any, added: int) -> None:
+    """Tokens added by `tokens` / `special_tokens` get new embedding rows that start random: an adapter must train the
+    embeddings and the output head in full, or the model learns nothing about those tokens."""
+    if cfg.adapter is None:
+        return
+    names = {
+        name.rsplit(".", 1)[-1] for name, module in model.named_modules() if module is model.get_input_embeddings()
+    }
+    head = model.get_output_embeddings()
+    names |= {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if head is not None and module is head}
+    missing = sorted(names - set(cfg.lora_modules_to_save))
+    if missing:
+        raise ConfigError(
+            f"The tokenizer has {added} token(s) more than the model's embeddings (added by `tokens` / "
+            "`special_tokens`): their embeddings start random, and a LoRA adapter does not train embeddings. Add "
+            f"`lora_modules_to_save: [{', '.join(sorted(names))}]` to train them in full, or use tokens the "
+            "tokenizer already has."
+        )
 
 
 def model_skeleton(cfg: HellbenderConfig) -> Any:
@@ -157,8 +179,12 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
         ) from None
     embeddings = model.get_input_embeddings().weight
     # Under DeepSpeed ZeRO-3 the local tensor is an empty shard; `ds_shape` is the whole matrix's shape.
-    if len(tokenizer) > getattr(embeddings, "ds_shape", embeddings.shape)[0]:
-        model.resize_token_embeddings(len(tokenizer))
+    rows = getattr(embeddings, "ds_shape", embeddings.shape)[0]
+    if len(tokenizer) > rows:
+        check_new_embeddings_are_trained(cfg, model, len(tokenizer) - rows)
+        model.resize_token_embeddings(
+            len(tokenizer), pad_to_multiple_of=32 if cfg.resize_token_embeddings_to_32x else None
+        )
     text_config = model.config.get_text_config()
     if text_config.pad_token_id is None:
         text_config.pad_token_id = tokenizer.pad_token_id

@@ -69,6 +69,14 @@ class CheckpointKeeper(TrainerCallback):
                 shutil.rmtree(old)
 
 
+class SaveFirstStep(TrainerCallback):
+    """`save_first_step`: a checkpoint after the first optimizer step, whatever the save interval."""
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == 1:
+            control.should_save = True
+
+
 class TrainingAlreadyDone(Exception):
     """Raised before the first step of a run resumed from a checkpoint at (or past) its last step."""
 

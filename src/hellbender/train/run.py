@@ -29,6 +29,7 @@ from hellbender.train.preemption import StopOnSignal
 from hellbender.train.report import RunReport
 from hellbender.train.resume import (
     CheckpointKeeper,
+    SaveFirstStep,
     StopIfAlreadyDone,
     TrainingAlreadyDone,
     checkpoint_to_resume,
@@ -100,6 +101,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
             TokenCounter(),
             *([StreamPosition()] if streams_images else []),
             *([watchdog] if watchdog else []),
+            *([SaveFirstStep()] if cfg.save_first_step else []),
             CheckpointKeeper(cfg.save_total_limit),
             RunReport(cfg, data_stats, watchdog),  # after the keeper: a checkpoint is complete before its report
             stop_on_signal,
