@@ -1,0 +1,391 @@
+"""Named chat templates (`chat_template: llama3`, ...): each renders its family's published format exactly.
+
+The expected strings below are written by hand from each family's published chat format (the model cards and
+hub tokenizer configs); they are the spec. Special tokens a template takes from the tokenizer (BOS, EOS) are
+given the family's own spelling. A few templates are then run through hellbender's real preparation path to
+check that the assistant turns, and only they, are trained.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hellbender.chat_templates import FALLBACK_PREFIX, NAMED_TEMPLATES, TEMPLATE_NAMES, resolve_chat_template
+from hellbender.config import validate_config
+from hellbender.data.contexts import format_context
+from hellbender.data.formats import FORMATTERS, RowError
+from hellbender.errors import ConfigError
+from hellbender.models.tiny import build_tiny_tokenizer
+
+IGNORE = -100
+SYSTEM, U1, A1, U2, A2 = "You are terse.", "What is two plus two?", "Four.", "And three plus three?", "Six, of course."
+CONVERSATION = [
+    {"role": "system", "content": SYSTEM},
+    {"role": "user", "content": U1},
+    {"role": "assistant", "content": A1},
+    {"role": "user", "content": U2},
+    {"role": "assistant", "content": A2},
+]
+PROMPT = CONVERSATION[:4]  # ends with a user message: the generation prompt follows it
+
+# name -> (bos_token, eos_token, rendering of CONVERSATION, rendering of PROMPT with add_generation_prompt)
+EXPECTED: dict[str, tuple[str | None, str | None, str, str]] = {
+    "chatml": (
+        None,
+        None,
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\nSix, of course.<|im_end|>\n",
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\n",
+    ),
+    "qwen_25": (
+        None,
+        "<|im_end|>",
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\nSix, of course.<|im_end|>\n",
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\n",
+    ),
+    # Qwen3: the last assistant turn (after the last user query) carries an empty think block.
+    "qwen3": (
+        None,
+        "<|im_end|>",
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\nSix, of course.<|im_end|>\n",
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\n",
+    ),
+    "llama3": (
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nWhat is two plus two?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nFour.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nAnd three plus three?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nSix, of course.<|eot_id|>",
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nWhat is two plus two?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nFour.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nAnd three plus three?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    ),
+    "llama4": (
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|begin_of_text|><|header_start|>system<|header_end|>\n\nYou are terse.<|eot|>"
+        "<|header_start|>user<|header_end|>\n\nWhat is two plus two?<|eot|>"
+        "<|header_start|>assistant<|header_end|>\n\nFour.<|eot|>"
+        "<|header_start|>user<|header_end|>\n\nAnd three plus three?<|eot|>"
+        "<|header_start|>assistant<|header_end|>\n\nSix, of course.<|eot|>",
+        "<|begin_of_text|><|header_start|>system<|header_end|>\n\nYou are terse.<|eot|>"
+        "<|header_start|>user<|header_end|>\n\nWhat is two plus two?<|eot|>"
+        "<|header_start|>assistant<|header_end|>\n\nFour.<|eot|>"
+        "<|header_start|>user<|header_end|>\n\nAnd three plus three?<|eot|>"
+        "<|header_start|>assistant<|header_end|>\n\n",
+    ),
+    # Gemma 3: the system text opens the first user turn, followed by a blank line; the assistant is `model`.
+    "gemma3": (
+        "<bos>",
+        "<eos>",
+        "<bos><start_of_turn>user\nYou are terse.\n\nWhat is two plus two?<end_of_turn>\n"
+        "<start_of_turn>model\nFour.<end_of_turn>\n<start_of_turn>user\nAnd three plus three?<end_of_turn>\n"
+        "<start_of_turn>model\nSix, of course.<end_of_turn>\n",
+        "<bos><start_of_turn>user\nYou are terse.\n\nWhat is two plus two?<end_of_turn>\n"
+        "<start_of_turn>model\nFour.<end_of_turn>\n<start_of_turn>user\nAnd three plus three?<end_of_turn>\n"
+        "<start_of_turn>model\n",
+    ),
+    # Mistral v1: the system text joins the first user message.
+    "mistral_v1": (
+        "<s>",
+        "</s>",
+        "<s> [INST] You are terse.\n\nWhat is two plus two? [/INST] Four.</s>"
+        " [INST] And three plus three? [/INST] Six, of course.</s>",
+        "<s> [INST] You are terse.\n\nWhat is two plus two? [/INST] Four.</s> [INST] And three plus three? [/INST]",
+    ),
+    # Mistral v2/v3 and Tekken v3: the system text joins the last user message.
+    "mistral_v2v3": (
+        "<s>",
+        "</s>",
+        "<s>[INST] What is two plus two?[/INST] Four.</s>"
+        "[INST] You are terse.\n\nAnd three plus three?[/INST] Six, of course.</s>",
+        "<s>[INST] What is two plus two?[/INST] Four.</s>[INST] You are terse.\n\nAnd three plus three?[/INST]",
+    ),
+    "mistral_v3_tekken": (
+        "<s>",
+        "</s>",
+        "<s>[INST]What is two plus two?[/INST]Four.</s>"
+        "[INST]You are terse.\n\nAnd three plus three?[/INST]Six, of course.</s>",
+        "<s>[INST]What is two plus two?[/INST]Four.</s>[INST]You are terse.\n\nAnd three plus three?[/INST]",
+    ),
+    "mistral_v7_tekken": (
+        "<s>",
+        "</s>",
+        "<s>[SYSTEM_PROMPT]You are terse.[/SYSTEM_PROMPT][INST]What is two plus two?[/INST]Four.</s>"
+        "[INST]And three plus three?[/INST]Six, of course.</s>",
+        "<s>[SYSTEM_PROMPT]You are terse.[/SYSTEM_PROMPT][INST]What is two plus two?[/INST]Four.</s>"
+        "[INST]And three plus three?[/INST]",
+    ),
+    # Phi-3: every user turn is followed by the assistant header, so the prompt needs nothing more.
+    "phi_3": (
+        "<s>",
+        "<|endoftext|>",
+        "<s><|system|>\nYou are terse.<|end|>\n<|user|>\nWhat is two plus two?<|end|>\n<|assistant|>\nFour.<|end|>\n"
+        "<|user|>\nAnd three plus three?<|end|>\n<|assistant|>\nSix, of course.<|end|>\n",
+        "<s><|system|>\nYou are terse.<|end|>\n<|user|>\nWhat is two plus two?<|end|>\n<|assistant|>\nFour.<|end|>\n"
+        "<|user|>\nAnd three plus three?<|end|>\n<|assistant|>\n",
+    ),
+    # Phi-3.5: EOS closes a conversation that is not a generation prompt.
+    "phi_35": (
+        "<s>",
+        "<|endoftext|>",
+        "<|system|>\nYou are terse.<|end|>\n<|user|>\nWhat is two plus two?<|end|>\n<|assistant|>\nFour.<|end|>\n"
+        "<|user|>\nAnd three plus three?<|end|>\n<|assistant|>\nSix, of course.<|end|>\n<|endoftext|>",
+        "<|system|>\nYou are terse.<|end|>\n<|user|>\nWhat is two plus two?<|end|>\n<|assistant|>\nFour.<|end|>\n"
+        "<|user|>\nAnd three plus three?<|end|>\n<|assistant|>\n",
+    ),
+    "phi_4": (
+        "<|endoftext|>",
+        "<|im_end|>",
+        "<|im_start|>system<|im_sep|>You are terse.<|im_end|><|im_start|>user<|im_sep|>What is two plus two?<|im_end|>"
+        "<|im_start|>assistant<|im_sep|>Four.<|im_end|><|im_start|>user<|im_sep|>And three plus three?<|im_end|>"
+        "<|im_start|>assistant<|im_sep|>Six, of course.<|im_end|>",
+        "<|im_start|>system<|im_sep|>You are terse.<|im_end|><|im_start|>user<|im_sep|>What is two plus two?<|im_end|>"
+        "<|im_start|>assistant<|im_sep|>Four.<|im_end|><|im_start|>user<|im_sep|>And three plus three?<|im_end|>"
+        "<|im_start|>assistant<|im_sep|>",
+    ),
+    "deepseek_v2": (
+        "<｜begin▁of▁sentence｜>",
+        "<｜end▁of▁sentence｜>",
+        "<｜begin▁of▁sentence｜>You are terse.\n\n<｜User｜>What is two plus two?<｜Assistant｜>Four.<｜end▁of▁sentence｜>"
+        "<｜User｜>And three plus three?<｜Assistant｜>Six, of course.<｜end▁of▁sentence｜>",
+        "<｜begin▁of▁sentence｜>You are terse.\n\n<｜User｜>What is two plus two?<｜Assistant｜>Four.<｜end▁of▁sentence｜>"
+        "<｜User｜>And three plus three?<｜Assistant｜>",
+    ),
+    # DeepSeek-V3: the system text comes first with no separator before the first user turn.
+    "deepseek_v3": (
+        "<｜begin▁of▁sentence｜>",
+        "<｜end▁of▁sentence｜>",
+        "<｜begin▁of▁sentence｜>You are terse.<｜User｜>What is two plus two?<｜Assistant｜>Four.<｜end▁of▁sentence｜>"
+        "<｜User｜>And three plus three?<｜Assistant｜>Six, of course.<｜end▁of▁sentence｜>",
+        "<｜begin▁of▁sentence｜>You are terse.<｜User｜>What is two plus two?<｜Assistant｜>Four.<｜end▁of▁sentence｜>"
+        "<｜User｜>And three plus three?<｜Assistant｜>",
+    ),
+    "cohere": (
+        "<BOS_TOKEN>",
+        "<|END_OF_TURN_TOKEN|>",
+        "<BOS_TOKEN><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are terse.<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>What is two plus two?<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Four.<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>And three plus three?<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Six, of course.<|END_OF_TURN_TOKEN|>",
+        "<BOS_TOKEN><|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are terse.<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>What is two plus two?<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Four.<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>And three plus three?<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+    ),
+}
+
+
+def render(name: str, messages, bos: str | None, eos: str | None, **kwargs) -> str:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    specials = {k: v for k, v in (("bos_token", bos), ("eos_token", eos)) if v is not None}
+    rendered, _ = render_jinja_template([messages], chat_template=NAMED_TEMPLATES[name].jinja, **specials, **kwargs)
+    return rendered[0]
+
+
+def test_every_named_template_has_an_expected_rendering():
+    # gemma has no system role, so its conversation is checked on its own below.
+    assert set(NAMED_TEMPLATES) - {"gemma"} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_renders_the_conversation_in_the_family_format(name):
+    bos, eos, conversation, _ = EXPECTED[name]
+    assert render(name, CONVERSATION, bos, eos) == conversation
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_renders_the_generation_prompt_in_the_family_format(name):
+    bos, eos, _, prompt = EXPECTED[name]
+    assert render(name, PROMPT, bos, eos, add_generation_prompt=True) == prompt
+
+
+def test_gemma_renders_user_and_model_turns_and_refuses_a_system_message():
+    turns = CONVERSATION[1:]
+    assert render("gemma", turns, "<bos>", "<eos>") == (
+        "<bos><start_of_turn>user\nWhat is two plus two?<end_of_turn>\n<start_of_turn>model\nFour.<end_of_turn>\n"
+        "<start_of_turn>user\nAnd three plus three?<end_of_turn>\n<start_of_turn>model\nSix, of course.<end_of_turn>\n"
+    )
+    assert render("gemma", turns[:3], "<bos>", "<eos>", add_generation_prompt=True) == (
+        "<bos><start_of_turn>user\nWhat is two plus two?<end_of_turn>\n<start_of_turn>model\nFour.<end_of_turn>\n"
+        "<start_of_turn>user\nAnd three plus three?<end_of_turn>\n<start_of_turn>model\n"
+    )
+    with pytest.raises(Exception, match="no system role"):
+        render("gemma", CONVERSATION, "<bos>", "<eos>")
+
+
+def test_qwen_25_writes_its_default_system_turn_and_groups_tool_results():
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Checking."},
+        {"role": "tool", "content": "rain"},
+        {"role": "tool", "content": "12C"},
+        {"role": "assistant", "content": "Rain, 12C."},
+    ]
+    assert render("qwen_25", messages, None, None) == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\nChecking.<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nrain\n</tool_response>\n<tool_response>\n12C\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\nRain, 12C.<|im_end|>\n"
+    )
+
+
+def test_qwen3_moves_a_written_think_block_and_closes_it_when_thinking_is_off():
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "<think>\nsay hi\n</think>\n\nHello"},
+    ]
+    assert render("qwen3", messages, None, None) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nsay hi\n</think>\n\nHello<|im_end|>\n"
+    )
+    assert render("qwen3", messages[:1], None, None, add_generation_prompt=True, enable_thinking=False) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+
+
+@pytest.mark.parametrize("name", ["llama3", "gemma3", "cohere"])
+def test_families_that_trim_contents_trim_them(name):
+    bos, eos, conversation, _ = EXPECTED[name]
+    padded = [{**m, "content": f" {m['content']}\n"} if m["role"] != "system" else m for m in CONVERSATION]
+    assert render(name, padded, bos, eos) == conversation
+
+
+# --- labels through hellbender's preparation path ----------------------------------------------------------
+
+
+def prepare(name: str, markers: tuple[str, ...], messages=CONVERSATION, **entry):
+    tok = build_tiny_tokenizer(extra_special_tokens=markers)
+    cfg = validate_config(
+        {
+            "base_model": "hellbender/tiny-llama",
+            "datasets": [{"path": "x.jsonl", "type": "chat_template", "chat_template": name, **entry}],
+        }
+    )
+    ctx = format_context(cfg.datasets[0], cfg, tok)
+    return tok, FORMATTERS["chat_template"]({"messages": messages}, ctx)
+
+
+def trained_text(tok, labels) -> str:
+    return tok.decode([label for label in labels if label != IGNORE])
+
+
+@pytest.mark.parametrize(
+    ("name", "markers", "expected"),
+    [
+        (
+            "llama3",
+            ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+            "Four.<|eot_id|>Six, of course.<|eot_id|>",
+        ),
+        ("gemma3", ("<start_of_turn>", "<end_of_turn>"), "Four.<end_of_turn>Six, of course.<end_of_turn>"),
+        ("qwen3", ("<think>", "</think>"), "Four.<|im_end|>Six, of course.<|im_end|>"),
+        ("phi_3", ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"), "Four.<|end|>Six, of course.<|end|>"),
+        # Templates that close the answer with the tokenizer's EOS (here the tiny tokenizer's `<|endoftext|>`).
+        ("mistral_v3_tekken", ("[INST]", "[/INST]"), "Four.<|endoftext|>Six, of course.<|endoftext|>"),
+        ("deepseek_v2", ("<｜User｜>", "<｜Assistant｜>"), "Four.<|endoftext|>Six, of course.<|endoftext|>"),
+    ],
+)
+def test_only_assistant_contents_and_their_end_of_turn_token_are_trained(name, markers, expected):
+    tok, out = prepare(name, markers)
+    # The rendered row is exactly what the tokenizer's own chat template machinery produces with this template.
+    rendered = tok.apply_chat_template(CONVERSATION, chat_template=NAMED_TEMPLATES[name].jinja, tokenize=False)
+    assert out["input_ids"] == tok(rendered, add_special_tokens=False)["input_ids"]
+    assert trained_text(tok, out["labels"]) == expected
+    # Every marker of the template is one token (not pieces of text) in the prepared row.
+    for marker in NAMED_TEMPLATES[name].markers:
+        if marker in rendered:
+            assert tok.convert_tokens_to_ids(marker) in out["input_ids"]
+
+
+def test_llama3_labels_are_exactly_the_assistant_tokens():
+    markers = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+    tok, out = prepare("llama3", markers)
+
+    def ids(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    expected: list[int] = []
+    for message in CONVERSATION:
+        trained = message["role"] == "assistant"
+        header = ids(f"<|start_header_id|>{message['role']}<|end_header_id|>\n\n")
+        content = ids(message["content"])
+        eot = ids("<|eot_id|>")
+        expected += [IGNORE] * len(header) + (content + eot if trained else [IGNORE] * (len(content) + len(eot)))
+    assert out["labels"] == expected
+
+
+def test_a_template_that_drops_a_written_think_block_is_refused_for_the_row():
+    messages = [*CONVERSATION[:2], {"role": "assistant", "content": "<think>add</think>Four."}, *CONVERSATION[3:]]
+    with pytest.raises(RowError, match="does not render message contents verbatim"):
+        prepare("qwen3", ("<think>", "</think>"), messages)
+
+
+# --- choosing a template -----------------------------------------------------------------------------------
+
+
+def test_a_tokenizer_without_the_template_markers_is_refused_naming_them():
+    tok = build_tiny_tokenizer()
+    with pytest.raises(ConfigError) as err:
+        resolve_chat_template("llama3", None, tok)
+    message = str(err.value)
+    assert "`chat_template: llama3`" in message
+    assert "`<|start_header_id|>`, `<|end_header_id|>`, `<|eot_id|>`" in message
+    assert "tokenizer_default" in message
+
+
+def test_the_check_counts_tokens_the_tokenizer_has_already():
+    tok = build_tiny_tokenizer(extra_special_tokens=("<start_of_turn>", "<end_of_turn>"))
+    assert resolve_chat_template("gemma3", None, tok) == NAMED_TEMPLATES["gemma3"].jinja
+    with pytest.raises(ConfigError, match="`<end_of_turn>`"):
+        resolve_chat_template("gemma3", None, build_tiny_tokenizer(extra_special_tokens=("<start_of_turn>",)))
+
+
+def config(**keys) -> dict:
+    return {"base_model": "hellbender/tiny-llama", "datasets": [{"path": "x.jsonl", "type": "chat_template"}], **keys}
+
+
+def test_an_unknown_name_is_refused_with_the_known_names():
+    with pytest.raises(ConfigError) as err:
+        validate_config(config(chat_template="vicuna"))
+    message = str(err.value)
+    assert "`chat_template: vicuna` is not a chat template hellbender knows" in message
+    for name in TEMPLATE_NAMES:
+        assert f"`{name}`" in message
+    assert f"`{FALLBACK_PREFIX}<name>`" in message
+
+
+def test_fallback_names_are_accepted_only_for_named_templates():
+    cfg = validate_config(config(chat_template="tokenizer_default_fallback_llama3"))
+    assert cfg.datasets[0].chat_template == "tokenizer_default_fallback_llama3"
+    with pytest.raises(ConfigError, match="`chat_template: tokenizer_default_fallback_vicuna` is not a chat template"):
+        validate_config(config(chat_template="tokenizer_default_fallback_vicuna"))
+
+
+def test_fallback_picks_the_tokenizers_template_when_it_has_one_else_the_named_one():
+    own = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    with_template = build_tiny_tokenizer(chat_template=own)
+    assert resolve_chat_template("tokenizer_default_fallback_chatml", None, with_template) == own
+    without = build_tiny_tokenizer(chat_template=None)
+    assert not without.chat_template
+    assert resolve_chat_template("tokenizer_default_fallback_chatml", None, without) == NAMED_TEMPLATES["chatml"].jinja
+    # The fallback template's markers are checked like the named template's own.
+    with pytest.raises(ConfigError, match="tokenizer_default_fallback_llama3"):
+        resolve_chat_template("tokenizer_default_fallback_llama3", None, without)
