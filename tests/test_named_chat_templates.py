@@ -190,7 +190,30 @@ EXPECTED: dict[str, tuple[str | None, str | None, str, str]] = {
         "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>And three plus three?<|END_OF_TURN_TOKEN|>"
         "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
     ),
+    # Falcon-H1: BOS (spelled here as a placeholder), then ChatML.
+    "falcon_h1": (
+        "<BOS>",
+        "<|end_of_text|>",
+        "<BOS><|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\nSix, of course.<|im_end|>\n",
+        "<BOS><|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\n",
+    ),
+    # EXAONE: user turns end with a newline only, every other turn with `[|endofturn|]` and a newline.
+    "exaone": (
+        "[BOS]",
+        "[|endofturn|]",
+        "[|system|]You are terse.[|endofturn|]\n[|user|]What is two plus two?\n[|assistant|]Four.[|endofturn|]\n"
+        "[|user|]And three plus three?\n[|assistant|]Six, of course.[|endofturn|]\n",
+        "[|system|]You are terse.[|endofturn|]\n[|user|]What is two plus two?\n[|assistant|]Four.[|endofturn|]\n"
+        "[|user|]And three plus three?\n[|assistant|]",
+    ),
 }
+# Formats another family publishes unchanged: Aya uses Command-R's, Gemma 3n writes text turns as Gemma 3.
+EXPECTED["aya"] = EXPECTED["cohere"]
+EXPECTED["gemma3n"] = EXPECTED["gemma3"]
 
 
 def render(name: str, messages, bos: str | None, eos: str | None, **kwargs) -> str:
@@ -268,6 +291,18 @@ def test_families_that_trim_contents_trim_them(name):
     assert render(name, padded, bos, eos) == conversation
 
 
+def test_exaone_opens_a_conversation_without_system_message_with_an_empty_system_turn():
+    assert render("exaone", CONVERSATION[1:3], None, None) == (
+        "[|system|][|endofturn|]\n[|user|]What is two plus two?\n[|assistant|]Four.[|endofturn|]\n"
+    )
+
+
+def test_falcon_h1_writes_only_a_leading_system_message():
+    messages = [*CONVERSATION[:3], {"role": "system", "content": "Be kind."}, *CONVERSATION[3:]]
+    bos, eos, conversation, _ = EXPECTED["falcon_h1"]
+    assert render("falcon_h1", messages, bos, eos) == conversation
+
+
 # --- labels through hellbender's preparation path ----------------------------------------------------------
 
 
@@ -301,6 +336,12 @@ def trained_text(tok, labels) -> str:
         # Templates that close the answer with the tokenizer's EOS (here the tiny tokenizer's `<|endoftext|>`).
         ("mistral_v3_tekken", ("[INST]", "[/INST]"), "Four.<|endoftext|>Six, of course.<|endoftext|>"),
         ("deepseek_v2", ("<｜User｜>", "<｜Assistant｜>"), "Four.<|endoftext|>Six, of course.<|endoftext|>"),
+        # EXAONE: the user turn has no end token, the assistant's is `[|endofturn|]`.
+        (
+            "exaone",
+            ("[|system|]", "[|user|]", "[|assistant|]", "[|endofturn|]"),
+            "Four.[|endofturn|]Six, of course.[|endofturn|]",
+        ),
     ],
 )
 def test_only_assistant_contents_and_their_end_of_turn_token_are_trained(name, markers, expected):

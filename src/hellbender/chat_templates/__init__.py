@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hellbender.chat_templates import chatml, cohere, deepseek, gemma, llama, mistral, phi
+from hellbender.chat_templates import chatml, cohere, deepseek, exaone, gemma, llama, mistral, phi
 from hellbender.chat_templates.base import NamedTemplate
 from hellbender.chat_templates.chatml import CHATML_TEMPLATE
 from hellbender.errors import ConfigError
@@ -33,6 +33,7 @@ NAMED_TEMPLATES: dict[str, NamedTemplate] = {
     **phi.TEMPLATES,
     **deepseek.TEMPLATES,
     **cohere.TEMPLATES,
+    **exaone.TEMPLATES,
 }
 TEMPLATE_NAMES = ("tokenizer_default", "jinja", *NAMED_TEMPLATES)
 # `tokenizer_default_fallback_<name>`: the tokenizer's own template when it has one, else the named template.

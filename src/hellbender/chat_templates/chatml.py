@@ -75,8 +75,17 @@ QWEN3_TEMPLATE = (
     "{%- endif %}"
 )
 
+# Falcon-H1 Instruct: BOS, then ChatML; only a leading system message is written (later ones are left out).
+FALCON_H1_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] != 'system' or loop.first %}" + _TURN + "{%- endif %}"
+    "{%- endfor %}" + _GENERATION
+)
+
 TEMPLATES = {
     "chatml": NamedTemplate(CHATML_TEMPLATE, CHATML_MARKERS),
     "qwen_25": NamedTemplate(QWEN25_TEMPLATE, CHATML_MARKERS),
+    "falcon_h1": NamedTemplate(FALCON_H1_TEMPLATE, CHATML_MARKERS),
     "qwen3": NamedTemplate(QWEN3_TEMPLATE, (*CHATML_MARKERS, "<think>", "</think>")),
 }

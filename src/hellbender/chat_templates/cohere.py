@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hellbender.chat_templates.base import NamedTemplate, alternation_check, leading_system
 
-# Command-R (c4ai-command-r-v01, Aya-23): BOS; an optional `<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>system
+# Command-R (c4ai-command-r-v01): BOS; an optional `<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>system
 # <|END_OF_TURN_TOKEN|>`; then alternating user / chatbot turns whose contents the format strips.
 COHERE_TEMPLATE = (
     "{{- bos_token }}"
@@ -17,9 +17,15 @@ COHERE_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{%- endif %}"
 )
 
+_MARKERS = (
+    "<|START_OF_TURN_TOKEN|>",
+    "<|END_OF_TURN_TOKEN|>",
+    "<|SYSTEM_TOKEN|>",
+    "<|USER_TOKEN|>",
+    "<|CHATBOT_TOKEN|>",
+)
 TEMPLATES = {
-    "cohere": NamedTemplate(
-        COHERE_TEMPLATE,
-        ("<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>"),
-    ),
+    "cohere": NamedTemplate(COHERE_TEMPLATE, _MARKERS),
+    # Aya-23 and Aya Expanse use Command-R's format unchanged.
+    "aya": NamedTemplate(COHERE_TEMPLATE, _MARKERS),
 }

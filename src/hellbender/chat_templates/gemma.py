@@ -40,4 +40,6 @@ GEMMA3_TEMPLATE = (
 TEMPLATES = {
     "gemma": NamedTemplate(GEMMA_TEMPLATE, _MARKERS),
     "gemma3": NamedTemplate(GEMMA3_TEMPLATE, _MARKERS),
+    # Gemma 3n writes text turns exactly as Gemma 3 does (it differs only in its image and audio tokens).
+    "gemma3n": NamedTemplate(GEMMA3_TEMPLATE, _MARKERS),
 }
