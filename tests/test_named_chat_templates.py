@@ -210,6 +210,24 @@ EXPECTED: dict[str, tuple[str | None, str | None, str, str]] = {
         "[|system|]You are terse.[|endofturn|]\n[|user|]What is two plus two?\n[|assistant|]Four.[|endofturn|]\n"
         "[|user|]And three plus three?\n[|assistant|]",
     ),
+    "qwen2_vl": (
+        None,
+        "<|im_end|>",
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\nSix, of course.<|im_end|>\n",
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\n",
+    ),
+    # Pixtral: Tekken v3's turns; the system text joins the last user message.
+    "pixtral": (
+        "<s>",
+        "</s>",
+        "<s>[INST]What is two plus two?[/INST]Four.</s>"
+        "[INST]You are terse.\n\nAnd three plus three?[/INST]Six, of course.</s>",
+        "<s>[INST]What is two plus two?[/INST]Four.</s>[INST]You are terse.\n\nAnd three plus three?[/INST]",
+    ),
 }
 # Formats another family publishes unchanged: Aya uses Command-R's, Gemma 3n writes text turns as Gemma 3.
 EXPECTED["aya"] = EXPECTED["cohere"]
@@ -289,6 +307,67 @@ def test_families_that_trim_contents_trim_them(name):
     bos, eos, conversation, _ = EXPECTED[name]
     padded = [{**m, "content": f" {m['content']}\n"} if m["role"] != "system" else m for m in CONVERSATION]
     assert render(name, padded, bos, eos) == conversation
+
+
+# Vision-language rows: every message's content is a list of parts; the first user message holds an image.
+PARTS = [
+    {"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
+    {"role": "user", "content": [{"type": "image", "path": "red.png"}, {"type": "text", "text": U1}]},
+    {"role": "assistant", "content": [{"type": "text", "text": A1}]},
+]
+IMAGE_RENDERINGS = {
+    "gemma3": (
+        "<bos>",
+        "<bos><start_of_turn>user\nYou are terse.\n\n<start_of_image>What is two plus two?<end_of_turn>\n"
+        "<start_of_turn>model\nFour.<end_of_turn>\n",
+    ),
+    "gemma3n": (
+        "<bos>",
+        "<bos><start_of_turn>user\nYou are terse.\n\n<image_soft_token>What is two plus two?<end_of_turn>\n"
+        "<start_of_turn>model\nFour.<end_of_turn>\n",
+    ),
+    "llama4": (
+        "<|begin_of_text|>",
+        "<|begin_of_text|><|header_start|>system<|header_end|>\n\nYou are terse.<|eot|>"
+        "<|header_start|>user<|header_end|>\n\n<|image|>What is two plus two?<|eot|>"
+        "<|header_start|>assistant<|header_end|>\n\nFour.<|eot|>",
+    ),
+    "mistral_v7_tekken": (
+        "<s>",
+        "<s>[SYSTEM_PROMPT]You are terse.[/SYSTEM_PROMPT][INST][IMG]What is two plus two?[/INST]Four.</s>",
+    ),
+    "pixtral": ("<s>", "<s>[INST]You are terse.\n\n[IMG]What is two plus two?[/INST]Four.</s>"),
+    "qwen2_vl": (
+        None,
+        "<|im_start|>system\nYou are terse.<|im_end|>\n"
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n",
+    ),
+}
+
+
+def test_the_templates_that_write_images_are_the_ones_with_a_rendering_of_image_parts():
+    assert {name for name, template in NAMED_TEMPLATES.items() if template.images} == set(IMAGE_RENDERINGS)
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_RENDERINGS))
+def test_renders_image_parts_with_the_family_image_token(name):
+    bos, expected = IMAGE_RENDERINGS[name]
+    assert render(name, PARTS, bos, "</s>") == expected
+
+
+def test_a_text_only_template_refuses_content_parts_naming_the_templates_that_write_images():
+    with pytest.raises(Exception, match="chat_template: llama3 writes text messages only") as err:
+        render("llama3", PARTS, "<|begin_of_text|>", None)
+    assert ", ".join(sorted(IMAGE_RENDERINGS)) in str(err.value)
+
+
+def test_qwen2_vl_without_system_message_writes_the_default_one():
+    assert render("qwen2_vl", PARTS[1:2], None, None, add_generation_prompt=True) == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_exaone_opens_a_conversation_without_system_message_with_an_empty_system_turn():
@@ -430,3 +509,35 @@ def test_fallback_picks_the_tokenizers_template_when_it_has_one_else_the_named_o
     # The fallback template's markers are checked like the named template's own.
     with pytest.raises(ConfigError, match="tokenizer_default_fallback_llama3"):
         resolve_chat_template("tokenizer_default_fallback_llama3", None, without)
+
+
+def test_qwen2_vl_prepares_an_image_row_as_the_models_own_template_does(tmp_path):
+    """Through the vision-language path (tiny Qwen2.5-VL, whose own template is ChatML with vision tokens): with a
+    system message, `chat_template: qwen2_vl` gives the same tokens and labels as the model's template."""
+    from PIL import Image
+
+    from hellbender.data.formats.multimodal_chat import tokenize_row
+    from hellbender.models.loading import load_tokenizer_and_processor
+
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(tmp_path / "red.png")
+
+    def setup(**entry):
+        cfg = validate_config(
+            {
+                "base_model": "hellbender/tiny-qwen2.5-vl",
+                "processor_type": "AutoProcessor",
+                "datasets": [{"path": "rows.jsonl", "type": "chat_template", "image_base_dir": str(tmp_path), **entry}],
+                "output_dir": str(tmp_path / "out"),
+            }
+        )
+        tok, processor = load_tokenizer_and_processor(cfg)
+        return tok, format_context(cfg.datasets[0], cfg, tok, processor)
+
+    row = {"messages": [*PARTS, {"role": "user", "content": U2}, {"role": "assistant", "content": A2}]}
+    tok, own = setup()
+    _, named = setup(chat_template="qwen2_vl")
+    assert named.chat_template == NAMED_TEMPLATES["qwen2_vl"].jinja != own.chat_template
+    out_own, out_named = tokenize_row(row, own), tokenize_row(row, named)
+    assert out_named["input_ids"] == out_own["input_ids"]
+    assert out_named["labels"] == out_own["labels"]
+    assert trained_text(tok, out_named["labels"]) == "Four.<|im_end|>Six, of course.<|im_end|>"

@@ -8,10 +8,11 @@ because training labels are found by locating each content in the rendered text.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hellbender.chat_templates import chatml, cohere, deepseek, exaone, gemma, llama, mistral, phi
-from hellbender.chat_templates.base import NamedTemplate
+from hellbender.chat_templates.base import NamedTemplate, refusing_parts
 from hellbender.chat_templates.chatml import CHATML_TEMPLATE
 from hellbender.errors import ConfigError
 
@@ -34,6 +35,11 @@ NAMED_TEMPLATES: dict[str, NamedTemplate] = {
     **deepseek.TEMPLATES,
     **cohere.TEMPLATES,
     **exaone.TEMPLATES,
+}
+_VISION = sorted(name for name, template in NAMED_TEMPLATES.items() if template.images)
+NAMED_TEMPLATES = {
+    name: template if template.images else replace(template, jinja=refusing_parts(name, template.jinja, _VISION))
+    for name, template in NAMED_TEMPLATES.items()
 }
 TEMPLATE_NAMES = ("tokenizer_default", "jinja", *NAMED_TEMPLATES)
 # `tokenizer_default_fallback_<name>`: the tokenizer's own template when it has one, else the named template.

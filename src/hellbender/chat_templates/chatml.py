@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hellbender.chat_templates.base import NamedTemplate
+from hellbender.chat_templates.base import NamedTemplate, write_content
 
 CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
 
@@ -83,9 +83,22 @@ FALCON_H1_TEMPLATE = (
     "{%- endfor %}" + _GENERATION
 )
 
+# Qwen2-VL / Qwen2.5-VL: ChatML with the default system turn `You are a helpful assistant.` when the conversation
+# has none; an image part is `<|vision_start|><|image_pad|><|vision_end|>`.
+QWEN2_VL_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if loop.first and message['role'] != 'system' %}"
+    "{{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' }}"
+    + write_content("<|vision_start|><|image_pad|><|vision_end|>")
+    + "{{- '<|im_end|>\n' }}"
+    "{%- endfor %}" + _GENERATION
+)
+
 TEMPLATES = {
     "chatml": NamedTemplate(CHATML_TEMPLATE, CHATML_MARKERS),
     "qwen_25": NamedTemplate(QWEN25_TEMPLATE, CHATML_MARKERS),
+    "qwen2_vl": NamedTemplate(QWEN2_VL_TEMPLATE, CHATML_MARKERS, images=True),
     "falcon_h1": NamedTemplate(FALCON_H1_TEMPLATE, CHATML_MARKERS),
     "qwen3": NamedTemplate(QWEN3_TEMPLATE, (*CHATML_MARKERS, "<think>", "</think>")),
 }

@@ -8,7 +8,7 @@ message ends the conversation, which would drop it from a training conversation)
 
 from __future__ import annotations
 
-from hellbender.chat_templates.base import NamedTemplate, alternation_check, leading_system
+from hellbender.chat_templates.base import NamedTemplate, alternation_check, leading_system, text_of, write_content
 
 _ONLY_TEXT_ROLES = (
     "{{- raise_exception('This Mistral chat template renders system, user and assistant messages only, not `' ~ "
@@ -45,14 +45,31 @@ MISTRAL_V2V3_TEMPLATE = _instruct("[INST] ", "[/INST]", "' ' + message['content'
 MISTRAL_V3_TEKKEN_TEMPLATE = _instruct("[INST]", "[/INST]", "message['content'] + eos_token", "last")
 
 # Mistral v7 Tekken (Mistral-Small-24B-Instruct-2501 and later): `<s>[SYSTEM_PROMPT]system[/SYSTEM_PROMPT]`, then
-# `[INST]user[/INST]answer</s>`. Without a system message no system block is written: the hub template's default
-# system prompt holds today's date, which would change the training text from day to day.
+# `[INST]user[/INST]answer</s>`, an image part written `[IMG]`. Without a system message no system block is
+# written: the hub template's default system prompt holds today's date, which would change the training text from
+# day to day.
 MISTRAL_V7_TEKKEN_TEMPLATE = (
     "{{- bos_token }}"
     "{%- for message in messages %}"
-    "{%- if message['role'] == 'system' %}{{- '[SYSTEM_PROMPT]' + message['content'] + '[/SYSTEM_PROMPT]' }}"
-    "{%- elif message['role'] == 'user' %}{{- '[INST]' + message['content'] + '[/INST]' }}"
-    "{%- elif message['role'] == 'assistant' %}{{- message['content'] + eos_token }}"
+    "{%- if message['role'] == 'system' %}{{- '[SYSTEM_PROMPT]' }}" + write_content() + "{{- '[/SYSTEM_PROMPT]' }}"
+    "{%- elif message['role'] == 'user' %}{{- '[INST]' }}" + write_content("[IMG]") + "{{- '[/INST]' }}"
+    "{%- elif message['role'] == 'assistant' %}" + write_content() + "{{- eos_token }}"
+    "{%- else %}" + _ONLY_TEXT_ROLES + "{%- endif %}"
+    "{%- endfor %}"
+)
+
+# Pixtral (mistral-community/pixtral-12b): Tekken v3's turns with `[IMG]` for an image part; the system text joins
+# the last user message.
+PIXTRAL_TEMPLATE = (
+    leading_system() + alternation_check("turns") + "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for message in turns %}{%- if message['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{{- bos_token }}"
+    "{%- for message in turns %}"
+    "{%- if message['role'] == 'user' %}"
+    "{{- '[INST]' }}{%- if has_system and loop.index0 == ns.last_user %}{{- " + text_of("system") + " + '\n\n' }}"
+    "{%- endif %}" + write_content("[IMG]") + "{{- '[/INST]' }}"
+    "{%- elif message['role'] == 'assistant' %}" + write_content("[IMG]") + "{{- eos_token }}"
     "{%- else %}" + _ONLY_TEXT_ROLES + "{%- endif %}"
     "{%- endfor %}"
 )
@@ -63,5 +80,8 @@ TEMPLATES = {
     "mistral_v1": NamedTemplate(MISTRAL_V1_TEMPLATE, ()),
     "mistral_v2v3": NamedTemplate(MISTRAL_V2V3_TEMPLATE, ()),
     "mistral_v3_tekken": NamedTemplate(MISTRAL_V3_TEKKEN_TEMPLATE, _TEKKEN),
-    "mistral_v7_tekken": NamedTemplate(MISTRAL_V7_TEKKEN_TEMPLATE, ("[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", *_TEKKEN)),
+    "pixtral": NamedTemplate(PIXTRAL_TEMPLATE, (*_TEKKEN, "[IMG]"), images=True),
+    "mistral_v7_tekken": NamedTemplate(
+        MISTRAL_V7_TEKKEN_TEMPLATE, ("[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", *_TEKKEN), images=True
+    ),
 }
