@@ -220,6 +220,23 @@ EXPECTED: dict[str, tuple[str | None, str | None, str, str]] = {
         "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
         "<|im_start|>assistant\n",
     ),
+    # Llama 3.2 Vision, text only: a system turn with the knowledge-cutoff and date lines before the system text.
+    "llama3_2_vision": (
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+        "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nYou are terse.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nWhat is two plus two?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nFour.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nAnd three plus three?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nSix, of course.<|eot_id|>",
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+        "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nYou are terse.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nWhat is two plus two?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nFour.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nAnd three plus three?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    ),
     # Pixtral: Tekken v3's turns; the system text joins the last user message.
     "pixtral": (
         "<s>",
@@ -332,6 +349,12 @@ IMAGE_RENDERINGS = {
         "<|header_start|>user<|header_end|>\n\n<|image|>What is two plus two?<|eot|>"
         "<|header_start|>assistant<|header_end|>\n\nFour.<|eot|>",
     ),
+    # Llama 3.2 Vision: a conversation with images has no system turn (and no system message: see below).
+    "llama3_2_vision": (
+        "<|begin_of_text|>",
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n<|image|>What is two plus two?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nFour.<|eot_id|>",
+    ),
     "mistral_v7_tekken": (
         "<s>",
         "<s>[SYSTEM_PROMPT]You are terse.[/SYSTEM_PROMPT][INST][IMG]What is two plus two?[/INST]Four.</s>",
@@ -353,7 +376,18 @@ def test_the_templates_that_write_images_are_the_ones_with_a_rendering_of_image_
 @pytest.mark.parametrize("name", sorted(IMAGE_RENDERINGS))
 def test_renders_image_parts_with_the_family_image_token(name):
     bos, expected = IMAGE_RENDERINGS[name]
-    assert render(name, PARTS, bos, "</s>") == expected
+    messages = PARTS[1:] if name == "llama3_2_vision" else PARTS
+    assert render(name, messages, bos, "</s>") == expected
+
+
+def test_llama3_2_vision_refuses_a_system_message_beside_images_and_takes_the_renderers_date():
+    with pytest.raises(Exception, match="no system message in a conversation with images"):
+        render("llama3_2_vision", PARTS, "<|begin_of_text|>", None)
+    assert render("llama3_2_vision", CONVERSATION[1:3], "", None, date_string="01 Jan 2026") == (
+        "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+        "Today Date: 01 Jan 2026\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is two plus two?"
+        "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nFour.<|eot_id|>"
+    )
 
 
 def test_a_text_only_template_refuses_content_parts_naming_the_templates_that_write_images():
@@ -406,6 +440,11 @@ def trained_text(tok, labels) -> str:
     [
         (
             "llama3",
+            ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+            "Four.<|eot_id|>Six, of course.<|eot_id|>",
+        ),
+        (
+            "llama3_2_vision",
             ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
             "Four.<|eot_id|>Six, of course.<|eot_id|>",
         ),
