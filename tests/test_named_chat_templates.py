@@ -580,3 +580,36 @@ def test_qwen2_vl_prepares_an_image_row_as_the_models_own_template_does(tmp_path
     assert out_named["input_ids"] == out_own["input_ids"]
     assert out_named["labels"] == out_own["labels"]
     assert trained_text(tok, out_named["labels"]) == "Four.<|im_end|>Six, of course.<|im_end|>"
+
+
+def test_fallback_takes_a_vision_models_template_kept_with_its_processor_only(tmp_path):
+    """Many vision-language repos store the template in the processor's `chat_template.json` and none in the
+    tokenizer's files: that is still the model's own template, which the fallback must pick."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from hellbender.models.loading import load_tokenizer_and_processor, resolve_model_path
+
+    model = tmp_path / "model"
+    shutil.copytree(resolve_model_path("hellbender/tiny-qwen2.5-vl"), model)
+    own = (model / "chat_template.jinja").read_text(encoding="utf-8")
+    (model / "chat_template.jinja").unlink()
+    (model / "chat_template.json").write_text(json.dumps({"chat_template": own}), encoding="utf-8")
+    assert "chat_template" not in json.loads(Path(model, "tokenizer_config.json").read_text(encoding="utf-8"))
+
+    def load(name):
+        cfg = validate_config(
+            {
+                "base_model": str(model),
+                "processor_type": "AutoProcessor",
+                "chat_template": name,
+                "datasets": [{"path": "rows.jsonl", "type": "chat_template"}],
+            }
+        )
+        return load_tokenizer_and_processor(cfg)
+
+    tok, processor = load("tokenizer_default_fallback_chatml")
+    assert processor.chat_template == tok.chat_template == own != NAMED_TEMPLATES["chatml"].jinja
+    tok, processor = load("qwen2_vl")
+    assert processor.chat_template == tok.chat_template == NAMED_TEMPLATES["qwen2_vl"].jinja
