@@ -245,6 +245,20 @@ EXPECTED: dict[str, tuple[str | None, str | None, str, str]] = {
         "[INST]You are terse.\n\nAnd three plus three?[/INST]Six, of course.</s>",
         "<s>[INST]What is two plus two?[/INST]Four.</s>[INST]You are terse.\n\nAnd three plus three?[/INST]",
     ),
+    "granite": (
+        None,
+        "<|end_of_text|>",
+        "<|start_of_role|>system<|end_of_role|>You are terse.<|end_of_text|>\n"
+        "<|start_of_role|>user<|end_of_role|>What is two plus two?<|end_of_text|>\n"
+        "<|start_of_role|>assistant<|end_of_role|>Four.<|end_of_text|>\n"
+        "<|start_of_role|>user<|end_of_role|>And three plus three?<|end_of_text|>\n"
+        "<|start_of_role|>assistant<|end_of_role|>Six, of course.<|end_of_text|>\n",
+        "<|start_of_role|>system<|end_of_role|>You are terse.<|end_of_text|>\n"
+        "<|start_of_role|>user<|end_of_role|>What is two plus two?<|end_of_text|>\n"
+        "<|start_of_role|>assistant<|end_of_role|>Four.<|end_of_text|>\n"
+        "<|start_of_role|>user<|end_of_role|>And three plus three?<|end_of_text|>\n"
+        "<|start_of_role|>assistant<|end_of_role|>",
+    ),
 }
 # Formats another family publishes unchanged: Aya uses Command-R's, Gemma 3n writes text turns as Gemma 3.
 EXPECTED["aya"] = EXPECTED["cohere"]
@@ -447,6 +461,11 @@ def trained_text(tok, labels) -> str:
             "llama3_2_vision",
             ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
             "Four.<|eot_id|>Six, of course.<|eot_id|>",
+        ),
+        (
+            "granite",
+            ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>"),
+            "Four.<|end_of_text|>Six, of course.<|end_of_text|>",
         ),
         ("gemma3", ("<start_of_turn>", "<end_of_turn>"), "Four.<end_of_turn>Six, of course.<end_of_turn>"),
         ("qwen3", ("<think>", "</think>"), "Four.<|im_end|>Six, of course.<|im_end|>"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hellbender.chat_templates import chatml, cohere, deepseek, exaone, gemma, llama, mistral, phi
+from hellbender.chat_templates import chatml, cohere, deepseek, exaone, gemma, granite, llama, mistral, phi
 from hellbender.chat_templates.base import NamedTemplate, refusing_parts
 from hellbender.chat_templates.chatml import CHATML_TEMPLATE
 from hellbender.errors import ConfigError
@@ -35,6 +35,7 @@ NAMED_TEMPLATES: dict[str, NamedTemplate] = {
     **deepseek.TEMPLATES,
     **cohere.TEMPLATES,
     **exaone.TEMPLATES,
+    **granite.TEMPLATES,
 }
 _VISION = sorted(name for name, template in NAMED_TEMPLATES.items() if template.images)
 NAMED_TEMPLATES = {
