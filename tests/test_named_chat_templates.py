@@ -550,6 +550,22 @@ def test_an_unknown_name_is_refused_with_the_known_names():
     assert f"`{FALLBACK_PREFIX}<name>`" in message
 
 
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("llava", "no end-of-turn token of their own"),
+        ("tokenizer_default_fallback_command_a", "long default preamble"),
+        ("alpaca", "use `type: alpaca`"),
+    ],
+)
+def test_an_axolotl_template_that_is_not_shipped_is_refused_saying_why(name, reason):
+    with pytest.raises(ConfigError) as err:
+        validate_config(config(chat_template=name))
+    message = str(err.value)
+    assert f"`chat_template: {name}` is an Axolotl template hellbender does not ship" in message
+    assert reason in message
+
+
 def test_fallback_names_are_accepted_only_for_named_templates():
     cfg = validate_config(config(chat_template="tokenizer_default_fallback_llama3"))
     assert cfg.datasets[0].chat_template == "tokenizer_default_fallback_llama3"

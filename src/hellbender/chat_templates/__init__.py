@@ -23,6 +23,8 @@ __all__ = [
     "TEMPLATE_NAMES",
     "NamedTemplate",
     "is_known_template",
+    "known_names_text",
+    "not_shipped_reason",
     "resolve_chat_template",
 ]
 
@@ -45,6 +47,34 @@ NAMED_TEMPLATES = {
 TEMPLATE_NAMES = ("tokenizer_default", "jinja", *NAMED_TEMPLATES)
 # `tokenizer_default_fallback_<name>`: the tokenizer's own template when it has one, else the named template.
 FALLBACK_PREFIX = "tokenizer_default_fallback_"
+
+
+_NO_STOP = (
+    "its answers end with no end-of-turn token of their own, so a model trained on it never learns where its turn stops"
+)
+_OWN = "use `tokenizer_default`, which renders with the model's own template"
+# Axolotl's template names that hellbender does not ship, and why.
+NOT_SHIPPED = {
+    "alpaca": "Alpaca is a row format here: use `type: alpaca` on the dataset",
+    "llava": f"the LLaVA-1.5 format: {_NO_STOP}; {_OWN}, or a template whose answers end with a special token in "
+    "`chat_template_jinja`",
+    "metharme": f"the Metharme format: {_NO_STOP}; write a template whose answers end with a special token in "
+    "`chat_template_jinja`",
+    "command_a": f"Command A's format opens with Cohere's long default preamble; {_OWN}",
+    "command_a_tool_use": f"Command A's format opens with Cohere's long default preamble; {_OWN}",
+    "command_a_rag": f"Command A's format opens with Cohere's long default preamble; {_OWN}",
+    "jamba": f"not shipped yet; {_OWN}",
+    "qwen3_5": f"not shipped yet; {_OWN}",
+    "gemma4": f"not shipped yet; {_OWN}",
+    "gemma4_unified": f"not shipped yet; {_OWN}",
+    "exaone4": f"not shipped yet; {_OWN}",
+    "nemotron_h": f"not shipped yet; {_OWN}",
+}
+
+
+def not_shipped_reason(name: str) -> str | None:
+    """Why an Axolotl template name (or its fallback form) is not available here; None for other names."""
+    return NOT_SHIPPED.get(name.removeprefix(FALLBACK_PREFIX))
 
 
 def is_known_template(name: str) -> bool:

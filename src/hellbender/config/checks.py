@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from hellbender.chat_templates import TEMPLATE_NAMES, is_known_template, known_names_text
+from hellbender.chat_templates import TEMPLATE_NAMES, is_known_template, known_names_text, not_shipped_reason
 from hellbender.config.data import CHAT_ROLES
 from hellbender.config.deepspeed import deepspeed_problems
 from hellbender.config.schema import HellbenderConfig
@@ -82,6 +82,12 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
         (f"Dataset `{e.path}`: ", e.chat_template) for e in cfg.datasets + cfg.test_datasets
     ]:
         if name is not None and not is_known_template(name):
+            reason = not_shipped_reason(name)
+            if reason:
+                problems.append(
+                    f"{where}`chat_template: {name}` is an Axolotl template hellbender does not ship: {reason}."
+                )
+                continue
             close = difflib.get_close_matches(name, TEMPLATE_NAMES, n=1, cutoff=0.6)
             hint = f" (did you mean `{close[0]}`?)" if close else ""
             problems.append(
