@@ -24,6 +24,7 @@ __all__ = [
     "NamedTemplate",
     "is_known_template",
     "known_names_text",
+    "named_template_text",
     "not_shipped_reason",
     "resolve_chat_template",
 ]
@@ -81,6 +82,12 @@ def is_known_template(name: str) -> bool:
     return name in TEMPLATE_NAMES or (
         name.startswith(FALLBACK_PREFIX) and name[len(FALLBACK_PREFIX) :] in NAMED_TEMPLATES
     )
+
+
+def named_template_text(name: str) -> str | None:
+    """The Jinja text a name stands for (a fallback name's named template), for cache keys; None for other names."""
+    named = NAMED_TEMPLATES.get(name.removeprefix(FALLBACK_PREFIX))
+    return named.jinja if named else None
 
 
 def known_names_text() -> str:
