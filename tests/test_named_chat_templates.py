@@ -467,6 +467,26 @@ def trained_text(tok, labels) -> str:
             ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>"),
             "Four.<|end_of_text|>Six, of course.<|end_of_text|>",
         ),
+        ("phi_4", ("<|im_sep|>",), "Four.<|im_end|>Six, of course.<|im_end|>"),
+        (
+            "deepseek_v3",
+            ("<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"),
+            "Four.<｜end▁of▁sentence｜>Six, of course.<｜end▁of▁sentence｜>",
+        ),
+        (
+            "cohere",
+            (
+                "<|START_OF_TURN_TOKEN|>",
+                "<|END_OF_TURN_TOKEN|>",
+                "<|SYSTEM_TOKEN|>",
+                "<|USER_TOKEN|>",
+                "<|CHATBOT_TOKEN|>",
+            ),
+            "Four.<|END_OF_TURN_TOKEN|>Six, of course.<|END_OF_TURN_TOKEN|>",
+        ),
+        # Mistral v1 and v2/v3 write a space before the answer; the token that holds it is part of the answer.
+        ("mistral_v1", (), " Four.<|endoftext|> Six, of course.<|endoftext|>"),
+        ("mistral_v2v3", (), " Four.<|endoftext|> Six, of course.<|endoftext|>"),
         ("gemma3", ("<start_of_turn>", "<end_of_turn>"), "Four.<end_of_turn>Six, of course.<end_of_turn>"),
         ("qwen3", ("<think>", "</think>"), "Four.<|im_end|>Six, of course.<|im_end|>"),
         ("phi_3", ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"), "Four.<|end|>Six, of course.<|end|>"),
