@@ -171,13 +171,6 @@ CONFLICTS = [
     pytest.param(
         {"warmup_steps": 10, "warmup_ratio": 0.1}, "`warmup_steps` and `warmup_ratio` are both set", id="warmup"
     ),
-    pytest.param({"eval_steps": 10}, "there is no evaluation data", id="eval-steps-no-eval-data"),
-    pytest.param({"evals_per_epoch": 2}, "there is no evaluation data", id="evals-per-epoch-no-eval-data"),
-    pytest.param(
-        {"datasets": ..., "pretraining_dataset": STREAM, "max_steps": 5, "saves_per_epoch": 2},
-        "A streamed dataset has no epochs",
-        id="stream-per-epoch",
-    ),
     pytest.param({"lora_r": 16}, "`lora_r` set but `adapter` is not", id="lora-r-no-adapter"),
     pytest.param({"peft_use_dora": True}, "`peft_use_dora` set but `adapter` is not", id="dora-no-adapter"),
     pytest.param({"load_in_4bit": True}, "`load_in_4bit: true` needs `adapter: qlora`", id="4bit-full"),

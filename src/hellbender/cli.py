@@ -109,7 +109,7 @@ def train(
             from hellbender.train.run import train as run_training
         _setup_logging()
         metrics = run_training(cfg)
-        if metrics.get("exit_code"):  # stopped by SIGTERM / SIGINT after saving a checkpoint
+        if metrics.get("exit_code"):  # stopped by a signal or the loss watchdog, after saving a checkpoint
             raise typer.Exit(metrics["exit_code"])
         console.print(f"[green]done[/]: saved to {cfg.output_dir}")
         console.print(json.dumps({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, indent=1))

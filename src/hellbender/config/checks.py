@@ -8,6 +8,7 @@ from pathlib import Path
 from hellbender.chat_templates import TEMPLATE_NAMES, is_known_template, known_names_text, not_shipped_reason
 from hellbender.config.data import CHAT_ROLES
 from hellbender.config.deepspeed import deepspeed_problems
+from hellbender.config.plugins import plugin_problems
 from hellbender.config.schema import HellbenderConfig
 
 
@@ -44,13 +45,6 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
         problems.append("`eval_steps` and `evals_per_epoch` are both set; keep one.")
     if cfg.warmup_steps is not None and cfg.warmup_ratio is not None:
         problems.append("`warmup_steps` and `warmup_ratio` are both set; keep one.")
-    if (cfg.eval_steps or cfg.evals_per_epoch) and not cfg.has_eval_data:
-        problems.append(
-            "`eval_steps` / `evals_per_epoch` is set but there is no evaluation data: add `val_set_size` or "
-            "`test_datasets:`."
-        )
-    if cfg.uses_streaming and (cfg.saves_per_epoch or cfg.evals_per_epoch):
-        problems.append("A streamed dataset has no epochs: use `save_steps` / `eval_steps` instead of `*_per_epoch`.")
     # Keys at their default ask for nothing: a dumped full fine-tuning config lists them all and must reload.
     lora_keys = sorted(
         k
@@ -95,6 +89,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
                 f"{known_names_text()}. For another format use `tokenizer_default` (the model's own template) or "
                 "`jinja` with the template text in `chat_template_jinja`."
             )
+    problems += plugin_problems(cfg.plugins)
     problems += _roles_to_train_problems(cfg)
     problems += _multimodal_conflicts(cfg)
     problems += _distributed_conflicts(cfg)
@@ -106,6 +101,22 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
                 f"Dataset `{entry.path}`: `chat_template: jinja` needs `chat_template_jinja` in the same entry."
             )
     return problems
+
+
+def find_notices(cfg: HellbenderConfig) -> list[str]:
+    """Settings that ask for nothing in this config, said in one line each (they are not errors: Axolotl's example
+    configs carry them routinely)."""
+    notices = []
+    if (cfg.eval_steps or cfg.evals_per_epoch) and not cfg.has_eval_data:
+        notices.append(
+            "`eval_steps` / `evals_per_epoch` is set but there is no evaluation data (`val_set_size: 0`, no "
+            "`test_datasets`), so nothing is evaluated; add one of them to evaluate."
+        )
+    if "loss_watchdog_patience" in cfg.model_fields_set and cfg.loss_watchdog_threshold is None:
+        notices.append(
+            "`loss_watchdog_patience` is set but `loss_watchdog_threshold` is not, so the loss is not watched."
+        )
+    return notices
 
 
 def _roles_to_train_problems(cfg: HellbenderConfig) -> list[str]:
@@ -184,6 +195,13 @@ def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
         return problems
     if cfg.sample_packing:
         problems.append("`sample_packing` is not supported yet with `processor_type` (vision-language models).")
+    if cfg.eval_sample_packing:
+        problems.append("`eval_sample_packing` is not supported yet with `processor_type` (vision-language models).")
+    if cfg.pad_to_sequence_len:
+        problems.append(
+            "`pad_to_sequence_len` is not supported yet with `processor_type`: the processor pads image+text batches "
+            "itself. Remove it."
+        )
     other_types = sorted({e.type or "pretokenized" for e in cfg.datasets + cfg.test_datasets} - MULTIMODAL_TYPES)
     other_types += sorted({e.type for e in cfg.pretraining_dataset} - MULTIMODAL_TYPES)
     if other_types:
@@ -222,6 +240,25 @@ def _multimodal_pretrain_conflicts(cfg: HellbenderConfig) -> list[str]:
         )
     if cfg.skip_prepare_dataset and any(e.type != "multimodal_pretrain" for e in cfg.datasets):
         problems.append("`skip_prepare_dataset: true` needs every `datasets:` entry to be `type: multimodal_pretrain`.")
+    return problems
+
+
+def _checkpointing_kwargs_problems(kwargs: dict) -> list[str]:
+    problems = []
+    others = sorted(str(k) for k in kwargs if k != "use_reentrant")
+    if others:
+        problems.append(
+            f"`gradient_checkpointing_kwargs`: {', '.join(f'`{k}`' for k in others)} cannot be passed on: hellbender "
+            "sets up activation checkpointing itself (non-reentrant, with offload and partial layers as options). "
+            "Remove them; `use_reentrant: false` is the only argument it accepts."
+        )
+    if kwargs.get("use_reentrant") not in (None, False):
+        problems.append(
+            "`gradient_checkpointing_kwargs.use_reentrant` must be false (or left out): hellbender's checkpointing is "
+            "always non-reentrant, because reentrant checkpointing gives silently wrong gradients for models that share "
+            "keys and values between layers (Gemma 4: gradients off by 0.25-0.40 on a tiny model) and loses the "
+            "gradients of inputs that do not require them."
+        )
     return problems
 
 
@@ -277,6 +314,7 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "on an H100). Turn one of them off (`gradient_checkpointing: false`, or `torch_compile: false`)."
         )
     liger = sorted(k for k in type(cfg).model_fields if k.startswith("liger_") and getattr(cfg, k))
+    liger += ["cut_cross_entropy"] if cfg.cut_cross_entropy else []
     if cfg.torch_compile and liger:
         problems.append(
             f"`torch_compile: true` with Liger's kernels ({', '.join(f'`{k}`' for k in liger)}) is not supported yet: "
@@ -288,6 +326,7 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`tiled_mlp` with FSDP2 or DeepSpeed is not supported yet: it back-propagates each MLP shard inside the "
             "layer's backward, which their gradient hooks do not expect. Use `tiled_mlp` on one GPU."
         )
+    problems += _checkpointing_kwargs_problems(cfg.gradient_checkpointing_kwargs or {})
     if cfg.gradient_checkpointing_layers is not None and not cfg.checkpoints_activations:
         problems.append(
             "`gradient_checkpointing_layers` is set but activation checkpointing is off: add "

@@ -122,7 +122,9 @@ class DataSettings(BaseModel):
     dataset_prepared_path: str | None = Field(
         None, description="Directory of the prepared-dataset cache; default `last_run_prepared` beside `output_dir`."
     )
-    dataset_processes: int = Field(1, gt=0, description="Processes used to tokenize.")
+    dataset_num_proc: int = Field(
+        1, gt=0, description="Processes used to tokenize (`dataset_processes`, the older spelling, is read as this)."
+    )
     sequence_len: int = Field(2048, gt=1, description="Maximum tokens per row (and per packed bin).")
     excess_length_strategy: Literal["drop", "truncate", "raise"] = Field(
         "drop",
@@ -132,6 +134,14 @@ class DataSettings(BaseModel):
         None,
         description="Pack several rows into each `sequence_len` bin. Default: on for streamed raw text (always packed "
         "into full bins), off otherwise.",
+    )
+    eval_sample_packing: bool | None = Field(
+        None, description="Pack the evaluation rows too; default: as `sample_packing`."
+    )
+    pad_to_sequence_len: bool = Field(
+        False,
+        description="Pad every batch to `sequence_len` tokens, so each step has the same shapes (steadier memory, "
+        "compiled kernels reused); padding is never attended to or trained.",
     )
     train_on_inputs: bool = Field(False, description="Also train on prompt / user tokens.")
     chat_template: str | None = Field(

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from hellbender.config.machine import Machine, this_machine
+from hellbender.config.plugins import CUT_CROSS_ENTROPY_PLUGIN
 from hellbender.config.precision import run_precision
 from hellbender.config.schema import DatasetEntry, HellbenderConfig
 
@@ -49,10 +50,20 @@ UNSET_MEANS: dict[str, str] = {
     "save_steps": "once per epoch, or `saves_per_epoch` times (from the steps per epoch); streamed: every tenth",
     "saves_per_epoch": "`save_steps` decides",
     "save_total_limit": "every checkpoint is kept",
+    "loss_watchdog_threshold": "the loss is not watched",
+    "ddp_find_unused_parameters": "the Trainer's rule: on, except for a transformers model with activation checkpointing",
+    "wandb_project": "no W&B project named (W&B's default project when `report_to` has `wandb`)",
+    "wandb_entity": "W&B's default entity",
+    "wandb_name": "a name W&B picks",
+    "wandb_run_id": "a new W&B run",
+    "wandb_mode": "W&B's own setting (online unless its environment says otherwise)",
+    "wandb_log_model": "no model uploaded to W&B",
+    "wandb_watch": "W&B's default (no histograms unless its environment says otherwise)",
     "eval_steps": "once per epoch, or `evals_per_epoch` times (from the steps per epoch); streamed: every tenth",
     "evals_per_epoch": "`eval_steps` decides",
     "resume_from_checkpoint": "start from the base model",
     "gradient_checkpointing_layers": "every decoder layer is checkpointed",
+    "gradient_checkpointing_kwargs": "hellbender's own checkpointing, always non-reentrant",
     "tiled_mlp_num_shards": "about one shard per `hidden_size` tokens (from the model)",
     "torch_compile_backend": "not compiled (`torch_compile` is off)",
     "torch_compile_mode": "not compiled (`torch_compile` is off)",
@@ -92,12 +103,19 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
         updates["load_in_4bit"] = True
     if cfg.adapter and not cfg.lora_target_linear:
         default("lora_target_modules", list(DEFAULT_LORA_TARGETS))
+    if cfg.wandb_project and "wandb" not in cfg.report_targets:
+        updates["report_to"] = [*cfg.report_targets, "wandb"]
+    if cfg.cut_cross_entropy is None:
+        updates["cut_cross_entropy"] = CUT_CROSS_ENTROPY_PLUGIN in cfg.plugins
+    if updates.get("cut_cross_entropy", cfg.cut_cross_entropy):
+        updates["liger_fused_linear_cross_entropy"] = True  # the same fused LM head and loss
     if cfg.torch_compile:
         for key, value in TORCH_COMPILE_DEFAULTS.items():
             default(key, value)
     # Streamed raw text is always packed into full bins; streamed image+text rows are not packed.
     streams_text = bool(cfg.pretraining_dataset) and cfg.streaming is not False and not cfg.is_multimodal
     default("sample_packing", streams_text)
+    default("eval_sample_packing", updates.get("sample_packing", cfg.sample_packing))
     cfg = _updated(cfg, updates)
     entries: dict[str, Any] = {
         key: [entry_with_defaults(e, cfg) for e in getattr(cfg, key)] for key in ("datasets", "test_datasets")

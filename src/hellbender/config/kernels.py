@@ -18,6 +18,11 @@ class KernelSettings(BaseModel):
         False,
         description="Liger's fused LM head + cross-entropy: the [tokens x vocab] logits are never materialised.",
     )
+    cut_cross_entropy: bool | None = Field(
+        None,
+        description="Axolotl's fused LM head + loss (its CutCrossEntropyPlugin): the same computation as "
+        "`liger_fused_linear_cross_entropy`, which it turns on. Default: on when the plugin is listed in `plugins`.",
+    )
     tiled_mlp: bool = Field(
         False,
         description="Run each decoder layer's MLP over the sequence in shards, forward and backward, so its wide "

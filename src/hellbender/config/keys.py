@@ -30,34 +30,56 @@ def _is_unset(value: Any) -> bool:
     return value is None or value is False or value == [] or value == {} or value == ""
 
 
-def check_keys(raw: dict[str, Any], model: type[BaseModel], axolotl_keys: frozenset[str], where: str) -> list[str]:
-    """Unknown keys get a did-you-mean; keys Axolotl defines that we do not implement are refused by name.
+# Axolotl keys that only tune a feature hellbender does not implement: with the feature off they ask for nothing.
+PARAMETER_OF: dict[str, str] = {
+    "eval_max_new_tokens": "eval_table_size",
+    "eval_causal_lm_metrics": "do_causal_lm_eval",
+    "bench_dataset": "do_bench_eval",
+    "bench_split": "do_bench_eval",
+}
 
-    An unimplemented key set to an empty or false value asks for nothing, so it is accepted (configs
-    written for Axolotl often carry `load_in_8bit: false` and the like)."""
+
+def check_keys(
+    raw: dict[str, Any], model: type[BaseModel], axolotl_keys: frozenset[str], where: str, notices: list[str]
+) -> list[str]:
+    """Unknown keys get a did-you-mean; keys Axolotl defines that we do not implement are refused by name. Each key
+    with a problem is removed from `raw`, so the rest of the config can still be checked in the same pass.
+
+    A key that asks for nothing is accepted, with a notice where the reader may want to know: a known key left blank
+    (`special_tokens:`) takes its default, as in Axolotl; an unimplemented key set to an empty or false value
+    (`load_in_8bit: false`), a blank unknown key (`debug:`), or a parameter of an unimplemented feature that is off
+    (`eval_max_new_tokens` without `eval_table_size`) changes nothing."""
     problems = []
     known = set(model.model_fields)
     for key in list(raw):
+        value = raw[key]
         if key in known:
-            continue
-        if key in axolotl_keys:
-            if _is_unset(raw[key]):
+            if value is None:
                 del raw[key]
-                continue
+            continue
+        feature = PARAMETER_OF.get(key)
+        if key in axolotl_keys and (_is_unset(value) or (feature and _is_unset(raw.get(feature)))):
+            if not _is_unset(value):
+                notices.append(f"{where}`{key}` tunes `{feature}`, which is off, so it changes nothing.")
+        elif key in axolotl_keys:
             problems.append(
                 f"{where}`{key}` is not supported yet: hellbender does not implement it, and ignoring it would "
                 f"silently change your run. Remove it, or set it to false / null if you do not need it."
             )
-            continue
-        misplaced = _misplaced(key, model)
-        if misplaced:
+        elif misplaced := _misplaced(key, model):
             problems.append(f"{where}{misplaced}")
-            continue
-        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6) or difflib.get_close_matches(
-            key, sorted(axolotl_keys), n=1, cutoff=0.6
-        )
-        hint = f" Did you mean `{close[0]}`?" if close else " See `hellbender schema` or docs/config.md for every key."
-        problems.append(f"{where}`{key}` is not a config key.{hint}")
+        else:
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6) or difflib.get_close_matches(
+                key, sorted(axolotl_keys), n=1, cutoff=0.6
+            )
+            hint = (
+                f" Did you mean `{close[0]}`?" if close else " See `hellbender schema` or docs/config.md for every key."
+            )
+            if value is None:
+                notices.append(f"{where}`{key}` is not a config key; left blank, it asks for nothing.{hint}")
+            else:
+                problems.append(f"{where}`{key}` is not a config key.{hint}")
+        del raw[key]
     return problems
 
 
@@ -75,10 +97,10 @@ def _misplaced(key: str, model: type[BaseModel]) -> str | None:
     return None
 
 
-def key_problems(raw: dict[str, Any]) -> list[str]:
-    """Every key problem of the raw config, its dataset entries included. Unimplemented keys set to nothing are
-    removed from `raw` (they ask for nothing)."""
-    problems = check_keys(raw, HellbenderConfig, axolotl_keys("axolotl_keys.txt"), "")
+def key_problems(raw: dict[str, Any], notices: list[str]) -> list[str]:
+    """Every key problem of the raw config, its dataset entries included; keys that ask for nothing add to
+    `notices`. Keys with a problem and keys that ask for nothing are removed from `raw`."""
+    problems = check_keys(raw, HellbenderConfig, axolotl_keys("axolotl_keys.txt"), "", notices)
     for list_key, model in ENTRY_MODELS.items():
         entries = raw.get(list_key)
         if isinstance(entries, dict):  # Axolotl accepts a single mapping for pretraining_dataset
@@ -87,5 +109,5 @@ def key_problems(raw: dict[str, Any]) -> list[str]:
             for i, entry in enumerate(entries):
                 if isinstance(entry, dict):
                     where = f"In `{list_key}[{i}]`: "
-                    problems += check_keys(entry, model, axolotl_keys("axolotl_dataset_keys.txt"), where)
+                    problems += check_keys(entry, model, axolotl_keys("axolotl_dataset_keys.txt"), where, notices)
     return problems

@@ -3,40 +3,97 @@ Each step lives in its own module; this one runs them in order."""
 
 from __future__ import annotations
 
+import copy
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from hellbender.config.checks import find_conflicts, find_path_problems
+from hellbender.config.checks import find_conflicts, find_notices, find_path_problems
 from hellbender.config.defaults import apply_derived_defaults, machine_defaults
-from hellbender.config.keys import key_problems
+from hellbender.config.fsdp1 import translate_fsdp1
+from hellbender.config.keys import ENTRY_MODELS, key_problems
 from hellbender.config.machine import Machine
 from hellbender.config.overrides import apply_overrides
 from hellbender.config.schema import HellbenderConfig
-from hellbender.config.validation_errors import describe_validation_error
+from hellbender.config.spellings import read_older_spellings
+from hellbender.config.validation_errors import describe_validation_error, user_path
 from hellbender.config.yaml_file import read_yaml
 from hellbender.errors import ConfigError
 
+logger = logging.getLogger("hellbender")
+# Every key name of the config (top level and entries), to tell which keys a problem paragraph names.
+_CONFIG_KEYS = frozenset(HellbenderConfig.model_fields) | frozenset(
+    name for model in ENTRY_MODELS.values() for name in model.model_fields
+)
+
 
 def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
-    problems = key_problems(raw)
+    """The validated config, with every default filled in; or a ConfigError listing every problem of `raw` at once:
+    key names, values, combinations of keys and paths, one paragraph each (a problem that follows from one already
+    listed is left out)."""
+    problems, notices = read_older_spellings(raw)
+    fsdp_problems, fsdp_notices = translate_fsdp1(raw)
+    problems, notices = problems + fsdp_problems, notices + fsdp_notices
+    problems += key_problems(raw, notices)  # removes the keys it reports, so the rest is still checked
+    cfg, value_problems = _validated_values(raw)
+    problems += value_problems
+    if cfg is not None:
+        prepared_path_is_default = cfg.dataset_prepared_path is None
+        later = find_conflicts(cfg)
+        cfg = apply_derived_defaults(cfg)
+        later += find_path_problems(cfg, prepared_path_is_default)  # after the defaults, which place the cache
+        reported = _keys_named(problems)
+        problems += [p for p in later if not _keys_named([p]) & reported]
     if problems:
         raise ConfigError("\n\n".join(problems))
-    try:
-        cfg = HellbenderConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError("\n\n".join(describe_validation_error(exc, raw))) from None
-    conflicts = find_conflicts(cfg)
-    if conflicts:
-        raise ConfigError("\n\n".join(conflicts))
-    prepared_path_is_default = cfg.dataset_prepared_path is None
-    cfg = apply_derived_defaults(cfg)
-    problems = find_path_problems(cfg, prepared_path_is_default)  # after the defaults, which place the cache
-    if problems:
-        raise ConfigError("\n\n".join(problems))
+    for notice in notices + find_notices(cfg):
+        logger.warning(notice)
     return cfg
+
+
+def _validated_values(raw: dict[str, Any]) -> tuple[HellbenderConfig | None, list[str]]:
+    """The config and the problems of its values. When values are wrong, the config is built without them (their
+    defaults stand in), so that combinations of the other keys can still be checked in the same pass; None when a
+    required key is missing."""
+    try:
+        return HellbenderConfig.model_validate(raw), []
+    except ValidationError as exc:
+        problems = describe_validation_error(exc, raw)
+        if any(err["type"] == "missing" for err in exc.errors()):
+            return None, problems
+        pruned = copy.deepcopy(raw)
+        for path in sorted({user_path(err["loc"], raw) for err in exc.errors()}, key=len, reverse=True):
+            _remove(pruned, path)
+    try:
+        return HellbenderConfig.model_validate(pruned), problems
+    except ValidationError:
+        return None, problems
+
+
+def _remove(raw: dict[str, Any], path: tuple[Any, ...]) -> None:
+    """Remove the value at `path` from the raw config: the mapping key it sits under (a wrong list item takes its
+    whole list with it, so that no other index moves)."""
+    keys = [i for i, part in enumerate(path) if isinstance(part, str)]
+    if not keys:
+        return
+    *parents, last = path[: keys[-1] + 1]
+    node: Any = raw
+    for part in parents:
+        node = node[part]
+    node.pop(last, None)
+
+
+def _keys_named(paragraphs: list[str]) -> set[str]:
+    """The config keys a problem names (`key`, `key: value`, `datasets.0.key`: each key of the path)."""
+    names = set()
+    for quoted in re.findall(r"`([^`]+)`", "\n".join(paragraphs)):
+        head = quoted.split(":")[0].strip()
+        names |= {part for part in head.split(".") if part.isidentifier()}
+    return names & _CONFIG_KEYS
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> HellbenderConfig:

@@ -16,7 +16,9 @@ from hellbender.config.distributed import DistributedSettings, FsdpSettings
 from hellbender.config.kernels import KernelSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
+from hellbender.config.plugins import PluginSettings
 from hellbender.config.schema import HellbenderConfig
+from hellbender.config.tracking import TrackingSettings
 from hellbender.config.training import TrainingSettings
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
@@ -30,6 +32,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("Fused kernels and compilation", KernelSettings),
     ("Several GPUs and machines", DistributedSettings),
     ("`fsdp_config:`", FsdpSettings),
+    ("Axolotl plugins", PluginSettings),
+    ("Weights & Biases", TrackingSettings),
 ]
 
 

@@ -8,6 +8,8 @@ from hellbender.config.distributed import DistributedSettings
 from hellbender.config.kernels import KernelSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
+from hellbender.config.plugins import PluginSettings
+from hellbender.config.tracking import TrackingSettings
 from hellbender.config.training import TrainingSettings
 
 __all__ = ["HellbenderConfig", "DatasetEntry", "PretrainingDatasetEntry"]
@@ -21,6 +23,8 @@ class HellbenderConfig(
     TrainingSettings,
     KernelSettings,
     DistributedSettings,
+    PluginSettings,
+    TrackingSettings,
 ):
     """A validated training config. Build it with `hellbender.config.load_config`, which also checks
     combinations of keys and fills derived defaults."""
@@ -35,14 +39,21 @@ class HellbenderConfig(
 
     @property
     def fuses_the_loss(self) -> bool:
-        """The model computes its own loss without logits (Liger's fused linear cross-entropy)."""
-        return self.liger_fused_linear_cross_entropy
+        """The model computes its own loss without logits (Liger's fused linear cross-entropy, which Axolotl's
+        `cut_cross_entropy` asks for too)."""
+        return self.liger_fused_linear_cross_entropy or bool(self.cut_cross_entropy)
 
     @property
     def checkpoints_activations(self) -> bool:
         """Activation checkpointing is on: `gradient_checkpointing`, or FSDP2's `activation_checkpointing` (both run
         hellbender's own checkpointing)."""
         return bool(self.gradient_checkpointing) or (self.uses_fsdp2 and self.fsdp_settings.activation_checkpointing)
+
+    @property
+    def report_targets(self) -> list[str]:
+        """`report_to` as a list of trackers (`none` is no tracker)."""
+        targets = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)
+        return [t for t in targets if t != "none"]
 
     @property
     def has_eval_data(self) -> bool:

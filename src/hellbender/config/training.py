@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +48,12 @@ class TrainingSettings(BaseModel):
         "(host memory needed: layers x tokens x hidden size x 2 bytes in bf16, about 85 GiB for an 8B model at "
         "350k tokens).",
     )
+    gradient_checkpointing_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="Arguments of the checkpointing call, as Axolotl passes them to transformers. hellbender's "
+        "checkpointing is always non-reentrant, so `{use_reentrant: false}` is what happens; `use_reentrant: true` "
+        "and other arguments are refused.",
+    )
     gradient_checkpointing_layers: int | None = Field(
         None,
         ge=0,
@@ -64,14 +70,18 @@ class TrainingSettings(BaseModel):
         gt=0,
         description="Save a checkpoint every N steps. Default: once per epoch (streamed data: every tenth of `max_steps`).",
     )
-    saves_per_epoch: int | None = Field(None, gt=0, description="Save this many checkpoints per epoch.")
+    saves_per_epoch: int | None = Field(
+        None, gt=0, description="Save this many checkpoints per epoch (streamed data: over the whole `max_steps`)."
+    )
     save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
     eval_steps: int | None = Field(
         None,
         gt=0,
         description="Evaluate every N steps when there is evaluation data. Default: once per epoch (streamed data: every tenth of `max_steps`).",
     )
-    evals_per_epoch: int | None = Field(None, gt=0, description="Evaluate this many times per epoch.")
+    evals_per_epoch: int | None = Field(
+        None, gt=0, description="Evaluate this many times per epoch (streamed data: over the whole `max_steps`)."
+    )
     seed: int = Field(42, description="Seed for initialisation, shuffling, dropout and data splits.")
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] | Literal["tensorboard", "wandb", "mlflow", "none"] = (
         Field("none", description="Experiment trackers to log to (each must be installed).")
@@ -88,6 +98,20 @@ class TrainingSettings(BaseModel):
         description="Background processes loading batches. `auto`: 4 for prepared image+text data on a GPU (image "
         "processing then keeps up with the GPU: 1.40x on the Gemma-4-E2B benchmark, docs/benchmarks.md), else 0, "
         "decided on the machine that trains.",
+    )
+    loss_watchdog_threshold: float | None = Field(
+        None,
+        gt=0,
+        description="Stop the run (saving a checkpoint, writing no final model) when the logged training loss stays "
+        "above this for `loss_watchdog_patience` logged steps in a row; about twice the starting loss is a good value.",
+    )
+    loss_watchdog_patience: int = Field(
+        3, gt=0, description="Logged steps in a row above `loss_watchdog_threshold` before the run stops."
+    )
+    ddp_find_unused_parameters: bool | None = Field(
+        None,
+        description="With several processes (DDP): look for parameters that got no gradient in a step (needed when "
+        "some parameters are unused, slower).",
     )
     memory_watchdog: Literal["warn", "error", "off"] = Field(
         "warn",

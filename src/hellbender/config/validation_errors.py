@@ -29,6 +29,11 @@ def _split_loc(loc: tuple[Any, ...], raw: Any) -> tuple[tuple[Any, ...], str | N
     return tuple(loc), None
 
 
+def user_path(loc: tuple[Any, ...], raw: Any) -> tuple[Any, ...]:
+    """The key path of a pydantic error location as the user wrote it (without union members)."""
+    return _split_loc(tuple(loc), raw)[0]
+
+
 def _value_at(raw: Any, path: tuple[Any, ...]) -> Any:
     for part in path:
         raw = raw[part]

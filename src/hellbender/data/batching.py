@@ -16,7 +16,8 @@ def build_collator(
     cfg: HellbenderConfig, tokenizer: Any, processor: Any | None
 ) -> CausalLMCollator | MultimodalCollator:
     if processor is None:
-        return CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation)
+        pad_to = cfg.sequence_len if cfg.pad_to_sequence_len else None
+        return CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation, pad_to_multiple_of=pad_to)
     return MultimodalCollator(
         processor, image_policy(cfg), frozenset(vision_token_ids(processor, cfg.vision_tokens_to_mask))
     )

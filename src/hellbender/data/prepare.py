@@ -33,8 +33,8 @@ class PreparedData:
 
 
 def _worker_processes(cfg: HellbenderConfig) -> int | None:
-    """`dataset_processes` as `datasets` takes it: None runs in this process (1 would start a pool of one)."""
-    return cfg.dataset_processes if cfg.dataset_processes > 1 else None
+    """`dataset_num_proc` as `datasets` takes it: None runs in this process (1 would start a pool of one)."""
+    return cfg.dataset_num_proc if cfg.dataset_num_proc > 1 else None
 
 
 def _row_format(entry: DatasetEntry, columns: list[str], multimodal: bool, where: str) -> str:
@@ -132,6 +132,7 @@ def _cache_parts(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> dict[
         "chat_template",
         "chat_template_jinja",
         "sample_packing",
+        "eval_sample_packing",
         "val_set_size",
         "seed",
         "shuffle_merged_datasets",
@@ -193,12 +194,11 @@ def _build(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> tuple[Any |
         "eval_rows": len(eval_ds) if eval_ds is not None else 0,
         "packed_bins": None,
     }
-    if cfg.sample_packing:
-        if train is not None:
-            train = pack_dataset(train, cfg.sequence_len, _worker_processes(cfg))
-            stats["packed_bins"] = len(train)
-        if eval_ds is not None:
-            eval_ds = pack_dataset(eval_ds, cfg.sequence_len, _worker_processes(cfg))
+    if cfg.sample_packing and train is not None:
+        train = pack_dataset(train, cfg.sequence_len, _worker_processes(cfg))
+        stats["packed_bins"] = len(train)
+    if cfg.eval_sample_packing and eval_ds is not None:
+        eval_ds = pack_dataset(eval_ds, cfg.sequence_len, _worker_processes(cfg))
     return train, eval_ds, stats
 
 

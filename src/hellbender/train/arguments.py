@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from transformers import TrainingArguments
 
 from hellbender.config import HellbenderConfig
 from hellbender.config.defaults import machine_defaults
+from hellbender.config.tracking import WANDB_ENVIRONMENT
 from hellbender.errors import EnvironmentProblem
 from hellbender.train.deepspeed import deepspeed_config
 from hellbender.train.distributed import runs_on_cpu_processes
@@ -18,15 +20,22 @@ TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "m
 
 
 def report_targets(cfg: HellbenderConfig) -> list[str]:
-    targets = [cfg.report_to] if isinstance(cfg.report_to, str) else list(cfg.report_to)
-    targets = [t for t in targets if t != "none"]
+    targets = cfg.report_targets
     for target in targets:
         if importlib.util.find_spec(TRACKER_PACKAGES[target]) is None:
+            asked = (
+                "`wandb_project` is set" if target == "wandb" and cfg.wandb_project else f"`report_to` names {target}"
+            )
             raise EnvironmentProblem(
-                f"`report_to` names {target}, but the `{TRACKER_PACKAGES[target]}` package is not installed. "
-                f"Install it (`pip install {TRACKER_PACKAGES[target]}`) or remove it from `report_to`."
+                f"{asked}, but the `{TRACKER_PACKAGES[target]}` package is not installed. Install it (`pip install "
+                f"{TRACKER_PACKAGES[target]}`), or remove it from `report_to` (and remove `wandb_project`)."
             )
     return targets
+
+
+def tracker_environment(cfg: HellbenderConfig) -> dict[str, str]:
+    """The environment variables through which wandb and transformers' W&B callback read the `wandb_*` keys."""
+    return {variable: str(getattr(cfg, key)) for key, variable in WANDB_ENVIRONMENT.items() if getattr(cfg, key)}
 
 
 def training_arguments(
@@ -36,6 +45,7 @@ def training_arguments(
     must not skip batches."""
     import torch
 
+    os.environ.update(tracker_environment(cfg))  # read when the W&B callback starts the run
     on_this_machine = machine_defaults(cfg)
     precision = on_this_machine["bf16"]
     args = TrainingArguments(
@@ -65,7 +75,9 @@ def training_arguments(
         save_total_limit=None,  # CheckpointKeeper rotates, after the newer checkpoint is complete
         eval_strategy="steps" if has_eval else "no",
         eval_steps=schedule.eval_steps,
+        ddp_find_unused_parameters=cfg.ddp_find_unused_parameters,
         seed=cfg.seed,
+        run_name=cfg.wandb_name,
         data_seed=cfg.seed,
         report_to=report_targets(cfg) or "none",
         remove_unused_columns=False,

@@ -23,6 +23,7 @@ from hellbender.train.arguments import training_arguments
 from hellbender.train.deepspeed import deepspeed_before_loading
 from hellbender.train.distributed import is_main_process, main_process_first, world_size
 from hellbender.train.fsdp import check_fsdp_processes, check_wrap_classes, shard_norms_in_fp32
+from hellbender.train.loss_watchdog import DIVERGED_EXIT_CODE, LossWatchdog
 from hellbender.train.memory_watchdog import MemoryWatchdog
 from hellbender.train.preemption import StopOnSignal
 from hellbender.train.report import RunReport
@@ -83,6 +84,9 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     args = training_arguments(cfg, plan_schedule(cfg, train_rows, world_size()), eval_data is not None, streams_images)
     collator = build_collator(cfg, tokenizer, processor)
     stop_on_signal = StopOnSignal()
+    loss_watchdog = (
+        LossWatchdog(cfg.loss_watchdog_threshold, cfg.loss_watchdog_patience) if cfg.loss_watchdog_threshold else None
+    )
     watchdog = MemoryWatchdog(cfg.memory_watchdog) if cfg.memory_watchdog != "off" else None
     trainer = HellbenderTrainer(
         fused_loss=cfg.fuses_the_loss,
@@ -99,6 +103,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
             CheckpointKeeper(cfg.save_total_limit),
             RunReport(cfg, data_stats, watchdog),  # after the keeper: a checkpoint is complete before its report
             stop_on_signal,
+            *([loss_watchdog] if loss_watchdog else []),
             *([StopIfAlreadyDone()] if resume_from else []),
             *(callbacks or []),
         ],
@@ -132,6 +137,10 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
             stop_on_signal.stopped_at_step,
         )
         metrics["exit_code"] = stop_on_signal.exit_code
+        return metrics
+    if loss_watchdog is not None and loss_watchdog.stopped_at_step is not None:
+        logger.error(loss_watchdog.message())
+        metrics["exit_code"] = DIVERGED_EXIT_CODE
         return metrics
     trainer.save_final_model(cfg.output_dir)
     return metrics

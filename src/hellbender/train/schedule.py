@@ -28,12 +28,12 @@ def plan_schedule(cfg: HellbenderConfig, train_rows: int | None, world_size: int
     total = cfg.max_steps or math.ceil(steps_per_epoch * cfg.num_epochs)
 
     def interval(steps: int | None, per_epoch: int | None) -> int:
-        """An explicit step interval, else `per_epoch` times an epoch (once by default); without epochs
-        (streamed data), every tenth of the run."""
+        """An explicit step interval, else `per_epoch` times an epoch (once by default). Streamed data has no epochs:
+        the whole run (`max_steps`) counts as one, as in Axolotl, and the default is every tenth of it."""
         if steps:
             return steps
         if steps_per_epoch is None:
-            return max(1, total // 10)
+            return max(1, total // (per_epoch or 10))
         return max(1, steps_per_epoch // (per_epoch or 1))
 
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else math.ceil(total * (cfg.warmup_ratio or 0.0))

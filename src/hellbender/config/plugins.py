@@ -1,0 +1,56 @@
+"""Axolotl's `plugins:` list, read by name. A plugin whose job hellbender does natively is accepted (its keys are
+hellbender keys, or are mapped onto them); any other is refused, naming it and what hellbender offers instead."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+AXOLOTL_INTEGRATIONS = "axolotl.integrations."
+CUT_CROSS_ENTROPY_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
+# plugins hellbender does natively -> how
+NATIVE_PLUGINS: dict[str, str] = {
+    "axolotl.integrations.liger.LigerPlugin": "the `liger_*` keys turn on Liger's kernels",
+    CUT_CROSS_ENTROPY_PLUGIN: (
+        "the fused LM head and loss (`cut_cross_entropy`, on by default with this plugin) is Liger's fused linear "
+        "cross-entropy"
+    ),
+}
+# other plugins Axolotl users list -> what hellbender offers instead
+OTHER_PLUGINS: dict[str, str] = {
+    "axolotl.integrations.kernels.KernelsPlugin": (
+        "kernels from the Hugging Face kernels hub are not offered; `liger_*` keys give fused norms, MLPs, RoPE and loss"
+    ),
+    "axolotl.integrations.swanlab.SwanLabPlugin": "SwanLab logging is not offered; use `report_to: tensorboard`, "
+    "`wandb` or `mlflow`",
+    "axolotl.integrations.kd.KDPlugin": "knowledge distillation is not offered yet",
+    "axolotl.integrations.grokfast.GrokfastPlugin": "the Grokfast optimizer wrapper is not offered",
+    "axolotl.integrations.lm_eval.LMEvalPlugin": "lm-eval benchmarks are not run by hellbender; `hellbender evaluate` "
+    "gives loss, perplexity and token accuracy",
+    "axolotl.integrations.spectrum.SpectrumPlugin": "Spectrum's layer selection is not offered; name the modules to "
+    "train with `lora_target_modules`",
+}
+
+
+class PluginSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Axolotl plugins, read by name: `axolotl.integrations.liger.LigerPlugin` (the `liger_*` keys) and "
+        "`axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin` (`cut_cross_entropy`) are done natively; "
+        "others are refused, naming what hellbender offers instead.",
+    )
+
+
+def plugin_problems(plugins: list[str]) -> list[str]:
+    problems = []
+    for name in plugins:
+        if name in NATIVE_PLUGINS:
+            continue
+        instead = OTHER_PLUGINS.get(name)
+        if instead is None:
+            short = name.removeprefix(AXOLOTL_INTEGRATIONS)
+            instead = f"hellbender has no plugins; it does natively what {', '.join(sorted(NATIVE_PLUGINS))} do"
+            name = f"{AXOLOTL_INTEGRATIONS}{short}" if name.startswith(AXOLOTL_INTEGRATIONS) else name
+        problems.append(f"`plugins`: `{name}` is not supported: {instead}. Remove it from `plugins`.")
+    return problems
