@@ -195,10 +195,15 @@ CONFLICTS = [
         "`sample_packing` is not supported yet with `attn_implementation: flex_attention`",
         id="packing-flex",
     ),
-    pytest.param({"chat_template": "llama3"}, "`chat_template: llama3` is not supported yet", id="chat-template-name"),
+    pytest.param(
+        {"chat_template": "llama_3"},
+        "`chat_template: llama_3` is not a chat template hellbender knows (did you mean `llama3`?). Known names: "
+        "`tokenizer_default`, `jinja`, `chatml`",
+        id="chat-template-name",
+    ),
     pytest.param(
         {"datasets": [{"path": "c.jsonl", "type": "chat_template", "chat_template": "vicuna"}]},
-        "Dataset `c.jsonl`: `chat_template: vicuna` is not supported yet",
+        "Dataset `c.jsonl`: `chat_template: vicuna` is not a chat template hellbender knows. Known names:",
         id="dataset-chat-template-name",
     ),
     pytest.param(

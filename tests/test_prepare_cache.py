@@ -101,6 +101,23 @@ def test_changed_chat_template_gets_its_own_cache(tmp_path, tiny_tokenizer, coun
     assert len(count_tokenize) == 2
 
 
+def test_changed_text_of_a_named_template_gets_its_own_cache(tmp_path, tiny_tokenizer, count_tokenize, monkeypatch):
+    """A dataset's named template is not stored on the tokenizer, so its text (which a release may change) must
+    key the cache itself."""
+    from dataclasses import replace
+
+    from hellbender.chat_templates import NAMED_TEMPLATES
+
+    data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(4))
+    cfg = make_cfg(tmp_path, data, {"chat_template": "chatml"})
+    first = prepare_datasets(cfg, tiny_tokenizer)
+    monkeypatch.setitem(NAMED_TEMPLATES, "chatml", replace(NAMED_TEMPLATES["chatml"], jinja=OTHER_TEMPLATE))
+    second = prepare_datasets(cfg, tiny_tokenizer)
+    assert second.from_cache is False
+    assert second.cache_dir != first.cache_dir
+    assert rows_of(second.train) != rows_of(first.train)
+
+
 def test_changed_dataset_key_gets_its_own_cache(tmp_path, tiny_tokenizer, count_tokenize):
     data = write_jsonl(tmp_path / "chat.jsonl", chat_rows(4))
     first = prepare_datasets(make_cfg(tmp_path, data), tiny_tokenizer)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
-from hellbender.chat_templates import TEMPLATE_NAMES
+from hellbender.chat_templates import TEMPLATE_NAMES, is_known_template, known_names_text, not_shipped_reason
 from hellbender.config.data import CHAT_ROLES
 from hellbender.config.deepspeed import deepspeed_problems
 from hellbender.config.plugins import plugin_problems
@@ -84,10 +85,19 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     for where, name in [("", cfg.chat_template)] + [
         (f"Dataset `{e.path}`: ", e.chat_template) for e in cfg.datasets + cfg.test_datasets
     ]:
-        if name is not None and name not in TEMPLATE_NAMES:
+        if name is not None and not is_known_template(name):
+            reason = not_shipped_reason(name)
+            if reason:
+                problems.append(
+                    f"{where}`chat_template: {name}` is an Axolotl template hellbender does not ship: {reason}."
+                )
+                continue
+            close = difflib.get_close_matches(name, TEMPLATE_NAMES, n=1, cutoff=0.6)
+            hint = f" (did you mean `{close[0]}`?)" if close else ""
             problems.append(
-                f"{where}`chat_template: {name}` is not supported yet. Use `tokenizer_default` (the model's own "
-                "template), `chatml`, or `jinja` with the template text in `chat_template_jinja`."
+                f"{where}`chat_template: {name}` is not a chat template hellbender knows{hint}. Known names: "
+                f"{known_names_text()}. For another format use `tokenizer_default` (the model's own template) or "
+                "`jinja` with the template text in `chat_template_jinja`."
             )
     problems += plugin_problems(cfg.plugins)
     problems += _roles_to_train_problems(cfg)

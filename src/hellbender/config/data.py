@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hellbender.chat_templates import NAMED_TEMPLATES
+
 DsType = Literal["json", "jsonl", "parquet", "csv", "text", "arrow"]
 DatasetType = Literal["alpaca", "chat_template", "completion", "pretokenized", "multimodal_pretrain"]
 TrainOnEos = Literal["turn", "all", "last", "none"]
@@ -78,7 +80,9 @@ class DatasetEntry(ImageEntryKeys):
         None,
         description="`chat_template`: train the end-of-turn token on every trained turn (`turn`, default), every turn (`all`), the last turn only (`last`) or never (`none`).",
     )
-    chat_template: str | None = Field(None, description="Per-dataset chat template (same values as the top-level key).")
+    chat_template: str | None = Field(
+        None, description="Per-dataset chat template (same values as the top-level `chat_template`)."
+    )
     chat_template_jinja: str | None = Field(None, description="Per-dataset Jinja template for `chat_template: jinja`.")
     train_on_inputs: bool | None = Field(None, description="Per-dataset override of the top-level `train_on_inputs`.")
 
@@ -142,7 +146,10 @@ class DataSettings(BaseModel):
     train_on_inputs: bool = Field(False, description="Also train on prompt / user tokens.")
     chat_template: str | None = Field(
         None,
-        description="Chat template: `tokenizer_default` (default), `chatml`, or `jinja` with `chat_template_jinja`.",
+        description="Chat template: `tokenizer_default` (default: the model's own), a named template ("
+        + ", ".join(f"`{name}`" for name in NAMED_TEMPLATES)
+        + "), `tokenizer_default_fallback_<name>` (the model's own if it has one, else the named one), or `jinja` "
+        "with `chat_template_jinja`.",
     )
     chat_template_jinja: str | None = Field(
         None, description="A Jinja chat template, used with `chat_template: jinja`."

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hellbender.chat_templates import named_template_text
 from hellbender.config import DatasetEntry, HellbenderConfig
 from hellbender.data import cache
 from hellbender.data.contexts import format_context
@@ -148,6 +149,12 @@ def _cache_parts(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> dict[
         "tokenizer": cache.tokenizer_fingerprint(tokenizer),
         "processor": processor_fingerprint(processor) if processor is not None else None,
         "settings": {k: getattr(cfg, k) for k in settings},
+        # A dataset's named template is applied at formatting time, not on the tokenizer: its text keys the cache.
+        "named_templates": {
+            e.chat_template: named_template_text(e.chat_template)
+            for e in training_entries(cfg) + cfg.test_datasets
+            if e.chat_template
+        },
     }
 
 

@@ -45,6 +45,11 @@ def load_tokenizer_and_processor(cfg: HellbenderConfig) -> tuple[Any, Any | None
     from hellbender.models.processor import load_processor
 
     processor = load_processor(cfg, resolve_model_path(*_tokenizer_source(cfg)))
+    own = getattr(processor, "chat_template", None)
+    if isinstance(own, str) and not processor.tokenizer.chat_template:
+        # Vision-language repos often keep the model's template with the processor only (`chat_template.json`);
+        # the tokenizer gets it too, so `tokenizer_default_fallback_<name>` sees that the model has one.
+        processor.tokenizer.chat_template = own
     customise_tokenizer(cfg, processor.tokenizer)
     if cfg.chat_template != "tokenizer_default":
         processor.chat_template = processor.tokenizer.chat_template
