@@ -324,3 +324,15 @@ def test_added_tokens_grow_the_embeddings_to_a_multiple_of_32(tmp_path):
     train(cfg)
     rows = AutoModelForCausalLM.from_pretrained(cfg.output_dir).get_input_embeddings().weight.shape[0]
     assert rows % 32 == 0
+
+
+def test_activation_offloading_is_offloaded_checkpointing(tmp_path):
+    same_config(
+        tmp_path,
+        {"gradient_checkpointing": True, "activation_offloading": True},
+        {"gradient_checkpointing": "offload"},
+    )
+    with pytest.raises(ConfigError, match=r"`activation_offloading: disk` is not offered"):
+        validate_config(base_config(tmp_path, gradient_checkpointing=True, activation_offloading="disk"))
+    with pytest.raises(ConfigError, match=r"`gradient_checkpointing` is False: set it to true"):
+        validate_config(base_config(tmp_path, gradient_checkpointing=False, activation_offloading=True))

@@ -48,10 +48,10 @@ def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
         later += find_path_problems(cfg, prepared_path_is_default)  # after the defaults, which place the cache
         reported = _keys_named(problems)
         problems += [p for p in later if not _keys_named([p]) & reported]
+    for notice in notices + (find_notices(cfg) if cfg is not None else []):  # before the errors, which may follow
+        logger.warning(notice)  # from what a notice says (an FSDP1 config translated to FSDP2)
     if problems:
         raise ConfigError("\n\n".join(problems))
-    for notice in notices + find_notices(cfg):
-        logger.warning(notice)
     return cfg
 
 

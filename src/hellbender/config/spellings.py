@@ -25,6 +25,7 @@ def read_older_spellings(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
     for old, new in TOP_LEVEL.items():
         if old in raw:
             _move(raw, old, new, "", problems, notices)
+    _activation_offloading(raw, problems, notices)
     for list_key in ENTRY_LISTS:
         entries = raw.get(list_key)
         for i, entry in enumerate(entries if isinstance(entries, list) else []):
@@ -49,6 +50,31 @@ def read_older_spellings(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
                     f"{where}`{old}` is an older spelling; read as `message_property_mappings.{part}: {value}`."
                 )
     return problems, notices
+
+
+def _activation_offloading(raw: dict[str, Any], problems: list[str], notices: list[str]) -> None:
+    """Axolotl's `activation_offloading: true` is hellbender's `gradient_checkpointing: offload`."""
+    value = raw.get("activation_offloading")
+    if value is None or value is False:
+        raw.pop("activation_offloading", None)
+        return
+    if value is not True:
+        problems.append(
+            f"`activation_offloading: {value}` is not offered: hellbender offloads checkpointed activations to host "
+            "memory only (`activation_offloading: true`, or `gradient_checkpointing: offload`)."
+        )
+        raw.pop("activation_offloading")
+        return
+    if raw.get("gradient_checkpointing") not in (None, True, "offload"):
+        problems.append(
+            "`activation_offloading: true` offloads the activations of checkpointed layers, and "
+            f"`gradient_checkpointing` is {raw['gradient_checkpointing']!r}: set it to true (or remove one of them)."
+        )
+        raw.pop("activation_offloading")
+        return
+    raw.pop("activation_offloading")
+    raw["gradient_checkpointing"] = "offload"
+    notices.append("`activation_offloading: true` is read as `gradient_checkpointing: offload`.")
 
 
 def _move(raw: dict[str, Any], old: str, new: str, where: str, problems: list[str], notices: list[str]) -> None:
