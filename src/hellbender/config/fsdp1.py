@@ -39,6 +39,10 @@ def translate_fsdp1(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Rewrite FSDP1 keys in `raw` to FSDP2's. Returns (problems, notices)."""
     options = raw.get("fsdp")
     fsdp_config = raw.get("fsdp_config")
+    # An explicit `fsdp_version` without FSDP1's option list is not translated: version 1 is refused, and a config
+    # that says version 2 is held to FSDP2's keys.
+    if raw.get("fsdp_version") is not None and not options:
+        return [], []
     if raw.get("fsdp_version") == 1 or not (options or isinstance(fsdp_config, dict)):
         return [], []
     if not isinstance(fsdp_config, dict):
