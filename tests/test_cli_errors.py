@@ -177,8 +177,24 @@ def good_config(tmp_path: Path) -> Path:
     return make_config(tmp_path, dataset_entry(data, "chat_template") + "adapter: lora\n")
 
 
+def test_validate_ends_with_one_verdict_line(tmp_path):
+    config = good_config(tmp_path)
+    result = invoke("validate", config)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        f"# valid: {config} (LoRA of hellbender/tiny-llama, 1 dataset); `--print` shows every key as it will run"
+    ]
+
+
+def test_validate_writes_the_resolved_config_to_a_file(tmp_path):
+    config = good_config(tmp_path)
+    result = invoke("validate", config, "--output", tmp_path / "resolved.yml")
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load((tmp_path / "resolved.yml").read_text()) == load_config(config).model_dump(mode="json")
+
+
 def test_validate_prints_the_resolved_config(tmp_path):
-    result = invoke("validate", good_config(tmp_path))
+    result = invoke("validate", good_config(tmp_path), "--print")
     assert result.exit_code == 0, result.output
     assert "learning_rate: 0.0002" in result.stdout
     assert "attn_implementation: sdpa" in result.stdout
@@ -189,7 +205,7 @@ def test_validate_output_is_the_resolved_config_as_yaml(tmp_path):
     # The printed config is meant to be read (and saved) as YAML; long values must not be wrapped.
     data = write_jsonl(tmp_path / ("a_rather_long_directory_name_for_the_data" * 2) / "chat.jsonl", CHAT_ROWS)
     config = make_config(tmp_path, dataset_entry(data, "chat_template") + "adapter: lora\n")
-    result = invoke("validate", config)
+    result = invoke("validate", config, "--print")
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(result.stdout) == load_config(config).model_dump(mode="json")
 
@@ -203,7 +219,7 @@ def test_validate_does_not_load_the_model_or_data(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "load_model", refuse)
     monkeypatch.setattr(loading, "load_tokenizer", refuse)
     config = make_config(tmp_path, dataset_entry(tmp_path / "not_written_yet.jsonl", "completion"))
-    result = invoke("validate", config)
+    result = invoke("validate", config, "--print")
     assert result.exit_code == 0, f"{result.exception!r}\n{result.output}"
     assert "learning_rate" in result.stdout
     assert not (tmp_path / "prepared").exists()
@@ -266,7 +282,7 @@ def test_examples_exist():
 def test_example_config_validates(example):
     result = invoke("validate", example)
     assert result.exit_code == 0, f"{result.exception!r}\n{result.output}"
-    assert "base_model:" in result.stdout
+    assert result.stdout.startswith(f"# valid: {example} (")
 
 
 # ---------------------------------------------------------------- a real process

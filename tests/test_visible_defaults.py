@@ -124,7 +124,7 @@ def test_machine_dependent_defaults_are_decided_by_the_machine(tmp_path):
 def test_validate_says_what_the_machine_decides(tmp_path):
     config = tmp_path / "c.yml"
     config.write_text(yaml.safe_dump(base_config(tmp_path, bf16="auto")))
-    result = CliRunner().invoke(app, ["validate", str(config)])
+    result = CliRunner().invoke(app, ["validate", str(config), "--print"])
     assert result.exit_code == 0, result.output
     lines = {line.partition(":")[0]: line for line in result.output.splitlines()}
     assert lines["bf16"] == "bf16: auto  # on this machine (no CUDA GPU): fp32"

@@ -28,6 +28,25 @@ err_console = Console(stderr=True)
 
 # Not checked by click: `read_yaml` says what is wrong with the path in the one error format of the CLI.
 ConfigArg = Annotated[Path, typer.Argument(help="YAML config file.")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from hellbender import __version__
+
+        console.print(f"hellbender {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Fine-tune and continue pretraining of language models from one YAML config."""
+
+
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -111,7 +130,10 @@ def train(
         metrics = run_training(cfg)
         if metrics.get("exit_code"):  # stopped by a signal or the loss watchdog, after saving a checkpoint
             raise typer.Exit(metrics["exit_code"])
-        console.print(f"[green]done[/]: saved to {cfg.output_dir}")
+        from hellbender.train.report import REPORT_DIR, SUMMARY_NAME
+
+        report = Path(cfg.output_dir) / REPORT_DIR / SUMMARY_NAME
+        console.print(f"[green]done[/]: the model is in {cfg.output_dir}; the run report is {report}", soft_wrap=True)
         console.print(json.dumps({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, indent=1))
 
     _run(debug, action)
@@ -323,12 +345,35 @@ def evaluate(
 
 
 @app.command()
-def validate(config: ConfigArg, set_: SetOpt = None, debug: DebugOpt = False) -> None:
-    """Check a config without loading the model or data; print the resolved config."""
+def validate(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    debug: DebugOpt = False,
+    print_: Annotated[
+        bool, typer.Option("--print", help="Print the resolved config (every key, as it will run) as YAML.")
+    ] = False,
+    output: Annotated[Path | None, typer.Option("--output", help="Write the resolved config to this file.")] = None,
+) -> None:
+    """Check a config without loading the model or data; end with one verdict line."""
     from hellbender.config import dump_config, load_config
     from hellbender.config.machine import this_machine
 
-    _run(debug, lambda: sys.stdout.write(dump_config(load_config(config, set_), this_machine())))
+    def action() -> None:
+        cfg = load_config(config, set_)
+        resolved = dump_config(cfg, this_machine())
+        if output is not None:
+            output.write_text(resolved)
+        if print_:
+            sys.stdout.write(resolved)
+        method = {"lora": "LoRA", "qlora": "QLoRA", None: "full fine-tuning"}[cfg.adapter]
+        data = len(cfg.datasets) + len(cfg.pretraining_dataset)
+        more = "" if print_ or output else "; `--print` shows every key as it will run"
+        # A YAML comment, so `--print`'s output still reads as YAML.
+        sys.stdout.write(
+            f"# valid: {config} ({method} of {cfg.base_model}, {data} dataset{'s' if data != 1 else ''}){more}\n"
+        )
+
+    _run(debug, action)
 
 
 @app.command()

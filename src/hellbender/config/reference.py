@@ -72,7 +72,7 @@ def config_markdown() -> str:
         "Generated from the schema by `hellbender schema --markdown`; a test keeps this page current.",
         "Key names follow Axolotl's. A key Axolotl defines that hellbender does not implement yet is refused",
         "by name (unless it is set to false or null); any other unknown key is an error with a suggestion.",
-        'Defaults marked "decided at validation" depend on other keys; `hellbender validate` prints the value. Where a',
+        'Defaults marked "decided at validation" depend on other keys; `hellbender validate --print` prints the value. Where a',
         "key may stay null, the table says what null means for it.",
         "",
     ]
