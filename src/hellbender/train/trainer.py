@@ -9,12 +9,14 @@ from typing import Any
 import torch
 from transformers import Trainer
 from transformers.loss.loss_utils import ForCausalLMLoss
+from transformers.trainer_callback import ProgressCallback
 
 from hellbender.data.collator import REAL_TOKENS_KEY
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.models.activation_checkpointing import side_channel_of
 from hellbender.storage import FINAL_MANIFEST, move_files_into, write_manifest
+from hellbender.train.console import StepLines
 from hellbender.train.tokens import StreamPosition, TokenCounter
 
 FINAL_STAGING = ".final-model-staging"
@@ -41,6 +43,8 @@ class HellbenderTrainer(Trainer):
             # forwards take it for every family, including those whose stock forward declares they do not.
             self.model_accepts_loss_kwargs = True
         self._rng_checkpoint: str | None = None
+        if self.pop_callback(ProgressCallback) is not None:  # present unless the progress bar is disabled
+            self.add_callback(StepLines)
 
     def _callback(self, cls: type) -> Any:
         # Looked up each time: on resume the Trainer replaces callbacks with restored copies.

@@ -1,0 +1,31 @@
+"""What training prints: the progress bar, and one readable line per logged step (numbers, not quoted strings)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers.trainer_callback import ProgressCallback
+
+# Logged values that say nothing to a reader of the console (they stay in trainer_state.json and the report).
+HIDDEN = ("total_flos",)
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.3e}" if value != 0 and abs(value) < 1e-3 else f"{value:,.4g}"
+
+
+def step_line(logs: dict[str, Any], step: int, max_steps: int) -> str:
+    values = "  ".join(f"{key} {format_value(value)}" for key, value in logs.items() if key not in HIDDEN)
+    return f"step {step}/{max_steps}  {values}"
+
+
+class StepLines(ProgressCallback):
+    """The Trainer's progress bar, with each log written as one line of `key value` pairs."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if state.is_world_process_zero and self.training_bar is not None and logs:
+            self.training_bar.write(step_line(logs, state.global_step, state.max_steps))

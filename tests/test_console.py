@@ -1,0 +1,32 @@
+"""Training prints one readable line per logged step: numbers as numbers, no quoted strings, no FLOP counts."""
+
+from __future__ import annotations
+
+from hellbender.train.console import step_line
+
+
+def test_a_logged_step_is_one_line_of_numbers():
+    logs = {
+        "loss": 5.8859965,
+        "grad_norm": 2.26,
+        "learning_rate": 0.00019,
+        "tokens_per_second": 2492.4,
+        "input_tokens": 1002,
+        "epoch": 0.83,
+        "total_flos": 1.4e11,
+    }
+    assert step_line(logs, 10, 144) == (
+        "step 10/144  loss 5.886  grad_norm 2.26  learning_rate 1.900e-04  tokens_per_second 2,492  "
+        "input_tokens 1,002  epoch 0.83"
+    )
+
+
+def test_a_training_run_prints_step_lines(tmp_path, capsys):
+    from hellbender.config import validate_config
+    from hellbender.train.run import train
+    from tests.helpers import base_config
+
+    train(validate_config(base_config(tmp_path, max_steps=2)))
+    printed = capsys.readouterr()
+    text = printed.out + printed.err
+    assert "step 1/2  loss " in text and "'loss'" not in text
