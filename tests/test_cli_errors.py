@@ -252,16 +252,23 @@ def test_examples_copies_config_and_data(tmp_path):
     assert result.exit_code == 0, result.output
     copied = yaml.safe_load((dest / "quickstart.yml").read_text())
     original = yaml.safe_load((EXAMPLES / "quickstart.yml").read_text())
-    # Only the data paths change: they point at the copied data, so the copy trains from any directory.
-    assert copied["datasets"][0].pop("path") == f"{dest.as_posix()}/data/chat.jsonl"
+    # Only the data paths change: they start from the copy's directory, where the user runs it.
+    assert copied["datasets"][0].pop("path") == "data/chat.jsonl"
     original["datasets"][0].pop("path")
     assert copied == original
-    source = EXAMPLES / "data"
-    bundled = sorted(str(p.relative_to(source)) for p in source.rglob("*") if p.is_file())
+    assert f"cd {dest} && hellbender train quickstart.yml" in result.stdout
     copied = sorted(str(p.relative_to(dest / "data")) for p in (dest / "data").rglob("*") if p.is_file())
-    assert bundled and copied == bundled
-    for name in bundled:
-        assert (dest / "data" / name).read_bytes() == (source / name).read_bytes()
+    assert copied == ["chat.jsonl"]  # only what the example uses
+    assert (dest / "data" / "chat.jsonl").read_bytes() == (EXAMPLES / "data" / "chat.jsonl").read_bytes()
+
+
+def test_a_copied_vlm_example_brings_the_images_its_rows_name(tmp_path, monkeypatch):
+    dest = tmp_path / "vlm"
+    assert invoke("examples", "tiny-vlm-shapes", "--dest", dest).exit_code == 0
+    images = sorted(p.name for p in (dest / "data" / "shapes").iterdir())
+    assert images == sorted(p.name for p in (EXAMPLES / "data" / "shapes").iterdir())
+    monkeypatch.chdir(dest)
+    assert invoke("validate", "tiny-vlm-shapes.yml").exit_code == 0
 
 
 def test_examples_unknown_name(tmp_path):

@@ -406,14 +406,36 @@ def examples(
         err_console.print(f"[bold red]error:[/] no example `{name}`; choose one of: {', '.join(configs)}")
         raise typer.Exit(2)
     dest.mkdir(parents=True, exist_ok=True)
-    # Data paths in the examples are relative to the directory above `examples/`; point them at the copy.
-    text = (root / file_name).read_text().replace("examples/data/", f"{dest.as_posix()}/data/")
-    (dest / file_name).write_text(text)
-    data_dest = dest / "data"
-    if not data_dest.exists():
-        with resources.as_file(root / "data") as data_src:
-            shutil.copytree(data_src, data_dest)
-    console.print(f"copied {file_name} to {dest}")
+    # Data paths in the examples start from the directory above `examples/`; in the copy they start from `dest`.
+    text = (root / file_name).read_text()
+    (dest / file_name).write_text(text.replace("examples/data/", "data/"))
+    with resources.as_file(root / "data") as data_src:
+        for used in _example_data(text, data_src):
+            target = dest / "data" / used.relative_to(data_src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if used.is_dir():
+                shutil.copytree(used, target, dirs_exist_ok=True)
+            else:
+                shutil.copyfile(used, target)
+    console.print(
+        f"copied {file_name} and its data to {dest}: run `cd {dest} && hellbender train {file_name}`",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _example_data(config_text: str, data_src: Path) -> list[Path]:
+    """The bundled data files an example config names, and the image folders their rows point into."""
+    import re
+
+    files = sorted({data_src / name for name in re.findall(r"examples/data/([\w./-]+)", config_text)})
+    folders = {
+        data_src / folder
+        for file in files
+        if file.is_file()
+        for folder in re.findall(r'"([\w-]+)/[\w.-]+\.(?:png|jpe?g)"', file.read_text())
+    }
+    return files + sorted(folder for folder in folders if folder.is_dir())
 
 
 def main() -> None:
