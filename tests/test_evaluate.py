@@ -39,6 +39,7 @@ def test_evaluate_writes_finite_metrics_equal_to_the_trainers_eval_loss(request,
     assert written["perplexity"] == pytest.approx(math.exp(written["loss"]))
     assert 0 <= written["token_accuracy"] <= 1 and written["tokens"] > 0
     assert written["rows"] == run.raw["val_set_size"] and written["adapter"] is True
+    assert written["eval_rows_also_trained"] is False  # val_set_size holds its rows out of training
     # The held-out rows fit one evaluation batch, so the Trainer's mean is per token too.
     final_step = run.raw["max_steps"]
     assert written["step"] == final_step
@@ -113,3 +114,17 @@ def test_a_checkpoint_that_is_not_one_is_refused(trained_text_lora, tmp_path, ki
     result = invoke("evaluate", run.config, "--checkpoint", checkpoint, "--output", tmp_path / "m.json")
     assert_user_error(result, "--checkpoint", "is not a complete checkpoint", *needles)
     assert not (tmp_path / "m.json").exists()
+
+
+def test_evaluating_on_the_training_rows_is_said(tmp_path, caplog):
+    from hellbender.config import validate_config
+    from hellbender.use.evaluate import trained_on_eval_data
+    from tests.helpers import base_config
+
+    cfg = validate_config(base_config(tmp_path))
+    same = validate_config(
+        base_config(tmp_path, test_datasets=[dict(cfg.datasets[0].model_dump(), type="chat_template")])
+    )
+    assert trained_on_eval_data(same) == [cfg.datasets[0].path]
+    other_split = dict(cfg.datasets[0].model_dump(), split="test")
+    assert trained_on_eval_data(validate_config(base_config(tmp_path, test_datasets=[other_split]))) == []

@@ -23,6 +23,16 @@ logger = logging.getLogger("hellbender")
 RESULTS_NAME = "eval_results.json"
 
 
+def trained_on_eval_data(cfg: HellbenderConfig) -> list[str]:
+    """The paths of `test_datasets` entries that `datasets` trains on too (the same rows: path, name, split, files)."""
+
+    def rows(entry: Any) -> tuple:
+        return (entry.path, entry.name, entry.split, str(entry.data_files))
+
+    trained = {rows(entry) for entry in cfg.datasets}
+    return [entry.path for entry in cfg.test_datasets if rows(entry) in trained]
+
+
 def token_metrics(model: Any, rows: Any, collator: Any, batch_size: int) -> dict[str, float | int]:
     """Summed over every trained token of `rows`: mean loss, perplexity, token accuracy, and the token count."""
     import torch
@@ -80,12 +90,20 @@ def evaluate(
             "No evaluation rows were prepared: `val_set_size` splits the prepared `datasets`, and this config's "
             "training rows are not prepared (streamed or used as they are). Set `test_datasets` instead."
         )
+    also_trained = trained_on_eval_data(cfg)
+    if also_trained:
+        logger.warning(
+            "The evaluation rows were also training rows (%s in both `datasets` and `test_datasets`): the scores say "
+            "how well the model fits its training data, not how it does on unseen rows.",
+            ", ".join(f"`{path}`" for path in also_trained),
+        )
     model = load_trained(cfg, trained, tokenizer)
     metrics = token_metrics(model, prepared.eval, build_collator(cfg, tokenizer, processor), cfg.eval_batch_size)
     results = {
         **metrics,
         "rows": len(prepared.eval),
         "eval_data": "test_datasets" if cfg.test_datasets else f"val_set_size: {cfg.val_set_size:g} of datasets",
+        "eval_rows_also_trained": bool(also_trained),
         "model": str(trained.path),
         "adapter": trained.is_adapter,
         "step": trained.step,
