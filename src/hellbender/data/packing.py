@@ -12,6 +12,7 @@ import bisect
 from collections.abc import Sequence
 
 from hellbender.data.formats.base import IGNORE_INDEX
+from hellbender.data.progress import quiet_progress
 
 
 def pack_lengths(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -65,7 +66,8 @@ def pack_dataset(ds, capacity: int, num_proc: int | None = None):
         return out
 
     index = datasets.Dataset.from_dict({"rows": bins})
-    return index.map(gather, batched=True, remove_columns=["rows"], num_proc=num_proc, desc="Packing")
+    with quiet_progress():
+        return index.map(gather, batched=True, remove_columns=["rows"], num_proc=num_proc, desc="Packing")
 
 
 def pack_stream(documents, capacity: int):

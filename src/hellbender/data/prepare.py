@@ -17,6 +17,7 @@ from hellbender.config import DatasetEntry, HellbenderConfig
 from hellbender.data import cache
 from hellbender.data.contexts import format_context
 from hellbender.data.packing import pack_dataset
+from hellbender.data.progress import quiet_progress
 from hellbender.data.sources import first_non_utf8_line, is_url, load_rows, local_data_files, looks_local
 from hellbender.data.tokenize import TokenizeStats, tokenize_dataset
 from hellbender.data.vision_tokens import processor_fingerprint
@@ -170,7 +171,8 @@ def _build(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> tuple[Any |
                 f"{_drop_hints(train_stats)}"
             )
         if cfg.shuffle_merged_datasets:
-            train = train.shuffle(seed=cfg.seed).flatten_indices()
+            with quiet_progress():
+                train = train.shuffle(seed=cfg.seed).flatten_indices()
     eval_ds = eval_stats = None
     if cfg.test_datasets:
         names = [f"test_datasets[{i}]" for i in range(len(cfg.test_datasets))]
@@ -238,7 +240,8 @@ def prepare_datasets(cfg: HellbenderConfig, tokenizer: Any, processor: Any = Non
             train, eval_ds, stats = _build(cfg, tokenizer, processor)
             for name, part in (("train", train), ("eval", eval_ds)):
                 if part is not None:
-                    part.save_to_disk(str(staging / name))
+                    with quiet_progress():
+                        part.save_to_disk(str(staging / name))
             return {"stats": stats}
 
         found = cache.write_entry(root, key, write)

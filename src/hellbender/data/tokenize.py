@@ -8,6 +8,7 @@ from typing import Any
 
 from hellbender.data.formats import EXTRA_COLUMNS, FORMATTERS, FormatContext, RowDropped, RowError
 from hellbender.data.formats.base import IGNORE_INDEX
+from hellbender.data.progress import quiet_progress
 from hellbender.errors import DataError
 
 DROP_TOO_LONG = "longer than sequence_len"
@@ -131,7 +132,8 @@ def tokenize_dataset(ds, fmt: str, ctx: FormatContext, max_len: int, strategy: s
     )
     reasons = encoded["drop_reason"]
     stats = TokenizeStats(rows_in=len(encoded), dropped=Counter(r for r in reasons if r))
-    kept = encoded.filter(lambda r: not r, input_columns="drop_reason", num_proc=num_proc)
+    with quiet_progress():
+        kept = encoded.filter(lambda r: not r, input_columns="drop_reason", num_proc=num_proc)
     stats.rows_kept = len(kept)
     stats.tokens = sum(kept["length"])
     stats.trainable_tokens = sum(kept["trainable"])
