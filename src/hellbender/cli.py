@@ -438,5 +438,14 @@ def _example_data(config_text: str, data_src: Path) -> list[Path]:
     return files + sorted(folder for folder in folders if folder.is_dir())
 
 
+# Library warnings a user can do nothing about, printed on every run otherwise: PEFT (0.21) reads transformers'
+# deprecated `is_gradient_checkpointing` property when it wraps a model.
+QUIET_WARNINGS = (r"`is_gradient_checkpointing` is deprecated",)
+
+
 def main() -> None:
+    import warnings
+
+    for message in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
     app()
