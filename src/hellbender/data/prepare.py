@@ -240,8 +240,7 @@ def prepare_datasets(cfg: HellbenderConfig, tokenizer: Any, processor: Any = Non
             train, eval_ds, stats = _build(cfg, tokenizer, processor)
             for name, part in (("train", train), ("eval", eval_ds)):
                 if part is not None:
-                    with quiet_progress():
-                        part.save_to_disk(str(staging / name))
+                    part.save_to_disk(str(staging / name))  # its bar stays: saving large data takes a while
             return {"stats": stats}
 
         found = cache.write_entry(root, key, write)

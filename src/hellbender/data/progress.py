@@ -1,5 +1,5 @@
-"""Progress bars for the steps a user waits on (tokenizing), none for `datasets`' quick bookkeeping steps (filtering
-dropped rows, flattening indices, packing, saving), which otherwise print a bar each in well under a second."""
+"""Progress bars for the steps a user waits on (tokenizing, saving), none for `datasets`' quick bookkeeping steps
+(filtering dropped rows, flattening indices, packing), which otherwise print a bar each in well under a second."""
 
 from __future__ import annotations
 
