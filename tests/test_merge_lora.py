@@ -117,13 +117,20 @@ def test_merge_a_checkpoint_into_a_chosen_directory_and_merge_again(trained_text
     assert not list(target.parent.glob(".merged-10*"))  # no staging or replaced copy left behind
 
 
-def test_a_qlora_base_is_merged_unquantized_in_bfloat16_and_says_so(trained_text_lora, tmp_path, caplog):
+@pytest.mark.parametrize(
+    ("override", "said", "bits"),
+    [("adapter=qlora", "trained in 4-bit (QLoRA)", 4), ("load_in_8bit=true", "trained in 8-bit", 8)],
+)
+def test_a_quantized_base_is_merged_unquantized_in_bfloat16_and_says_so(
+    trained_text_lora, tmp_path, caplog, override, said, bits
+):
     run = trained_text_lora
-    target = tmp_path / "merged-qlora"
-    assert merge(run, "--set", "adapter=qlora", "--output", target) == target  # on CPU too: nothing is quantized
-    assert "trained in 4-bit (QLoRA)" in caplog.text and "loaded unquantized in bfloat16" in caplog.text
+    target = tmp_path / f"merged-{bits}bit"
+    assert merge(run, "--set", override, "--output", target) == target  # on CPU too: nothing is quantized
+    assert said in caplog.text and "loaded unquantized in bfloat16" in caplog.text
     assert set(saved_parameter_names(target).values()) == {"BF16"}
-    assert json.loads((target / MERGE_INFO).read_text())["dequantized_from_4bit"] is True
+    info = json.loads((target / MERGE_INFO).read_text())
+    assert (info["dequantized_from_4bit"], info["dequantized_from_8bit"]) == (bits == 4, bits == 8)
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -182,13 +189,3 @@ def test_merge_of_a_full_fine_tune_checkpoint_is_refused(trained_text_lora, tmp_
     write_manifest(whole)
     result = invoke("merge-lora", trained_text_lora.config, "--adapter", whole, "--output", tmp_path / "m")
     assert_user_error(result, "holds a whole model", "not a LoRA adapter")
-
-
-def test_an_8bit_base_is_merged_unquantized_in_bfloat16_and_says_so(trained_text_lora, tmp_path, caplog):
-    run = trained_text_lora
-    target = tmp_path / "merged-8bit"
-    assert merge(run, "--set", "load_in_8bit=true", "--output", target) == target  # on CPU too: nothing is quantized
-    assert "trained in 8-bit" in caplog.text and "loaded unquantized in bfloat16" in caplog.text
-    assert set(saved_parameter_names(target).values()) == {"BF16"}
-    info = json.loads((target / MERGE_INFO).read_text())
-    assert info["dequantized_from_8bit"] is True and info["dequantized_from_4bit"] is False
