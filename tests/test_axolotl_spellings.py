@@ -34,7 +34,7 @@ def test_non_reentrant_checkpointing_kwargs_are_what_hellbender_does(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"use_reentrant": True}, "`gradient_checkpointing_kwargs.use_reentrant` must be false"),
+        ({"use_reentrant": True}, "`gradient_checkpointing_kwargs.use_reentrant: true` is not offered"),
         ({"use_reentrant": False, "preserve_rng_state": False}, "`preserve_rng_state` cannot be passed on"),
     ],
 )
@@ -112,7 +112,7 @@ def test_cut_cross_entropy_turned_off_keeps_the_plain_loss(tmp_path):
     ("plugin", "message"),
     [
         ("axolotl.integrations.swanlab.SwanLabPlugin", "SwanLab logging is not offered; use `report_to: tensorboard`"),
-        ("axolotl.integrations.kernels.KernelsPlugin", "kernels from the Hugging Face kernels hub are not offered"),
+        ("axolotl.integrations.kernels.KernelsPlugin", "its expert kernels belong to mixture-of-experts training"),
         ("my_company.plugins.Custom", "hellbender has no plugins; it does natively what"),
     ],
 )
@@ -209,6 +209,26 @@ def test_an_fsdp1_config_is_translated_to_the_fsdp2_settings_it_means(tmp_path, 
     ) in caplog.text
 
 
+@pytest.mark.parametrize(
+    "axolotl_spelling",
+    [
+        # `fsdp_version: 2` with FSDP1's sharding strategy left in `fsdp_config`, as many Axolotl configs have
+        {"fsdp_version": 2, "fsdp_config": {**FSDP2_SPELLING["fsdp_config"], "sharding_strategy": "FULL_SHARD"}},
+        # `fsdp_version` written inside `fsdp_config`, with the prefixed spellings
+        {"fsdp_config": {"fsdp_version": 2, **{f"fsdp_{k}": v for k, v in FSDP2_SPELLING["fsdp_config"].items()}}},
+    ],
+    ids=["sharding_strategy_under_version_2", "version_inside_fsdp_config"],
+)
+def test_an_fsdp2_config_with_fsdp1_leftovers_means_the_same(tmp_path, axolotl_spelling):
+    lora = {"adapter": "lora", "lora_target_linear": True}
+    same_config(tmp_path, {**axolotl_spelling, **lora}, {**FSDP2_SPELLING, **lora})
+
+
+def test_fsdp_version_inside_and_outside_fsdp_config_must_agree(tmp_path):
+    with pytest.raises(ConfigError, match="`fsdp_config.fsdp_version: 1` and `fsdp_version: 2` differ"):
+        validate_config(base_config(tmp_path, fsdp_version=2, fsdp_config={"fsdp_version": 1}))
+
+
 def test_shard_grad_op_keeps_the_gathered_weights_after_forward(tmp_path):
     cfg = validate_config(base_config(tmp_path, fsdp="shard_grad_op auto_wrap offload"))
     assert cfg.fsdp_version == 2 and cfg.fsdp is None
@@ -294,13 +314,93 @@ def test_unfrozen_parameters_train_only_what_they_match(tmp_path):
     assert {"lm_head.weight", "model.layers.1.mlp.down_proj.weight"} <= changed
 
 
-def test_unfrozen_parameters_that_match_nothing_or_go_with_an_adapter_are_refused(tmp_path):
+def test_unfrozen_parameters_that_match_nothing_are_refused(tmp_path):
     from hellbender.train.run import train
 
-    with pytest.raises(ConfigError, match=r"`unfrozen_parameters` chooses what full fine-tuning trains"):
-        validate_config(base_config(tmp_path, adapter="lora", unfrozen_parameters=["^lm_head"]))
     with pytest.raises(ConfigError, match=r"`unfrozen_parameters`: `\^transformer\.h` match no parameter"):
         train(validate_config(base_config(tmp_path, max_steps=1, unfrozen_parameters=["^transformer.h"])))
+
+
+def tiny_model_for(cfg):
+    from hellbender.models.loading import load_model, load_tokenizer
+
+    return load_model(cfg, load_tokenizer(cfg))
+
+
+@pytest.mark.parametrize("targets", [{"lora_target_linear": True}, {"lora_target_modules": ["q_proj", "down_proj"]}])
+def test_with_an_adapter_unfrozen_parameters_choose_the_adapted_layers(tmp_path, targets):
+    from hellbender.models.adapters import apply_adapter
+
+    cfg = validate_config(
+        base_config(tmp_path, adapter="lora", unfrozen_parameters=[r"^model\.layers\.1\."], **targets)
+    )
+    model = apply_adapter(cfg, tiny_model_for(cfg))
+    trained = {name for name, param in model.named_parameters() if param.requires_grad}
+    assert trained and all(".layers.1." in name and ".lora_" in name for name in trained), trained
+    wanted = {"q_proj", "down_proj"} if "lora_target_modules" in targets else {"q_proj", "o_proj", "gate_proj"}
+    assert wanted <= {name.split(".lora_")[0].rsplit(".", 1)[-1] for name in trained}
+
+
+def test_with_an_adapter_unfrozen_parameters_matching_no_adapted_layer_are_refused(tmp_path):
+    from hellbender.models.adapters import apply_adapter
+
+    cfg = validate_config(
+        base_config(tmp_path, adapter="lora", lora_target_linear=True, unfrozen_parameters=[r"^model\.language_model"])
+    )
+    with pytest.raises(ConfigError, match=r"`unfrozen_parameters` matches none of the layers LoRA adapts"):
+        apply_adapter(cfg, tiny_model_for(cfg))
+
+
+def test_rank_stabilised_lora_scales_by_the_square_root_of_the_rank(tmp_path):
+    from hellbender.models.adapters import apply_adapter
+
+    cfg = validate_config(base_config(tmp_path, adapter="lora", lora_r=16, lora_alpha=8, peft_use_rslora=True))
+    model = apply_adapter(cfg, tiny_model_for(cfg))
+    from peft.tuners.lora import LoraLayer
+
+    scalings = {m.scaling["default"] for m in model.modules() if isinstance(m, LoraLayer)}
+    assert scalings == {8 / 16**0.5}
+
+
+def test_model_config_overrides_reach_the_loaded_model(tmp_path):
+    cfg = validate_config(base_config(tmp_path, model_config={"rms_norm_eps": 1e-3}))  # Axolotl's older spelling
+    assert cfg.overrides_of_model_config == {"rms_norm_eps": 1e-3}
+    assert tiny_model_for(cfg).config.rms_norm_eps == 1e-3
+    with pytest.raises(ConfigError, match=r"`overrides_of_model_config.rms_norm_epsilon`: the model's config"):
+        tiny_model_for(validate_config(base_config(tmp_path, overrides_of_model_config={"rms_norm_epsilon": 1e-3})))
+
+
+def test_experts_implementation_chooses_how_the_experts_compute_the_same_outputs(tmp_path):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from hellbender.models.tiny import tiny_model_dir
+
+    torch.manual_seed(0)
+    moe = MixtralConfig(
+        vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+    MixtralForCausalLM(moe).save_pretrained(tmp_path / "moe")
+    tokens = torch.arange(3, 40).unsqueeze(0)
+    logits = {}
+    for name in ("eager", "grouped_mm", "batched_mm"):
+        keys = dict(base_model=str(tmp_path / "moe"), tokenizer_config=str(tiny_model_dir("hellbender/tiny-llama")))
+        model = tiny_model_for(validate_config(base_config(tmp_path, experts_implementation=name, **keys)))
+        assert model.config._experts_implementation == name
+        logits[name] = model(tokens).logits
+    torch.testing.assert_close(logits["grouped_mm"], logits["eager"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(logits["batched_mm"], logits["eager"], rtol=1e-4, atol=1e-5)
+
+
+def test_experts_implementation_is_checked_against_the_installed_transformers_and_the_model(tmp_path):
+    dense = validate_config(base_config(tmp_path, experts_implementation="grouped_mm"))
+    with pytest.raises(ConfigError, match=r"`experts_implementation: grouped_mm` cannot be used with this model"):
+        tiny_model_for(dense)
+    with pytest.raises(
+        ConfigError,
+        match=r"`experts_implementation`.*`grouped_mm`.*`scattermoe`, \.\.\.\) belong to mixture-of-experts",
+    ):
+        validate_config(base_config(tmp_path, experts_implementation="scattermoe"))
 
 
 def test_new_tokens_with_lora_must_train_the_embeddings(tmp_path):
@@ -336,3 +436,73 @@ def test_activation_offloading_is_offloaded_checkpointing(tmp_path):
         validate_config(base_config(tmp_path, gradient_checkpointing=True, activation_offloading="disk"))
     with pytest.raises(ConfigError, match=r"`gradient_checkpointing` is False: set it to true"):
         validate_config(base_config(tmp_path, gradient_checkpointing=False, activation_offloading=True))
+
+
+@pytest.mark.parametrize(
+    ("axolotl", "hellbender"),
+    [
+        ({"save_strategy": "epoch"}, {"saves_per_epoch": 1}),
+        ({"save_strategy": "steps", "save_steps": 3}, {"save_steps": 3}),
+        ({"eval_strategy": "epoch", "val_set_size": 0.25}, {"evals_per_epoch": 1, "val_set_size": 0.25}),
+        ({"evaluation_strategy": False}, {}),  # a bare `no` in YAML, without evaluation data
+        ({"evals_per_epoch": 0, "saves_per_epoch": 0}, {}),
+        ({"bfloat16": True, "bf16": None}, {"bf16": True}),
+        ({"float16": True, "bf16": False}, {"fp16": True, "bf16": False}),
+        ({"bfloat16": False}, {}),
+        ({"use_tensorboard": True}, {"report_to": ["tensorboard"], "use_tensorboard": True}),
+        ({"low_cpu_mem_usage": True, "experimental_skip_move_to_device": True}, {}),
+    ],
+    ids=str,
+)
+def test_axolotl_schedule_precision_and_loader_keys_mean_what_they_say(tmp_path, axolotl, hellbender):
+    ignore = ("low_cpu_mem_usage", "experimental_skip_move_to_device") if "low_cpu_mem_usage" in axolotl else ()
+    same_config(tmp_path, axolotl, hellbender, ignore=ignore)
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"save_strategy": "steps"}, r"`save_strategy: steps` needs `save_steps`"),
+        ({"save_strategy": False}, r"`save_strategy: no` is not offered: hellbender always writes checkpoints"),
+        ({"save_strategy": "best"}, r"`save_strategy: best` is not offered"),
+        ({"eval_strategy": "epoch", "eval_steps": 2}, r"`eval_strategy: epoch` and `eval_steps`"),
+        ({"eval_strategy": "no", "val_set_size": 0.25}, r"`eval_strategy: no` asks for no evaluation"),
+        ({"bfloat16": True, "bf16": False}, r"`bfloat16: true` and `bf16: false` are the same key"),
+    ],
+)
+def test_axolotl_schedule_and_precision_keys_that_contradict_are_refused(tmp_path, keys, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(base_config(tmp_path, **keys))
+
+
+def test_sharegpt_entries_are_chat_template_entries_reading_sharegpt_keys(tmp_path):
+    from tests.conftest import write_jsonl
+
+    rows = [{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}]
+    path = str(write_jsonl(tmp_path / "sharegpt.jsonl", rows))
+    same_config(
+        tmp_path,
+        {"datasets": [{"path": path, "type": "sharegpt", "conversation": "chatml"}]},
+        {
+            "datasets": [
+                {
+                    "path": path,
+                    "type": "chat_template",
+                    "chat_template": "chatml",
+                    "field_messages": "conversations",
+                    "message_property_mappings": {"role": "from", "content": "value"},
+                    "roles": {"user": ["human"], "assistant": ["gpt"], "system": ["system"]},
+                }
+            ]
+        },
+    )
+    with pytest.raises(ConfigError, match=r"`conversation: vicuna_v1.1` \(of `type: sharegpt`\) is not a chat"):
+        validate_config(
+            base_config(tmp_path, datasets=[{"path": path, "type": "sharegpt", "conversation": "vicuna_v1.1"}])
+        )
+
+
+def test_base_model_config_naming_the_base_model_is_where_the_config_is_read_from(tmp_path):
+    same_config(tmp_path, {"base_model_config": "hellbender/tiny-llama"}, {})
+    with pytest.raises(ConfigError, match=r"`base_model_config: other/model` reads the model's config from elsewhere"):
+        validate_config(base_config(tmp_path, base_model_config="other/model"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -70,11 +71,30 @@ def test_every_unknown_key_is_reported_at_once():
     assert "Did you mean `micro_batch_size`" in message
 
 
-@pytest.mark.parametrize(("key", "value"), [("neftune_noise_alpha", 5), ("lora_model_dir", "x"), ("relora", True)])
-def test_axolotl_key_not_implemented_is_refused_by_name(key, value):
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("neftune_noise_alpha", 5, " is not supported yet: hellbender does not implement it"),
+        ("rl", "dpo", " is not supported yet: it belongs to preference tuning"),
+        ("lisa_step_interval", 20, ": LISA (training a random subset of layers at a time) is not offered"),
+        (
+            "relora",
+            True,
+            ": ReLoRA (merging the adapter into the base and restarting it during training) is not offered",
+        ),
+    ],
+)
+def test_axolotl_key_not_implemented_is_refused_by_name_with_why(key, value, why):
     message = config_error(cfg_dict(**{key: value}))
-    assert f"`{key}` is not supported yet" in message
+    assert f"`{key}`{why}" in message
     assert "is not a config key" not in message
+
+
+def test_keys_that_steer_only_axolotls_own_tooling_change_nothing(caplog):
+    with caplog.at_level(logging.WARNING, logger="hellbender"):
+        cfg = validate_config(cfg_dict(gradio_server_port=7860, use_otel_metrics=True, strict=False))
+    assert "`gradio_server_port` steers Axolotl's Gradio chat UI; it changes nothing here." in caplog.text
+    assert validate_config(cfg_dict()).model_dump() == cfg.model_dump()
 
 
 @pytest.mark.parametrize("value", [False, None, "", [], {}])

@@ -25,10 +25,15 @@ class AdapterSettings(BaseModel):
         default_factory=list, description="Modules trained in full and saved beside the adapter (e.g. `embed_tokens`)."
     )
     peft_use_dora: bool = Field(False, description="Use DoRA (weight-decomposed LoRA).")
+    peft_use_rslora: bool = Field(
+        False, description="Rank-stabilised LoRA: scale the update by alpha / sqrt(r) instead of alpha / r."
+    )
     unfrozen_parameters: list[str] = Field(
         default_factory=list,
         description="Full fine-tuning: train only the parameters whose names match one of these regular expressions "
-        "(matched from the start of the name, e.g. `^lm_head.weight$`, `model.layers.1[0-9].mlp`); the rest are frozen.",
+        "(matched from the start of the name, e.g. `^lm_head.weight$`, `model.layers.1[0-9].mlp`); the rest are frozen. "
+        "With an adapter: only the adapted layers whose weights match get adapter matrices (base weights stay "
+        "frozen; `lora_modules_to_save` trains modules in full).",
     )
 
     @field_validator("unfrozen_parameters")

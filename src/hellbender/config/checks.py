@@ -56,11 +56,6 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
             f"{', '.join(f'`{k}`' for k in lora_keys)} set but `adapter` is not: add `adapter: lora` (or `qlora`), "
             "or remove these keys for full fine-tuning."
         )
-    if cfg.unfrozen_parameters and cfg.adapter is not None:
-        problems.append(
-            "`unfrozen_parameters` chooses what full fine-tuning trains, and `adapter` is set: an adapter trains its own "
-            "matrices (and `lora_modules_to_save` in full). Remove one of them."
-        )
     if cfg.load_in_8bit and (cfg.adapter != "lora" or cfg.load_in_4bit):
         problems.append(
             "`load_in_8bit: true` needs `adapter: lora` (an 8-bit base is trained through an adapter), and not "
@@ -264,8 +259,8 @@ def _checkpointing_kwargs_problems(kwargs: dict) -> list[str]:
         )
     if kwargs.get("use_reentrant") not in (None, False):
         problems.append(
-            "`gradient_checkpointing_kwargs.use_reentrant` must be false (or left out): hellbender's checkpointing is "
-            "always non-reentrant, because reentrant checkpointing gives silently wrong gradients for models that share "
+            "`gradient_checkpointing_kwargs.use_reentrant: true` is not offered; set it to false (or leave it out). "
+            "hellbender's checkpointing is always non-reentrant, because reentrant checkpointing gives silently wrong gradients for models that share "
             "keys and values between layers (Gemma 4: gradients off by 0.25-0.40 on a tiny model) and loses the "
             "gradients of inputs that do not require them."
         )

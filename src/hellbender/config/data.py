@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hellbender.chat_templates import NAMED_TEMPLATES
 
 DsType = Literal["json", "jsonl", "parquet", "csv", "text", "arrow"]
 DatasetType = Literal["alpaca", "chat_template", "completion", "pretokenized", "multimodal_pretrain"]
 TrainOnEos = Literal["turn", "all", "last", "none"]
+# Axolotl's row formats of preference data (`chatml.intel`, `chat_template.default`, ...): `<family>.<format>`.
+PREFERENCE_FORMAT_FAMILIES = ("chatml", "llama3", "chat_template", "zephyr", "user_defined", "bradley_terry")
 # The roles of chat-template messages; dataset role names map onto these (`roles:` adds more).
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
@@ -85,6 +87,23 @@ class DatasetEntry(ImageEntryKeys):
     )
     chat_template_jinja: str | None = Field(None, description="Per-dataset Jinja template for `chat_template: jinja`.")
     train_on_inputs: bool | None = Field(None, description="Per-dataset override of the top-level `train_on_inputs`.")
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _dotted_types_say_what_they_are(cls, value: Any) -> Any:
+        """Axolotl's dotted types are preference-data formats or a transform function from a Python file."""
+        if not isinstance(value, str) or "." not in value:
+            return value
+        if value.split(".")[0] in PREFERENCE_FORMAT_FAMILIES:
+            raise ValueError(
+                f"`{value}` is a preference-data format (pairs of chosen and rejected answers); preference tuning "
+                "is not supported yet, so hellbender cannot train on it"
+            )
+        raise ValueError(
+            f"`{value}` names a transform function in a Python file; hellbender does not run user transform "
+            "functions yet. Convert the rows to one of hellbender's formats (`alpaca`, `chat_template`, `completion`, "
+            "`pretokenized`)"
+        )
 
 
 class PretrainingDatasetEntry(ImageEntryKeys):

@@ -40,6 +40,9 @@ TORCH_COMPILE_DEFAULTS = {"torch_compile_backend": "inductor", "torch_compile_mo
 UNSET_MEANS: dict[str, str] = {
     "tokenizer_config": "the tokenizer of `base_model`",
     "revision_of_model": "the default branch of `base_model`",
+    "experts_implementation": "transformers' choice (`grouped_mm` where the model supports it)",
+    "low_cpu_mem_usage": "what transformers always does (no second copy of the weights)",
+    "experimental_skip_move_to_device": "placement by accelerate and transformers",
     "adapter": "full fine-tuning",
     "lora_target_modules": "with `lora_target_linear`: every linear layer; without an adapter: nothing",
     "chat_template_jinja": "no Jinja template (only `chat_template: jinja` uses one)",
@@ -103,8 +106,9 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
         updates["load_in_4bit"] = True
     if cfg.adapter and not cfg.lora_target_linear:
         default("lora_target_modules", list(DEFAULT_LORA_TARGETS))
-    if cfg.wandb_project and "wandb" not in cfg.report_targets:
-        updates["report_to"] = [*cfg.report_targets, "wandb"]
+    wanted = [("tensorboard", cfg.use_tensorboard), ("wandb", bool(cfg.wandb_project))]
+    if added := [target for target, asked in wanted if asked and target not in cfg.report_targets]:
+        updates["report_to"] = [*cfg.report_targets, *added]
     if cfg.cut_cross_entropy is None:
         updates["cut_cross_entropy"] = CUT_CROSS_ENTROPY_PLUGIN in cfg.plugins
     if updates.get("cut_cross_entropy", cfg.cut_cross_entropy):

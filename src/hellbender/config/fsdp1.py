@@ -39,15 +39,14 @@ def translate_fsdp1(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Rewrite FSDP1 keys in `raw` to FSDP2's. Returns (problems, notices)."""
     options = raw.get("fsdp")
     fsdp_config = raw.get("fsdp_config")
-    # An explicit `fsdp_version` without FSDP1's option list is not translated: version 1 is refused, and a config
-    # that says version 2 is held to FSDP2's keys.
-    if raw.get("fsdp_version") is not None and not options:
-        return [], []
+    problems: list[str] = []
+    if isinstance(fsdp_config, dict):
+        _version_to_top_level(raw, fsdp_config, problems)
+    # `fsdp_version: 1`, asked for explicitly, is refused by validation, not translated.
     if raw.get("fsdp_version") == 1 or not (options or isinstance(fsdp_config, dict)):
-        return [], []
+        return problems, []
     if not isinstance(fsdp_config, dict):
         fsdp_config = {}
-    problems: list[str] = []
     translated: dict[str, Any] = {}
     words = options.split() if isinstance(options, str) else list(options or [])
     strategy = _pop(fsdp_config, "sharding_strategy")
@@ -62,7 +61,10 @@ def translate_fsdp1(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
             if key in translated and translated[key] != value:
                 problems.append(f"`fsdp`: `{word}` contradicts another FSDP option (both set `{key}`); keep one.")
             translated[key] = value
-    dropped = [key for key in BUILT_IN if _pop(fsdp_config, key) is not None]
+    # Under an explicit `fsdp_version: 2` FSDP2's own keys stay for validation (which refuses what FSDP2 cannot do);
+    # an FSDP1 config's settings that FSDP2 makes moot are dropped.
+    from_fsdp1 = bool(options) or raw.get("fsdp_version") is None
+    dropped = [key for key in BUILT_IN if from_fsdp1 and _pop(fsdp_config, key) is not None]
     forward_prefetch = _pop(fsdp_config, "forward_prefetch")
     if forward_prefetch:
         problems.append("`fsdp_config.forward_prefetch: true` has no FSDP2 counterpart in accelerate; remove it.")
@@ -80,6 +82,20 @@ def translate_fsdp1(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
     if dropped:
         notice += f"; {', '.join(f'`{k}`' for k in dropped)} dropped (FSDP2 does that itself)"
     return problems, [notice + "."]
+
+
+def _version_to_top_level(raw: dict[str, Any], fsdp_config: dict[str, Any], problems: list[str]) -> None:
+    """Axolotl also reads `fsdp_version` written inside `fsdp_config`; it is the top-level key."""
+    version = _pop(fsdp_config, "version")
+    if version is None:
+        return
+    if raw.get("fsdp_version") not in (None, version):
+        problems.append(
+            f"`fsdp_config.fsdp_version: {version}` and `fsdp_version: {raw['fsdp_version']}` differ; keep the "
+            "top-level `fsdp_version`."
+        )
+        return
+    raw["fsdp_version"] = version
 
 
 def _pop(fsdp_config: dict[str, Any], key: str) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from hellbender.config.schema import DatasetEntry, HellbenderConfig, PretrainingDatasetEntry
+from hellbender.config.unsupported import AXOLOTL_TOOLING, not_offered_reason, planned_feature, refusal
 
 # Where each list of entries is validated by which model, for key checks inside entries.
 ENTRY_MODELS: dict[str, type[BaseModel]] = {
@@ -61,11 +62,10 @@ def check_keys(
         if key in axolotl_keys and (_is_unset(value) or (feature and _is_unset(raw.get(feature)))):
             if not _is_unset(value):
                 notices.append(f"{where}`{key}` tunes `{feature}`, which is off, so it changes nothing.")
-        elif key in axolotl_keys:
-            problems.append(
-                f"{where}`{key}` is not supported yet: hellbender does not implement it, and ignoring it would "
-                f"silently change your run. Remove it, or set it to false / null if you do not need it."
-            )
+        elif key in AXOLOTL_TOOLING:
+            notices.append(f"{where}`{key}` steers {AXOLOTL_TOOLING[key]}; it changes nothing here.")
+        elif key in axolotl_keys or planned_feature(key) or not_offered_reason(key):
+            problems.append(refusal(key, where))
         elif misplaced := _misplaced(key, model):
             problems.append(f"{where}{misplaced}")
         else:

@@ -20,6 +20,7 @@ from hellbender.config.machine import Machine
 from hellbender.config.overrides import apply_overrides
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.spellings import read_older_spellings
+from hellbender.config.strategies import read_strategies
 from hellbender.config.validation_errors import describe_validation_error, user_path
 from hellbender.config.yaml_file import read_yaml
 from hellbender.errors import ConfigError
@@ -35,9 +36,11 @@ def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
     """The validated config, with every default filled in; or a ConfigError listing every problem of `raw` at once:
     key names, values, combinations of keys and paths, one paragraph each (a problem that follows from one already
     listed is left out)."""
-    problems, notices = read_older_spellings(raw)
-    fsdp_problems, fsdp_notices = translate_fsdp1(raw)
-    problems, notices = problems + fsdp_problems, notices + fsdp_notices
+    problems: list[str] = []
+    notices: list[str] = []
+    for translate in (read_older_spellings, read_strategies, translate_fsdp1):  # Axolotl's words, in hellbender's
+        more_problems, more_notices = translate(raw)
+        problems, notices = problems + more_problems, notices + more_notices
     problems += key_problems(raw, notices)  # removes the keys it reports, so the rest is still checked
     cfg, value_problems = _validated_values(raw)
     problems += value_problems

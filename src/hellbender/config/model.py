@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"]
 
@@ -60,6 +60,43 @@ class ModelSettings(BaseModel):
         description="Load the base model in 8-bit (bitsandbytes LLM.int8) and train a LoRA adapter on it; needs "
         "`adapter: lora`, a CUDA GPU and bitsandbytes.",
     )
+
+    overrides_of_model_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Settings of the model's config.json to change before loading (e.g. `{output_router_logits: "
+        "true}`); each must be a setting the model's config has. Axolotl's older spelling `model_config` is read as it.",
+    )
+    experts_implementation: str | None = Field(
+        None,
+        description="How mixture-of-experts layers compute their experts: a name transformers offers (`eager`, "
+        "`grouped_mm`, `batched_mm`, ...); checked against the installed transformers. Default: transformers' choice.",
+    )
+    low_cpu_mem_usage: bool | None = Field(
+        None,
+        description="Axolotl's loader switch; transformers always loads weights without a second copy in memory, "
+        "which is what `true` asks for, so either value changes nothing.",
+    )
+    experimental_skip_move_to_device: bool | None = Field(
+        None,
+        description="Axolotl's loader switch (do not move the whole model to the GPU before sharding it); hellbender "
+        "leaves placement to accelerate and transformers, which never do that, so either value changes nothing.",
+    )
+
+    @field_validator("experts_implementation")
+    @classmethod
+    def _experts_implementation_is_offered(cls, name: str | None) -> str | None:
+        if name is None:
+            return name
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+        offered = ["eager", *sorted(ALL_EXPERTS_FUNCTIONS.valid_keys())]
+        if name not in offered:
+            raise ValueError(
+                f"the installed transformers offers {', '.join(f'`{n}`' for n in offered)}; other expert kernels "
+                "(Axolotl's `scattermoe`, ...) belong to mixture-of-experts training, which hellbender does not "
+                "offer yet"
+            )
+        return name
 
     @property
     def quantized_bits(self) -> int | None:

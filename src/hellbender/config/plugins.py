@@ -18,7 +18,15 @@ NATIVE_PLUGINS: dict[str, str] = {
 # other plugins Axolotl users list -> what hellbender offers instead
 OTHER_PLUGINS: dict[str, str] = {
     "axolotl.integrations.kernels.KernelsPlugin": (
-        "kernels from the Hugging Face kernels hub are not offered; `liger_*` keys give fused norms, MLPs, RoPE and loss"
+        "its expert kernels belong to mixture-of-experts training, which hellbender does not offer yet; `liger_*` "
+        "keys give fused norms, MLPs, RoPE and loss"
+    ),
+    "axolotl.integrations.expert_parallel.ExpertParallelPlugin": (
+        "expert parallelism belongs to mixture-of-experts training, which hellbender does not offer yet"
+    ),
+    "axolotl.integrations.diffusion.DiffusionPlugin": "diffusion language-model training is not offered",
+    "axolotl.integrations.llm_compressor.LLMCompressorPlugin": (
+        "sparse fine-tuning with LLM Compressor is not offered; train dense, then compress with LLM Compressor itself"
     ),
     "axolotl.integrations.swanlab.SwanLabPlugin": "SwanLab logging is not offered; use `report_to: tensorboard`, "
     "`wandb` or `mlflow`",

@@ -8,7 +8,13 @@ from typing import Any
 # older top-level key -> today's key
 TOP_LEVEL: dict[str, str] = {
     "dataset_processes": "dataset_num_proc",
+    "evaluation_strategy": "eval_strategy",  # transformers' own older name
+    "model_config": "overrides_of_model_config",
+    "bfloat16": "bf16",  # no mixed precision: hellbender's `bf16` trains the bfloat16 weights as loaded
+    "float16": "fp16",
 }
+# Keys where 0 means what leaving the key out means (Axolotl reads them as unset when false-y).
+ZERO_MEANS_UNSET = ("evals_per_epoch", "saves_per_epoch")
 # older dataset-entry key -> the key of `message_property_mappings` it sets
 ENTRY_MESSAGE_FIELDS: dict[str, str] = {
     "message_field_role": "role",
@@ -23,15 +29,24 @@ def read_older_spellings(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     notices: list[str] = []
     for old, new in TOP_LEVEL.items():
-        if old in raw:
+        if raw.get(old) is False:
+            del raw[old]  # `bfloat16: false` asks for nothing
+        elif old in raw:
             _move(raw, old, new, "", problems, notices)
+    for key in ZERO_MEANS_UNSET:
+        if raw.get(key) == 0 and raw[key] is not False:
+            del raw[key]
+            notices.append(f"`{key}: 0` is read as unset (as in Axolotl): the default schedule applies.")
     _activation_offloading(raw, problems, notices)
+    _base_model_config(raw, problems, notices)
     for list_key in ENTRY_LISTS:
         entries = raw.get(list_key)
         for i, entry in enumerate(entries if isinstance(entries, list) else []):
             if not isinstance(entry, dict):
                 continue
             where = f"In `{list_key}[{i}]`: "
+            if entry.get("type") == "sharegpt":
+                _sharegpt(entry, where, problems, notices)
             for old, part in ENTRY_MESSAGE_FIELDS.items():
                 if old not in entry:
                     continue
@@ -50,6 +65,55 @@ def read_older_spellings(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
                     f"{where}`{old}` is an older spelling; read as `message_property_mappings.{part}: {value}`."
                 )
     return problems, notices
+
+
+# ShareGPT rows: `conversations` of `{from, value}` messages, the speakers called human and gpt
+SHAREGPT_ENTRY = {
+    "type": "chat_template",
+    "field_messages": "conversations",
+    "message_property_mappings": {"role": "from", "content": "value"},
+    "roles": {"user": ["human"], "assistant": ["gpt"], "system": ["system"]},
+}
+
+
+def _sharegpt(entry: dict[str, Any], where: str, problems: list[str], notices: list[str]) -> None:
+    """Axolotl's removed `type: sharegpt` (with `conversation:` naming the template) is today's `chat_template` type
+    reading ShareGPT's keys; keys the entry already sets are kept."""
+    from hellbender.chat_templates import NAMED_TEMPLATES
+
+    conversation = entry.pop("conversation", None)
+    if conversation is not None:
+        if conversation not in NAMED_TEMPLATES:
+            problems.append(
+                f"{where}`conversation: {conversation}` (of `type: sharegpt`) is not a chat template hellbender "
+                "knows; set the entry's `chat_template` to one of those `hellbender schema` lists, or leave it out "
+                "to use the model's own template."
+            )
+        elif entry.get("chat_template") not in (None, conversation):
+            problems.append(f"{where}`conversation` and `chat_template` name different templates; keep one.")
+        else:
+            entry["chat_template"] = conversation
+    for key, value in SHAREGPT_ENTRY.items():
+        entry[key] = value if key == "type" else entry.get(key) or value
+    notices.append(
+        f"{where}`type: sharegpt` is an older spelling; read as `type: chat_template` with ShareGPT's keys "
+        "(`field_messages: conversations`, `from` / `value`, speakers `human` / `gpt`)"
+        + (f" and `chat_template: {conversation}`." if entry.get("chat_template") == conversation else ".")
+    )
+
+
+def _base_model_config(raw: dict[str, Any], problems: list[str], notices: list[str]) -> None:
+    """Older Axolotl configs name the model's config.json source in `base_model_config`, almost always the base
+    model itself; that is what hellbender reads."""
+    value = raw.pop("base_model_config", None)
+    if value is None or value == raw.get("base_model"):
+        if value is not None:
+            notices.append("`base_model_config` names `base_model` itself, which is where the config is read from.")
+        return
+    problems.append(
+        f"`base_model_config: {value}` reads the model's config from elsewhere than `base_model`; hellbender reads "
+        "it from `base_model`. Change single settings with `overrides_of_model_config`, or remove the key."
+    )
 
 
 def _activation_offloading(raw: dict[str, Any], problems: list[str], notices: list[str]) -> None:
@@ -79,11 +143,16 @@ def _activation_offloading(raw: dict[str, Any], problems: list[str], notices: li
 
 def _move(raw: dict[str, Any], old: str, new: str, where: str, problems: list[str], notices: list[str]) -> None:
     value = raw.pop(old)
-    if new in raw and raw[new] != value:
+    if raw.get(new) is not None and raw[new] != value:
         problems.append(
-            f"{where}`{old}: {value}` and `{new}: {raw[new]}` are the same key in two spellings with "
+            f"{where}`{old}: {_word(value)}` and `{new}: {_word(raw[new])}` are the same key in two spellings with "
             f"different values; keep `{new}` (today's spelling)."
         )
         return
     raw[new] = value
-    notices.append(f"{where}`{old}` is an older spelling of `{new}`; read as `{new}: {value}`.")
+    notices.append(f"{where}`{old}` is an older spelling of `{new}`; read as `{new}: {_word(value)}`.")
+
+
+def _word(value: Any) -> str:
+    """A value as YAML writes it (`true`, not Python's `True`)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)

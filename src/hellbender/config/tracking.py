@@ -21,6 +21,7 @@ WANDB_ENVIRONMENT = {
 class TrackingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    use_tensorboard: bool = Field(False, description="Log to TensorBoard; adds `tensorboard` to `report_to`.")
     wandb_project: str | None = Field(None, description="W&B project; setting it adds `wandb` to `report_to`.")
     wandb_entity: str | None = Field(None, description="W&B entity (user or team) the run is logged under.")
     wandb_name: str | None = Field(None, description="W&B run name (the Trainer's `run_name`).")

@@ -78,7 +78,7 @@ def _plain_message(err: dict[str, Any], path: tuple[Any, ...]) -> str:
         return f"must be a mapping of keys to values: `{path[0]}` is a list of entries{_ENTRY_LIST_HINT}"
     if err["type"] in ("model_type", "model_attributes_type", "dict_type"):
         return "Input should be a mapping of keys to values (`key: value` lines)"
-    return err["msg"].rstrip(".")
+    return err["msg"].removeprefix("Value error, ").rstrip(".")
 
 
 def describe_validation_error(exc: ValidationError, raw: dict[str, Any]) -> list[str]:

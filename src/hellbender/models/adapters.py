@@ -35,7 +35,32 @@ def _linear_modules(model: Any, prefix: str) -> dict[str, str]:
 
 
 def target_modules(cfg: HellbenderConfig, model: Any) -> list[str] | str:
-    """What LoRA adapts. A regex string is passed to PEFT as is (it may reach the vision tower). Otherwise
+    """What LoRA adapts: the targets the config names, kept to the layers `unfrozen_parameters` matches when it is
+    set (an adapter never trains base weights in full)."""
+    targets = _named_targets(cfg, model)
+    if not cfg.unfrozen_parameters:
+        return targets
+    import re
+
+    if isinstance(targets, str):  # `all-linear`, or a regex PEFT matches against the whole module name
+        linear = _linear_modules(model, "")
+        targets = list(linear) if targets == "all-linear" else [n for n in linear if re.fullmatch(targets, n)]
+    elif not cfg.is_multimodal:  # leaf names: every layer with that leaf name
+        targets = [name for name, leaf in _linear_modules(model, "").items() if leaf in targets]
+    kept = sorted(n for n in targets if any(re.match(p, f"{n}.weight") for p in cfg.unfrozen_parameters))
+    if not kept:
+        raise ConfigError(
+            f"`unfrozen_parameters` matches none of the layers LoRA adapts (e.g. `{targets[0]}.weight`): with an "
+            "adapter it chooses which of those layers get adapter matrices. Fix the patterns (matched from the start "
+            "of the parameter name), or remove `unfrozen_parameters`."
+            if targets
+            else "No layer to adapt: check `lora_target_modules`."
+        )
+    return kept
+
+
+def _named_targets(cfg: HellbenderConfig, model: Any) -> list[str] | str:
+    """What LoRA adapts, as the config names it. A regex string is passed to PEFT as is (it may reach the vision tower). Otherwise
     targets are leaf names (`q_proj`; validation fills the default list), and for vision-language models only
     layers of the language model are adapted, given as full names. A named target the model lacks is an error."""
     if isinstance(cfg.lora_target_modules, str):
@@ -104,9 +129,9 @@ def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
     """Wrap `model` in a PEFT adapter when the config asks for one; otherwise return it for full fine-tuning."""
     if cfg.freeze_mm_modules:
         freeze_vision_modules(model)
-    if cfg.unfrozen_parameters:
-        freeze_all_but(model, cfg.unfrozen_parameters)
     if cfg.adapter is None:
+        if cfg.unfrozen_parameters:
+            freeze_all_but(model, cfg.unfrozen_parameters)
         return model
     check_peft_version(cfg)
     from peft import LoraConfig, get_peft_model
@@ -122,6 +147,7 @@ def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
         target_modules=target_modules(cfg, model),
         modules_to_save=list(cfg.lora_modules_to_save) or None,
         use_dora=cfg.peft_use_dora,
+        use_rslora=cfg.peft_use_rslora,
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, lora)

@@ -143,14 +143,29 @@ def check_new_embeddings_are_trained(cfg: HellbenderConfig, model: Any, added: i
         )
 
 
+def model_config(cfg: HellbenderConfig, source: str | Path) -> Any:
+    """The model's config from `source`, with `overrides_of_model_config` applied (each must be one of its
+    settings, or of its text model's)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model)
+    for key, value in cfg.overrides_of_model_config.items():
+        owner = next((c for c in (config, config.get_text_config()) if hasattr(c, key)), None)
+        if owner is None:
+            raise ConfigError(
+                f"`overrides_of_model_config.{key}`: the model's config (`{config.model_type}`) has no setting "
+                f"`{key}`. Check the name against the model's config.json."
+            )
+        setattr(owner, key, value)
+    return config
+
+
 def model_skeleton(cfg: HellbenderConfig) -> Any:
     """The model's module tree on the meta device (no weights read, no memory used): for checks that need the
     model's structure before the data is prepared."""
     import torch
-    from transformers import AutoConfig
 
-    source = resolve_model_path(cfg.base_model)
-    config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model)
+    config = model_config(cfg, resolve_model_path(cfg.base_model))
     cls = _transformers_class(cfg.model_type, "model_type")
     with torch.device("meta"):
         if hasattr(cls, "from_config"):
@@ -167,16 +182,26 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
     try:
         model = cls.from_pretrained(
             source,
+            config=model_config(cfg, source),
             dtype=torch_dtype(cfg),
             attn_implementation=cfg.attn_implementation,
             quantization_config=quant,
             trust_remote_code=cfg.trust_remote_code,
             revision=cfg.revision_of_model,
+            # only when asked: transformers refuses the argument for models without experts
+            **({"experts_implementation": cfg.experts_implementation} if cfg.experts_implementation else {}),
         )
     except OSError as exc:
         raise ConfigError(
             f"Could not load the model from `{source}`: {str(exc).rstrip('.')}. Check {key} (a hub id needs network "
             "access; a local path must hold config.json and weights)."
+        ) from None
+    except ValueError as exc:
+        if cfg.experts_implementation is None:
+            raise
+        raise ConfigError(
+            f"`experts_implementation: {cfg.experts_implementation}` cannot be used with this model: {exc} It applies "
+            "to mixture-of-experts models; remove it."
         ) from None
     except ImportError as exc:
         raise EnvironmentProblem(
