@@ -259,10 +259,68 @@ EXPECTED: dict[str, tuple[str | None, str | None, str, str]] = {
         "<|start_of_role|>user<|end_of_role|>And three plus three?<|end_of_text|>\n"
         "<|start_of_role|>assistant<|end_of_role|>",
     ),
+    # Qwen3.5: as Qwen3 for this conversation; the generation prompt opens a think block.
+    "qwen3_5": (
+        None,
+        "<|im_end|>",
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\nSix, of course.<|im_end|>\n",
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\nFour.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n",
+    ),
+    # Gemma 4: `<|turn>role ... <turn|>`, the system message in its own turn; the generation prompt holds an empty
+    # thought channel.
+    "gemma4": (
+        "<bos>",
+        "<eos>",
+        "<bos><|turn>system\nYou are terse.<turn|>\n<|turn>user\nWhat is two plus two?<turn|>\n"
+        "<|turn>model\nFour.<turn|>\n<|turn>user\nAnd three plus three?<turn|>\n"
+        "<|turn>model\nSix, of course.<turn|>\n",
+        "<bos><|turn>system\nYou are terse.<turn|>\n<|turn>user\nWhat is two plus two?<turn|>\n"
+        "<|turn>model\nFour.<turn|>\n<|turn>user\nAnd three plus three?<turn|>\n"
+        "<|turn>model\n<|channel>thought\n<channel|>",
+    ),
+    # Jamba: a space after each role token; `<|eom|>` closes every message.
+    "jamba": (
+        "<|startoftext|>",
+        "<|endoftext|>",
+        "<|startoftext|><|bom|><|system|> You are terse.<|eom|><|bom|><|user|> What is two plus two?<|eom|>"
+        "<|bom|><|assistant|> Four.<|eom|><|bom|><|user|> And three plus three?<|eom|>"
+        "<|bom|><|assistant|> Six, of course.<|eom|>",
+        "<|startoftext|><|bom|><|system|> You are terse.<|eom|><|bom|><|user|> What is two plus two?<|eom|>"
+        "<|bom|><|assistant|> Four.<|eom|><|bom|><|user|> And three plus three?<|eom|><|bom|><|assistant|>",
+    ),
+    # EXAONE 4: a newline after each role token, `[|endofturn|]` after every turn, an empty think block in every
+    # answer and in the generation prompt.
+    "exaone4": (
+        "[BOS]",
+        "[|endofturn|]",
+        "[|system|]\nYou are terse.[|endofturn|]\n[|user|]\nWhat is two plus two?[|endofturn|]\n"
+        "[|assistant|]\n<think>\n\n</think>\n\nFour.[|endofturn|]\n[|user|]\nAnd three plus three?[|endofturn|]\n"
+        "[|assistant|]\n<think>\n\n</think>\n\nSix, of course.[|endofturn|]\n",
+        "[|system|]\nYou are terse.[|endofturn|]\n[|user|]\nWhat is two plus two?[|endofturn|]\n"
+        "[|assistant|]\n<think>\n\n</think>\n\nFour.[|endofturn|]\n[|user|]\nAnd three plus three?[|endofturn|]\n"
+        "[|assistant|]\n<think>\n\n</think>\n\n",
+    ),
+    # Nemotron 3: ChatML, every answer behind an empty `<think></think>`; the generation prompt opens a think block.
+    "nemotron_h": (
+        None,
+        "<|im_end|>",
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\n<think></think>Four.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\n<think></think>Six, of course.<|im_end|>\n",
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\n<think></think>Four.<|im_end|>\n<|im_start|>user\nAnd three plus three?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n",
+    ),
 }
-# Formats another family publishes unchanged: Aya uses Command-R's, Gemma 3n writes text turns as Gemma 3.
+# Formats another family publishes unchanged: Aya uses Command-R's, Gemma 3n writes text turns as Gemma 3, Gemma 4
+# Unified uses Gemma 4's.
 EXPECTED["aya"] = EXPECTED["cohere"]
 EXPECTED["gemma3n"] = EXPECTED["gemma3"]
+EXPECTED["gemma4_unified"] = EXPECTED["gemma4"]
 
 
 def render(name: str, messages, bos: str | None, eos: str | None, **kwargs) -> str:
@@ -333,7 +391,118 @@ def test_qwen3_moves_a_written_think_block_and_closes_it_when_thinking_is_off():
     )
 
 
-@pytest.mark.parametrize("name", ["llama3", "gemma3", "cohere"])
+TOOL_EXCHANGE = [
+    {"role": "user", "content": "Weather?"},
+    {"role": "assistant", "content": "Checking."},
+    {"role": "tool", "content": "rain"},
+    {"role": "tool", "content": "12C"},
+    {"role": "assistant", "content": "Rain, 12C."},
+]
+
+
+def test_qwen3_5_opens_a_think_block_in_every_answer_after_the_last_query_and_groups_tool_results():
+    assert render("qwen3_5", TOOL_EXCHANGE, None, None) == (
+        "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nChecking.<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nrain\n</tool_response>\n<tool_response>\n12C\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\nRain, 12C.<|im_end|>\n"
+    )
+    answered = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "<think>\nsay hi\n</think>\n\nHello"},
+    ]
+    assert render("qwen3_5", answered, None, None) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nsay hi\n</think>\n\nHello<|im_end|>\n"
+    )
+    assert render("qwen3_5", answered[:1], None, None, add_generation_prompt=True, enable_thinking=False) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+
+
+def test_qwen3_5_refuses_a_conversation_without_user_query_or_with_a_late_system_message():
+    with pytest.raises(Exception, match="needs a user message"):
+        render("qwen3_5", [CONVERSATION[0], {"role": "assistant", "content": "Hi"}], None, None)
+    with pytest.raises(Exception, match="system message only at the start"):
+        render("qwen3_5", [*CONVERSATION[1:3], CONVERSATION[0], *CONVERSATION[3:]], None, None)
+
+
+def test_gemma4_thinking_mode_opens_the_system_turn_and_leaves_the_thought_channel_to_the_model():
+    assert render("gemma4", CONVERSATION[1:2], "<bos>", None, add_generation_prompt=True, enable_thinking=True) == (
+        "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nWhat is two plus two?<turn|>\n<|turn>model\n"
+    )
+
+
+def test_gemma4_drops_thought_channels_from_answers_and_continues_a_model_turn():
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "<|channel>thought\nbe brief<channel|>Hello"},
+        {"role": "assistant", "content": "Again."},
+    ]
+    assert render("gemma4", messages, "<bos>", None) == (
+        "<bos><|turn>user\nHi<turn|>\n<|turn>model\nHello<turn|>\nAgain.<turn|>\n"
+    )
+    # The dropped thought is part of the message to train, so the row is refused rather than trained without it.
+    with pytest.raises(RowError, match="does not render message contents verbatim"):
+        prepare("gemma4", ("<|turn>", "<turn|>"), [*CONVERSATION[:2], messages[1]])
+
+
+def test_gemma4_refuses_tool_messages():
+    with pytest.raises(Exception, match="cannot write a tool message"):
+        render("gemma4", TOOL_EXCHANGE, "<bos>", None)
+
+
+def test_jamba_and_nemotron_h_write_an_empty_system_turn_without_system_message():
+    assert render("jamba", CONVERSATION[1:3], None, None) == (
+        "<|startoftext|><|bom|><|system|> <|eom|><|bom|><|user|> What is two plus two?<|eom|>"
+        "<|bom|><|assistant|> Four.<|eom|>"
+    )
+    assert render("nemotron_h", CONVERSATION[1:3], None, None) == (
+        "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nWhat is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\n<think></think>Four.<|im_end|>\n"
+    )
+
+
+def test_nemotron_h_truncates_earlier_thinking_and_groups_tool_results():
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "<think>plan</think>Hello"},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "<think>look it up</think>Checking."},
+        {"role": "tool", "content": "rain"},
+        {"role": "tool", "content": "12C"},
+        {"role": "assistant", "content": "Rain, 12C."},
+    ]
+    assert render("nemotron_h", messages, None, None) == (
+        "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think></think>Hello"
+        "<|im_end|>\n<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<think>look it up</think>Checking."
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\nrain\n</tool_response>\n<tool_response>\n12C\n</tool_response>\n"
+        "<|im_end|>\n<|im_start|>assistant\n<think></think>Rain, 12C.<|im_end|>\n"
+    )
+    assert render("nemotron_h", messages[:1], None, None, add_generation_prompt=True, enable_thinking=False) == (
+        "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think></think>"
+    )
+
+
+def test_exaone4_writes_tool_results_as_json_and_keeps_the_last_reasoning_only_when_asked():
+    assert render("exaone4", TOOL_EXCHANGE, None, None) == (
+        "[|user|]\nWeather?[|endofturn|]\n[|assistant|]\n<think>\n\n</think>\n\nChecking.[|endofturn|]\n"
+        '[|tool|]\n<tool_result>{"result": "rain"}</tool_result>\n<tool_result>{"result": "12C"}</tool_result>'
+        "[|endofturn|]\n[|assistant|]\n<think>\n\n</think>\n\nRain, 12C.[|endofturn|]\n"
+    )
+    answered = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "<think>\nsay hi\n</think>\n\nHello"},
+    ]
+    dropped = "[|user|]\nHi[|endofturn|]\n[|assistant|]\n<think>\n\n</think>\n\nHello[|endofturn|]\n"
+    assert render("exaone4", answered, None, None) == dropped
+    assert render("exaone4", answered, None, None, skip_think=False) == (
+        "[|user|]\nHi[|endofturn|]\n[|assistant|]\n<think>\nsay hi\n</think>\n\nHello[|endofturn|]\n"
+    )
+    assert render("exaone4", answered[:1], None, None, add_generation_prompt=True, enable_thinking=True) == (
+        "[|user|]\nHi[|endofturn|]\n[|assistant|]\n<think>\n"
+    )
+
+
+@pytest.mark.parametrize("name", ["llama3", "gemma3", "cohere", "qwen3_5", "gemma4"])
 def test_families_that_trim_contents_trim_them(name):
     bos, eos, conversation, _ = EXPECTED[name]
     padded = [{**m, "content": f" {m['content']}\n"} if m["role"] != "system" else m for m in CONVERSATION]
@@ -380,7 +549,20 @@ IMAGE_RENDERINGS = {
         "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is two plus two?<|im_end|>\n"
         "<|im_start|>assistant\nFour.<|im_end|>\n",
     ),
+    "qwen3_5": (
+        None,
+        "<|im_start|>system\nYou are terse.<|im_end|>\n"
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is two plus two?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\nFour.<|im_end|>\n",
+    ),
+    # Gemma 4 writes a system message of parts as each text part trimmed and followed by a space.
+    "gemma4": (
+        "<bos>",
+        "<bos><|turn>system\nYou are terse. <turn|>\n<|turn>user\n<|image|>What is two plus two?<turn|>\n"
+        "<|turn>model\nFour.<turn|>\n",
+    ),
 }
+IMAGE_RENDERINGS["gemma4_unified"] = IMAGE_RENDERINGS["gemma4"]
 
 
 def test_the_templates_that_write_images_are_the_ones_with_a_rendering_of_image_parts():
@@ -499,6 +681,18 @@ def trained_text(tok, labels) -> str:
             ("[|system|]", "[|user|]", "[|assistant|]", "[|endofturn|]"),
             "Four.[|endofturn|]Six, of course.[|endofturn|]",
         ),
+        # The empty think blocks in front of the answers are the template's own text, never trained.
+        (
+            "exaone4",
+            ("[|system|]", "[|user|]", "[|assistant|]", "[|endofturn|]", "<think>", "</think>"),
+            "Four.[|endofturn|]Six, of course.[|endofturn|]",
+        ),
+        ("qwen3_5", ("<think>", "</think>"), "Four.<|im_end|>Six, of course.<|im_end|>"),
+        ("nemotron_h", ("<think>", "</think>"), "Four.<|im_end|>Six, of course.<|im_end|>"),
+        ("gemma4", ("<|turn>", "<turn|>"), "Four.<turn|>Six, of course.<turn|>"),
+        ("gemma4_unified", ("<|turn>", "<turn|>"), "Four.<turn|>Six, of course.<turn|>"),
+        # Jamba writes a space before each answer; the token that holds it is part of the answer.
+        ("jamba", ("<|startoftext|>", "<|bom|>", "<|eom|>"), " Four.<|eom|> Six, of course.<|eom|>"),
     ],
 )
 def test_only_assistant_contents_and_their_end_of_turn_token_are_trained(name, markers, expected):
@@ -528,6 +722,20 @@ def test_llama3_labels_are_exactly_the_assistant_tokens():
         eot = ids("<|eot_id|>")
         expected += [IGNORE] * len(header) + (content + eot if trained else [IGNORE] * (len(content) + len(eot)))
     assert out["labels"] == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "markers"),
+    [
+        ("qwen3_5", ("<think>", "</think>")),
+        ("nemotron_h", ("<think>", "</think>")),
+        ("exaone4", ("[|system|]", "[|user|]", "[|assistant|]", "[|endofturn|]", "<think>", "</think>")),
+    ],
+)
+def test_a_thinking_template_refuses_a_row_whose_last_answer_writes_its_own_think_block(name, markers):
+    messages = [*CONVERSATION[:4], {"role": "assistant", "content": "<think>\nadd\n</think>\n\nSix."}]
+    with pytest.raises(RowError, match="does not render message contents verbatim"):
+        prepare(name, markers, messages)
 
 
 def test_a_template_that_drops_a_written_think_block_is_refused_for_the_row():
@@ -573,8 +781,10 @@ def test_an_unknown_name_is_refused_with_the_known_names():
 @pytest.mark.parametrize(
     ("name", "reason"),
     [
-        ("llava", "no end-of-turn token of their own"),
+        ("llava", "no end-of-turn token of its own (no EOS either)"),
+        ("metharme", "closes only the conversation's last answer with EOS"),
         ("tokenizer_default_fallback_command_a", "long default preamble"),
+        ("command_a_rag", "long default preamble"),
         ("alpaca", "use `type: alpaca`"),
     ],
 )
@@ -584,6 +794,11 @@ def test_an_axolotl_template_that_is_not_shipped_is_refused_saying_why(name, rea
     message = str(err.value)
     assert f"`chat_template: {name}` is an Axolotl template hellbender does not ship" in message
     assert reason in message
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "gemma4", "gemma4_unified", "jamba", "exaone4", "nemotron_h"])
+def test_axolotl_names_of_the_newer_families_are_shipped(name):
+    assert validate_config(config(chat_template=name)).datasets[0].chat_template == name
 
 
 def test_fallback_names_are_accepted_only_for_named_templates():

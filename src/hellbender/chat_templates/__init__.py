@@ -11,7 +11,19 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from hellbender.chat_templates import chatml, cohere, deepseek, exaone, gemma, granite, llama, mistral, phi
+from hellbender.chat_templates import (
+    chatml,
+    cohere,
+    deepseek,
+    exaone,
+    gemma,
+    granite,
+    jamba,
+    llama,
+    mistral,
+    nemotron,
+    phi,
+)
 from hellbender.chat_templates.base import NamedTemplate, refusing_parts
 from hellbender.chat_templates.chatml import CHATML_TEMPLATE
 from hellbender.errors import ConfigError
@@ -39,6 +51,8 @@ NAMED_TEMPLATES: dict[str, NamedTemplate] = {
     **cohere.TEMPLATES,
     **exaone.TEMPLATES,
     **granite.TEMPLATES,
+    **jamba.TEMPLATES,
+    **nemotron.TEMPLATES,
 }
 _VISION = sorted(name for name, template in NAMED_TEMPLATES.items() if template.images)
 NAMED_TEMPLATES = {
@@ -50,26 +64,25 @@ TEMPLATE_NAMES = ("tokenizer_default", "jinja", *NAMED_TEMPLATES)
 FALLBACK_PREFIX = "tokenizer_default_fallback_"
 
 
-_NO_STOP = (
-    "its answers end with no end-of-turn token of their own, so a model trained on it never learns where its turn stops"
-)
 _OWN = "use `tokenizer_default`, which renders with the model's own template"
+_COMMAND_A = (
+    "Command A's format opens every conversation with Cohere's long default preamble (several fixed paragraphs; "
+    "a system message only joins it as a developer preamble), text hellbender does not ship; " + _OWN
+)
 # Axolotl's template names that hellbender does not ship, and why.
 NOT_SHIPPED = {
     "alpaca": "Alpaca is a row format here: use `type: alpaca` on the dataset",
-    "llava": f"the LLaVA-1.5 format: {_NO_STOP}; {_OWN}, or a template whose answers end with a special token in "
+    "llava": "the LLaVA-1.5 format (llava-hf's template) follows each answer with a space and no end-of-turn token "
+    "of its own (no EOS either), so a model trained on it never learns where its turn stops; write a template whose "
+    "answers end with a special token (EOS) in `chat_template_jinja`, or use `tokenizer_default` if your LLaVA "
+    "checkpoint's own template ends its answers with one",
+    "metharme": "the Metharme format closes only the conversation's last answer with EOS: every earlier answer runs "
+    "straight into the next `<|user|>` tag, which Metharme models spell as ordinary text, so those answers have no "
+    "end-of-turn token of their own; write a template whose answers end with a special token in "
     "`chat_template_jinja`",
-    "metharme": f"the Metharme format: {_NO_STOP}; write a template whose answers end with a special token in "
-    "`chat_template_jinja`",
-    "command_a": f"Command A's format opens with Cohere's long default preamble; {_OWN}",
-    "command_a_tool_use": f"Command A's format opens with Cohere's long default preamble; {_OWN}",
-    "command_a_rag": f"Command A's format opens with Cohere's long default preamble; {_OWN}",
-    "jamba": f"not shipped yet; {_OWN}",
-    "qwen3_5": f"not shipped yet; {_OWN}",
-    "gemma4": f"not shipped yet; {_OWN}",
-    "gemma4_unified": f"not shipped yet; {_OWN}",
-    "exaone4": f"not shipped yet; {_OWN}",
-    "nemotron_h": f"not shipped yet; {_OWN}",
+    "command_a": _COMMAND_A,
+    "command_a_tool_use": _COMMAND_A,
+    "command_a_rag": _COMMAND_A,
 }
 
 

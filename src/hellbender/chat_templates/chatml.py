@@ -22,6 +22,7 @@ _TOOL_TURN = (
     "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}"
 )
 _GENERATION = "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+QWEN_VISION = "<|vision_start|><|image_pad|><|vision_end|>"
 
 QWEN25_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
@@ -89,10 +90,54 @@ QWEN2_VL_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if loop.first and message['role'] != 'system' %}"
     "{{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{%- endif %}"
-    "{{- '<|im_start|>' + message['role'] + '\n' }}"
-    + write_content("<|vision_start|><|image_pad|><|vision_end|>")
-    + "{{- '<|im_end|>\n' }}"
+    "{{- '<|im_start|>' + message['role'] + '\n' }}" + write_content(QWEN_VISION) + "{{- '<|im_end|>\n' }}"
     "{%- endfor %}" + _GENERATION
+)
+
+# Qwen3.5 (Qwen3.5-*, a vision-language family): ChatML whose contents are trimmed (a content of parts is joined,
+# `<|vision_start|><|image_pad|><|vision_end|>` for an image, then trimmed); a system message only at the start (no
+# default one); every assistant turn after the last user query opens with a think block (empty unless the content
+# starts with `<think>...</think>`, which is moved into it; earlier turns drop it); tool results are grouped into
+# one user turn as in Qwen3. The generation prompt opens a think block, `<think>\n`, or with `enable_thinking=false`
+# writes an empty one. A conversation needs a user query, as the family's format does.
+QWEN3_5_TEMPLATE = (
+    "{%- macro content_of(message) %}" + write_content(QWEN_VISION) + "{%- endmacro %}"
+    "{%- macro system_of(message) %}" + write_content() + "{%- endmacro %}"
+    "{%- if messages and messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\n' + system_of(messages[0]) | trim + '<|im_end|>\n' }}{%- endif %}"
+    "{%- set ns = namespace(open_query=true, last_query=messages | length - 1) %}"
+    "{%- for message in messages[::-1] %}"
+    "{%- if ns.open_query and message['role'] == 'user' %}{%- set text = content_of(message) | trim %}"
+    "{%- if not (text.startswith('<tool_response>') and text.endswith('</tool_response>')) %}"
+    "{%- set ns.open_query = false %}{%- set ns.last_query = messages | length - 1 - loop.index0 %}"
+    "{%- endif %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if ns.open_query %}{{- raise_exception('Qwen3.5 needs a user message in the conversation') }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}"
+    "{%- if not loop.first %}"
+    "{{- raise_exception('Qwen3.5 takes a system message only at the start of the conversation') }}{%- endif %}"
+    "{%- else %}{%- set content = content_of(message) | trim %}"
+    "{%- if message['role'] == 'user' %}{{- '<|im_start|>user\n' + content + '<|im_end|>\n' }}"
+    "{%- elif message['role'] == 'assistant' %}{%- set reasoning = '' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > ns.last_query %}"
+    "{{- '<|im_start|>assistant\n<think>\n' + reasoning | trim + '\n</think>\n\n' + content }}"
+    "{%- else %}{{- '<|im_start|>assistant\n' + content }}{%- endif %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- else %}"
+    "{%- if not loop.first and messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\n<tool_response>\n' + content + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}"
+    "{%- endif %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}"
+    "{%- else %}{{- '<think>\n' }}{%- endif %}"
+    "{%- endif %}"
 )
 
 TEMPLATES = {
@@ -101,4 +146,5 @@ TEMPLATES = {
     "qwen2_vl": NamedTemplate(QWEN2_VL_TEMPLATE, CHATML_MARKERS, images=True),
     "falcon_h1": NamedTemplate(FALCON_H1_TEMPLATE, CHATML_MARKERS),
     "qwen3": NamedTemplate(QWEN3_TEMPLATE, (*CHATML_MARKERS, "<think>", "</think>")),
+    "qwen3_5": NamedTemplate(QWEN3_5_TEMPLATE, (*CHATML_MARKERS, "<think>", "</think>"), images=True),
 }

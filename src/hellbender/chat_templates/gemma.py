@@ -1,4 +1,5 @@
-"""Google's Gemma chat formats (`<start_of_turn>role\\n...<end_of_turn>\\n`, the assistant called `model`)."""
+"""Google's Gemma chat formats: `<start_of_turn>role\\n...<end_of_turn>\\n` (Gemma to Gemma 3n) and
+`<|turn>role\\n...<turn|>\\n` (Gemma 4), the assistant called `model`."""
 
 from __future__ import annotations
 
@@ -44,8 +45,57 @@ GEMMA3N_TEMPLATE = (
     "{{- bos_token }}" + leading_system() + alternation_check("turns") + _turns(_SYSTEM_PREFIX, "<image_soft_token>")
 )
 
+# Gemma 4 (gemma-4-*-it): BOS; `<|turn>role\n...<turn|>\n` with the assistant called `model`. A leading system
+# message becomes a system turn (a string trimmed; a list of parts written as each text part trimmed and followed by
+# a space, as Gemma 4's template does), which `enable_thinking=true` opens with `<|think|>\n`. User contents are
+# trimmed part by part, an image part is `<|image|>`; a model content is trimmed after its `<|channel>...<channel|>`
+# thought blocks are dropped, on every turn. A model message right after another one continues its turn (no new
+# header). The generation prompt is `<|turn>model\n` followed, unless `enable_thinking=true`, by an empty thought
+# channel. Tool results live inside the model turn that called the tool (from `tool_calls`, which rows here do not
+# carry), so `tool` messages are refused.
+_GEMMA4_IMAGE = "<|image|>"
+_GEMMA4_MODEL_TEXT = (
+    "{%- macro model_text(text) %}{%- set ns = namespace(kept='') %}"
+    "{%- for piece in text.split('<channel|>') %}{%- set ns.kept = ns.kept + piece.split('<|channel>')[0] %}"
+    "{%- endfor %}{{- ns.kept | trim }}{%- endmacro %}"
+)
+GEMMA4_TEMPLATE = (
+    _GEMMA4_MODEL_TEXT + "{{- bos_token }}"
+    "{%- set thinking = enable_thinking is defined and enable_thinking %}"
+    "{%- set has_system = messages and messages[0]['role'] == 'system' %}"
+    "{%- if thinking or has_system %}{{- '<|turn>system\n' }}{%- if thinking %}{{- '<|think|>\n' }}{%- endif %}"
+    "{%- if has_system %}{%- if messages[0]['content'] is string %}{{- messages[0]['content'] | trim }}"
+    "{%- else %}{%- for part in messages[0]['content'] %}{%- if part['type'] != 'text' %}"
+    "{{- raise_exception('Gemma 4 takes no images in the system message') }}{%- endif %}"
+    "{{- part['text'] | trim + ' ' }}{%- endfor %}{%- endif %}{%- endif %}"
+    "{{- '<turn|>\n' }}{%- endif %}"
+    "{%- set turns = messages[1:] if has_system else messages %}"
+    "{%- for message in turns %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{{- raise_exception('chat_template: gemma4 cannot write a tool message: Gemma 4 puts a tool result inside the "
+    "model turn that called the tool, from the tool_calls of that message, which these rows do not carry') }}"
+    "{%- endif %}"
+    "{%- if not (message['role'] == 'assistant' and not loop.first and turns[loop.index0 - 1]['role'] == 'assistant')"
+    " %}{{- '<|turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' }}{%- endif %}"
+    "{%- if message['role'] != 'assistant' %}"
+    + write_content(_GEMMA4_IMAGE, trim=True)
+    + "{%- elif message['content'] is string %}{{- model_text(message['content']) }}"
+    "{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'text' %}{{- model_text(part['text']) }}"
+    "{%- elif part['type'] == 'image' %}{{- '" + _GEMMA4_IMAGE + "' }}"
+    "{%- else %}{{- raise_exception('This chat template cannot write a message part of type `' ~ part['type'] ~ '`') }}"
+    "{%- endif %}{%- endfor %}{%- endif %}"
+    "{{- '<turn|>\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|turn>model\n' }}"
+    "{%- if not thinking %}{{- '<|channel>thought\n<channel|>' }}{%- endif %}{%- endif %}"
+)
+
 TEMPLATES = {
     "gemma": NamedTemplate(GEMMA_TEMPLATE, _MARKERS),
     "gemma3": NamedTemplate(GEMMA3_TEMPLATE, _MARKERS, images=True),
     "gemma3n": NamedTemplate(GEMMA3N_TEMPLATE, _MARKERS, images=True),
+    "gemma4": NamedTemplate(GEMMA4_TEMPLATE, ("<|turn>", "<turn|>"), images=True),
+    # Gemma 4 Unified (the encoder-free Gemma 4 checkpoints) uses Gemma 4's chat format unchanged.
+    "gemma4_unified": NamedTemplate(GEMMA4_TEMPLATE, ("<|turn>", "<turn|>"), images=True),
 }
