@@ -37,11 +37,7 @@ def blockers(error: ConfigError) -> list[tuple[str, str]]:
         named = re.search(r"`([^`]+)`", paragraph)
         key = named.group(1).split(":")[0].strip() if named else paragraph[:60]
         leaf = key.split(".")[-1]
-        if (
-            planned_feature(leaf)
-            or PREFERENCE_TYPE.search(paragraph)
-            or "is not supported yet: it belongs to" in paragraph
-        ):
+        if planned_feature(leaf) or PLANNED_WORDS.search(paragraph):
             group = "planned"
         elif not_offered_reason(leaf) or "is not offered" in paragraph:
             group = "not offered"
