@@ -4,6 +4,7 @@ are read as today's key with one notice line; settings that ask for nothing in t
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -506,3 +507,44 @@ def test_base_model_config_naming_the_base_model_is_where_the_config_is_read_fro
     same_config(tmp_path, {"base_model_config": "hellbender/tiny-llama"}, {})
     with pytest.raises(ConfigError, match=r"`base_model_config: other/model` reads the model's config from elsewhere"):
         validate_config(base_config(tmp_path, base_model_config="other/model"))
+
+
+def test_reinit_weights_starts_from_seeded_random_weights_and_trains(tmp_path):
+    from safetensors.torch import load_file
+
+    from hellbender.models.tiny import tiny_model_dir
+    from hellbender.train.run import train
+
+    cfg = validate_config(base_config(tmp_path, reinit_weights=True, max_steps=2))
+    first, second = tiny_model_for(cfg).state_dict(), tiny_model_for(cfg).state_dict()
+    trained = load_file(tiny_model_dir("hellbender/tiny-llama") / "model.safetensors")
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(first[name], second[name]) and not torch.equal(first[name], trained[name])
+    other_seed = tiny_model_for(validate_config(base_config(tmp_path, reinit_weights=True, seed=7))).state_dict()
+    assert not torch.equal(first[name], other_seed[name])
+    metrics = train(cfg)
+    assert math.isfinite(metrics["train_loss"])
+    saved = load_file(tmp_path / "out" / "model.safetensors")[name]
+    assert not torch.equal(saved, first[name]) and not torch.equal(
+        saved, trained[name]
+    )  # trained from the random start
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"reinit_weights": True, "adapter": "lora"}, r"`reinit_weights: true` starts from random weights"),
+        ({"bnb_config_kwargs": {"bnb_4bit_use_double_quant": False}}, r"`bnb_config_kwargs` sets QLoRA's"),
+        ({"adapter": "qlora", "bnb_config_kwargs": {"bnb_4bit_quant_type": "int4"}}, r"`bnb_config_kwargs.bnb_4bit_qu"),
+    ],
+)
+def test_reinit_weights_and_bnb_settings_that_cannot_work_are_refused(tmp_path, keys, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(base_config(tmp_path, **keys))
+
+
+def test_bnb_config_kwargs_are_read_with_qlora(tmp_path):
+    cfg = validate_config(
+        base_config(tmp_path, adapter="qlora", bnb_config_kwargs={"bnb_4bit_quant_type": "fp4"}, bf16=True)
+    )
+    assert cfg.bnb_settings.bnb_4bit_quant_type == "fp4" and cfg.bnb_settings.bnb_4bit_use_double_quant

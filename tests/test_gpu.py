@@ -60,6 +60,19 @@ def test_qlora_trains_a_4bit_base_and_saves_a_loadable_adapter(tmp_path, tiny_mo
     assert torch.isfinite(model(ids).logits).all()
 
 
+def test_bnb_config_kwargs_choose_the_4bit_data_type_of_the_loaded_base(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    from hellbender.models.loading import load_model, load_tokenizer
+
+    keys = dict(adapter="qlora", bf16=True, bnb_config_kwargs={"bnb_4bit_quant_type": "fp4"})
+    cfg = validate_config(base_config(tmp_path, **keys))
+    model = load_model(cfg, load_tokenizer(cfg))
+    states = {
+        m.weight.quant_state.quant_type for m in model.modules() if hasattr(getattr(m, "weight", None), "quant_state")
+    }
+    assert states == {"fp4"}
+
+
 def test_8bit_lora_trains_an_int8_base_and_saves_a_loadable_adapter(tmp_path, tiny_model_path):
     pytest.importorskip("bitsandbytes")
     import bitsandbytes as bnb

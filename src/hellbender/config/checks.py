@@ -61,6 +61,13 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`load_in_8bit: true` needs `adapter: lora` (an 8-bit base is trained through an adapter), and not "
             "`load_in_4bit` or `adapter: qlora` (a 4-bit base): choose one precision for the base model."
         )
+    if cfg.reinit_weights and cfg.adapter is not None:
+        problems.append(
+            "`reinit_weights: true` starts from random weights, and `adapter` is set: an adapter on an untrained base "
+            "learns nothing useful. Remove `adapter` to pretrain from scratch, or `reinit_weights`."
+        )
+    if cfg.bnb_config_kwargs is not None and not (cfg.load_in_4bit or cfg.adapter == "qlora"):
+        problems.append("`bnb_config_kwargs` sets QLoRA's 4-bit quantization; it needs `adapter: qlora`.")
     if cfg.load_in_4bit and cfg.adapter != "qlora":
         problems.append(
             "`load_in_4bit: true` needs `adapter: qlora` (a 4-bit base can only be trained through an adapter)."

@@ -9,6 +9,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"]
 
 
+class BnbSettings(BaseModel):
+    """`bnb_config_kwargs:` — the bitsandbytes 4-bit settings a QLoRA run may choose."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type.")
+    bnb_4bit_use_double_quant: bool = Field(True, description="Quantize the quantization constants too.")
+
+
 class ModelSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
@@ -61,6 +70,16 @@ class ModelSettings(BaseModel):
         "`adapter: lora`, a CUDA GPU and bitsandbytes.",
     )
 
+    bnb_config_kwargs: BnbSettings | None = Field(
+        None,
+        description="QLoRA's 4-bit quantization settings (bitsandbytes' names): `bnb_4bit_quant_type` (`nf4`, "
+        "default, or `fp4`) and `bnb_4bit_use_double_quant` (default true).",
+    )
+    reinit_weights: bool = Field(
+        False,
+        description="Start from randomly initialised weights of `base_model`'s architecture instead of its trained "
+        "weights (pretraining from scratch); seeded by `seed`. Full fine-tuning only.",
+    )
     overrides_of_model_config: dict[str, Any] = Field(
         default_factory=dict,
         description="Settings of the model's config.json to change before loading (e.g. `{output_router_logits: "
@@ -97,6 +116,10 @@ class ModelSettings(BaseModel):
                 "offer yet"
             )
         return name
+
+    @property
+    def bnb_settings(self) -> BnbSettings:
+        return self.bnb_config_kwargs or BnbSettings()
 
     @property
     def quantized_bits(self) -> int | None:

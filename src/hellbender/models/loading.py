@@ -116,8 +116,8 @@ def quantization_config(cfg: HellbenderConfig):
     compute = torch_dtype(cfg)
     return BitsAndBytesConfig(
         load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_use_double_quant=True,
+        bnb_4bit_quant_type=cfg.bnb_settings.bnb_4bit_quant_type,
+        bnb_4bit_use_double_quant=cfg.bnb_settings.bnb_4bit_use_double_quant,
         bnb_4bit_compute_dtype=compute if compute != torch.float32 else torch.bfloat16,
         bnb_4bit_quant_storage=torch.bfloat16,
     )
@@ -173,6 +173,24 @@ def model_skeleton(cfg: HellbenderConfig) -> Any:
         return cls._from_config(config)
 
 
+def _experts_argument(cfg: HellbenderConfig) -> dict[str, str]:
+    # only when asked: transformers refuses the argument for models without experts
+    return {"experts_implementation": cfg.experts_implementation} if cfg.experts_implementation else {}
+
+
+def _random_model(cfg: HellbenderConfig, cls: Any, source: str) -> Any:
+    """`reinit_weights`: `base_model`'s architecture with freshly initialised weights, the same in every process
+    (seeded by `seed`), so that data-parallel workers start from one model."""
+    import torch
+
+    config = model_config(cfg, source)
+    config._attn_implementation = cfg.attn_implementation
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        build = cls.from_config if hasattr(cls, "from_config") else cls._from_config
+        return build(config, dtype=torch_dtype(cfg), **_experts_argument(cfg))
+
+
 def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None = None) -> Any:
     """The model of `base_model`, or the whole model saved in `source` (a trained run's), loaded as the config says."""
     key = "`base_model`" if source is None else "the trained model's directory"
@@ -180,17 +198,19 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
     quant = quantization_config(cfg)
     cls = _transformers_class(cfg.model_type, "model_type")
     try:
-        model = cls.from_pretrained(
-            source,
-            config=model_config(cfg, source),
-            dtype=torch_dtype(cfg),
-            attn_implementation=cfg.attn_implementation,
-            quantization_config=quant,
-            trust_remote_code=cfg.trust_remote_code,
-            revision=cfg.revision_of_model,
-            # only when asked: transformers refuses the argument for models without experts
-            **({"experts_implementation": cfg.experts_implementation} if cfg.experts_implementation else {}),
-        )
+        if cfg.reinit_weights and key == "`base_model`":
+            model = _random_model(cfg, cls, source)
+        else:
+            model = cls.from_pretrained(
+                source,
+                config=model_config(cfg, source),
+                dtype=torch_dtype(cfg),
+                attn_implementation=cfg.attn_implementation,
+                quantization_config=quant,
+                trust_remote_code=cfg.trust_remote_code,
+                revision=cfg.revision_of_model,
+                **_experts_argument(cfg),
+            )
     except OSError as exc:
         raise ConfigError(
             f"Could not load the model from `{source}`: {str(exc).rstrip('.')}. Check {key} (a hub id needs network "
