@@ -116,6 +116,12 @@ def train(
 
     def action() -> None:
         cfg = load_config(config, set_)
+        if cfg.hub_model_id:  # before any process is launched; each process checks again as it starts
+            from hellbender.errors import EnvironmentProblem
+            from hellbender.train.hub import hub_problem
+
+            if problem := hub_problem(cfg):
+                raise EnvironmentProblem(problem)
         if cfg.use_ray:  # Ray Train starts the training processes itself
             from hellbender.train.ray_launch import refuse_other_launchers
             from hellbender.train.ray_launch import train_with_ray as run_training

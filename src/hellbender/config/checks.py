@@ -39,6 +39,12 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
         )
     if cfg.streaming and not cfg.pretraining_dataset:
         problems.append("`streaming: true` applies to `pretraining_dataset:` entries, but none are given.")
+    for key in ("hub_strategy", "hub_revision"):
+        if getattr(cfg, key) is not None and not cfg.hub_model_id:
+            problems.append(
+                f"`{key}` is set, but `hub_model_id` is not, so nothing is pushed to the Hugging Face Hub. Add "
+                f"`hub_model_id: user/name` to push the trained model, or remove `{key}`."
+            )
     if cfg.save_steps is not None and cfg.saves_per_epoch is not None:
         problems.append("`save_steps` and `saves_per_epoch` are both set; keep one.")
     if cfg.eval_steps is not None and cfg.evals_per_epoch is not None:

@@ -1,6 +1,10 @@
 """The `deepspeed:` JSON file, checked when the config is validated: its syntax, the ZeRO stage, values that must agree
 with the hellbender config, and that the optional package is installed. `train/deepspeed.py` hands the checked path to
-the Trainer, which fills in the `"auto"` values from its arguments."""
+the Trainer, which fills in the `"auto"` values from its arguments.
+
+Axolotl's configs name files of its checkout (`deepspeed_configs/zero2.json`); where such a file is not there,
+hellbender uses its own preset of the same name (`hellbender/deepspeed_configs/`, same ZeRO stage, offload and
+precision), and says so."""
 
 from __future__ import annotations
 
@@ -17,6 +21,11 @@ from hellbender.errors import ConfigError
 AUTO = "auto"
 STAGES = (0, 1, 2, 3)
 GATHER_ON_SAVE = "stage3_gather_16bit_weights_on_model_save"
+GATHER_ON_SAVE_NEW_NAME = "gather_16bit_weights_on_model_save"  # DeepSpeed reads either spelling
+PRESET_FOLDER = "deepspeed_configs"
+# Axolotl presets hellbender does not ship: their `compile` block (`disable`, `backend`) is refused by current DeepSpeed
+# (0.19.8 checked: its `compile` settings forbid unknown keys), and hellbender compiles with its own key.
+COMPILE_PRESETS = {"zero1_torch_compile.json": "zero1.json", "zero2_torch_compile.json": "zero2.json"}
 
 
 def deepspeed_installed() -> bool:
@@ -51,13 +60,77 @@ def deepspeed_problems(cfg: HellbenderConfig) -> list[str]:
     return problems
 
 
+def preset_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / PRESET_FOLDER
+
+
+def preset_names() -> list[str]:
+    return sorted(path.name for path in preset_dir().glob("*.json"))
+
+
+def _names_a_preset_file(name: str) -> bool:
+    """`zero2.json` or `<anything>/deepspeed_configs/zero2.json`: the file name alone, or in Axolotl's folder."""
+    return Path(name).parent.name in ("", PRESET_FOLDER)
+
+
+def preset_for(name: str) -> Path | None:
+    """hellbender's preset standing in for `deepspeed: name`, or None: only for a path that does not exist, whose file
+    name is a preset's, alone or inside a `deepspeed_configs` folder. A file that exists is always used as it is."""
+    path = Path(name)
+    if path.exists() or not _names_a_preset_file(name):
+        return None
+    preset = preset_dir() / path.name
+    return preset if preset.is_file() else None
+
+
+def use_deepspeed_preset(cfg: HellbenderConfig) -> tuple[HellbenderConfig, list[str]]:
+    """The config with `deepspeed:` pointing at the preset that stands in for a missing Axolotl file, and the notice
+    that says so (the resolved config then shows the preset's path)."""
+    preset = preset_for(cfg.deepspeed) if cfg.deepspeed else None
+    if preset is None:
+        return cfg, []
+    notice = (
+        f"`deepspeed: {cfg.deepspeed}` does not exist here; using hellbender's preset of that name, {preset} "
+        f"({describe_settings(json.loads(preset.read_text()))})."
+    )
+    return cfg.model_copy(update={"deepspeed": str(preset)}), [notice]
+
+
+def describe_settings(settings: dict[str, Any]) -> str:
+    """`ZeRO-3, parameters and optimizer states offloaded to CPU, bf16`: what a preset asks for, in words."""
+    parts = [f"ZeRO-{zero_stage(settings)}"]
+    offloaded = [
+        what
+        for key, what in (("offload_param", "parameters"), ("offload_optimizer", "optimizer states"))
+        if isinstance(value_at(settings, f"zero_optimization.{key}"), dict)
+    ]
+    if offloaded:
+        parts.append(f"{' and '.join(offloaded)} offloaded to CPU")
+    parts.append("bf16" if value_at(settings, "bf16.enabled") is True else "precision from `bf16` / `fp16`")
+    return ", ".join(parts)
+
+
+def _missing_file_message(name: str, what: str) -> str:
+    presets = ", ".join(f"`{PRESET_FOLDER}/{n}`" for n in preset_names())
+    file_name = Path(name).name
+    if file_name in COMPILE_PRESETS and _names_a_preset_file(name):
+        return (
+            f"`deepspeed: {name}`: {what}, and hellbender has no preset of that name: Axolotl's `{file_name}` sets a "
+            "`compile` block (`disable`, `backend`) that current DeepSpeed releases refuse. Use "
+            f"`deepspeed: {PRESET_FOLDER}/{COMPILE_PRESETS[file_name]}` and compile with `torch_compile: true`."
+        )
+    return (
+        f"`deepspeed: {name}`: {what}. Point it at a DeepSpeed JSON config, or name one of hellbender's presets: "
+        f"{presets}."
+    )
+
+
 def read_deepspeed_json(name: str) -> dict[str, Any]:
     """The DeepSpeed config as a dict. transformers reads it with `json.load`, so it must be strict JSON (no
     comments or trailing commas, which DeepSpeed's own hjson reader would allow)."""
     path = Path(name)
     if not path.is_file():
-        what = "is a directory" if path.is_dir() else "no such file"
-        raise ConfigError(f"`deepspeed: {name}`: {what}. Point it at a DeepSpeed JSON config.")
+        raise ConfigError(_missing_file_message(name, "is a directory" if path.is_dir() else "no such file"))
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -121,7 +194,7 @@ def settings_problems(name: str, settings: dict[str, Any]) -> list[str]:
             f"`deepspeed: {name}`: `zero_optimization.stage` is {json.dumps(zero['stage'])}; it must be 0, 1, 2 or 3 "
             "(a number, not `auto`)."
         )
-    if stage == 3 and zero.get(GATHER_ON_SAVE) is not True:
+    if stage == 3 and zero.get(GATHER_ON_SAVE) is not True and zero.get(GATHER_ON_SAVE_NEW_NAME) is not True:
         problems.append(
             f'`deepspeed: {name}`: ZeRO-3 needs `"{GATHER_ON_SAVE}": true` in `zero_optimization`. Without it the '
             "Trainer saves only DeepSpeed's sharded checkpoint, which transformers and PEFT cannot load."

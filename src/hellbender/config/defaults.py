@@ -63,6 +63,9 @@ UNSET_MEANS: dict[str, str] = {
     "wandb_mode": "W&B's own setting (online unless its environment says otherwise)",
     "wandb_log_model": "no model uploaded to W&B",
     "wandb_watch": "W&B's default (no histograms unless its environment says otherwise)",
+    "hub_model_id": "nothing is pushed to the Hugging Face Hub",
+    "hub_strategy": "nothing is pushed (`every_save`, transformers' default, once `hub_model_id` is set)",
+    "hub_revision": "the repository's default branch",
     "eval_steps": "once per epoch, or `evals_per_epoch` times (from the steps per epoch); streamed: every tenth",
     "evals_per_epoch": "`eval_steps` decides",
     "resume_from_checkpoint": "start from the base model",
@@ -107,6 +110,8 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
         updates["load_in_4bit"] = True
     if cfg.adapter and not cfg.lora_target_linear:
         default("lora_target_modules", list(DEFAULT_LORA_TARGETS))
+    if cfg.hub_model_id:
+        default("hub_strategy", "every_save")  # transformers' default, which Axolotl leaves in place
     wanted = [("tensorboard", cfg.use_tensorboard), ("wandb", bool(cfg.wandb_project))]
     if added := [target for target, asked in wanted if asked and target not in cfg.report_targets]:
         updates["report_to"] = [*cfg.report_targets, *added]

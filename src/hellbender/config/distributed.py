@@ -102,8 +102,9 @@ class DistributedSettings(BaseModel):
     )
     deepspeed: str | None = Field(
         None,
-        description="Path to a DeepSpeed JSON config (ZeRO-2 / ZeRO-3); needs the `deepspeed` extra "
-        "(`pip install 'hellbender[deepspeed]'`).",
+        description="Path to a DeepSpeed JSON config (ZeRO-1 / 2 / 3); a missing path named like one of Axolotl's "
+        "presets (`deepspeed_configs/zero2.json`, ...) uses hellbender's preset of that name. Needs the `deepspeed` "
+        "extra (`pip install 'hellbender[deepspeed]'`).",
     )
     use_ray: bool = Field(
         False,

@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from hellbender.config.checks import find_conflicts, find_notices, find_path_problems
+from hellbender.config.deepspeed import use_deepspeed_preset
 from hellbender.config.defaults import apply_derived_defaults, machine_defaults
 from hellbender.config.fsdp1 import translate_fsdp1
 from hellbender.config.keys import ENTRY_MODELS, key_problems
@@ -45,6 +46,8 @@ def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
     cfg, value_problems = _validated_values(raw)
     problems += value_problems
     if cfg is not None:
+        cfg, preset_notices = use_deepspeed_preset(cfg)  # an Axolotl `deepspeed_configs/` name not found here
+        notices += preset_notices
         prepared_path_is_default = cfg.dataset_prepared_path is None
         later = find_conflicts(cfg)
         cfg = apply_derived_defaults(cfg)

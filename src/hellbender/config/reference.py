@@ -13,6 +13,7 @@ from hellbender.config.adapter import AdapterSettings
 from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatasetEntry
 from hellbender.config.defaults import ENTRY_UNSET_MEANS, UNSET_MEANS
 from hellbender.config.distributed import DistributedSettings, FsdpSettings
+from hellbender.config.hub import HubSettings
 from hellbender.config.kernels import KernelSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
@@ -34,6 +35,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("`fsdp_config:`", FsdpSettings),
     ("Axolotl plugins", PluginSettings),
     ("Weights & Biases", TrackingSettings),
+    ("Hugging Face Hub", HubSettings),
 ]
 
 

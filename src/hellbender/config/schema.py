@@ -5,6 +5,7 @@ from __future__ import annotations
 from hellbender.config.adapter import AdapterSettings
 from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatasetEntry
 from hellbender.config.distributed import DistributedSettings
+from hellbender.config.hub import HubSettings
 from hellbender.config.kernels import KernelSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
@@ -25,6 +26,7 @@ class HellbenderConfig(
     DistributedSettings,
     PluginSettings,
     TrackingSettings,
+    HubSettings,
 ):
     """A validated training config. Build it with `hellbender.config.load_config`, which also checks
     combinations of keys and fills derived defaults."""

@@ -23,6 +23,7 @@ from hellbender.train.arguments import training_arguments
 from hellbender.train.deepspeed import deepspeed_before_loading
 from hellbender.train.distributed import is_main_process, main_process_first, world_size
 from hellbender.train.fsdp import check_fsdp_processes, check_wrap_classes, shard_norms_in_fp32
+from hellbender.train.hub import HubApi, HubPush, hub_publisher
 from hellbender.train.loss_watchdog import DIVERGED_EXIT_CODE, LossWatchdog
 from hellbender.train.memory_watchdog import MemoryWatchdog
 from hellbender.train.preemption import StopOnSignal
@@ -43,10 +44,11 @@ logger = logging.getLogger("hellbender")
 RESOLVED_CONFIG_NAME = "hellbender_config.yml"
 
 
-def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str, Any]:
+def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: HubApi | None = None) -> dict[str, Any]:
     """Train as the config says and save the result in `output_dir`; returns the final training metrics.
 
     `callbacks` are extra transformers `TrainerCallback`s, for programs that drive hellbender as a library.
+    `hub_api` stands in for the Hugging Face Hub's client where `hub_model_id` pushes (tests, mirrors).
     """
     from transformers import set_seed
 
@@ -54,6 +56,9 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
     if not is_main_process():  # one process reports; the others speak only of problems
         logger.setLevel(logging.WARNING)
     resume_from = checkpoint_to_resume(cfg)  # checked first, so a bad path fails before any work
+    publisher = hub_publisher(cfg, hub_api)  # offline or without a token: stops here, not after training
+    if publisher is not None and is_main_process():
+        publisher.prepare()
     if cfg.tiled_mlp and world_size() > 1:
         raise ConfigError(
             f"`tiled_mlp` runs in one training process only, and this run has {world_size()}: its MLP shards "
@@ -104,6 +109,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
             *([SaveFirstStep()] if cfg.save_first_step else []),
             CheckpointKeeper(cfg.save_total_limit),
             RunReport(cfg, data_stats, watchdog),  # after the keeper: a checkpoint is complete before its report
+            *([HubPush(publisher)] if publisher else []),  # likewise before it is pushed
             stop_on_signal,
             *([loss_watchdog] if loss_watchdog else []),
             *([StopIfAlreadyDone()] if resume_from else []),
@@ -145,6 +151,8 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
         metrics["exit_code"] = DIVERGED_EXIT_CODE
         return metrics
     trainer.save_final_model(cfg.output_dir)
+    if publisher is not None and is_main_process():
+        publisher.final_model_saved(Path(cfg.output_dir), extra_files=[RESOLVED_CONFIG_NAME])
     return metrics
 
 
