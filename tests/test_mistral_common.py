@@ -225,3 +225,14 @@ def test_the_cache_key_follows_the_tokenizer_file(tmp_path):
     )
     assert tokenizer_fingerprint(v7) == tokenizer_fingerprint(load_tokenizer(validate_config(raw_config(tmp_path))))
     assert tokenizer_fingerprint(v7) != tokenizer_fingerprint(v11)
+
+
+def test_a_tiny_model_trains_on_mistral_common_rows_and_keeps_its_tokenizer_file(tmp_path):
+    from tests.helpers import base_config, cli_train, trainer_state
+
+    cfg = base_config(tmp_path, tokenizer_config=str(write_tekken(tmp_path / "tok")), tokenizer_use_mistral_common=True)
+    cli_train(tmp_path, {**cfg, "max_steps": 2})
+    out = Path(cfg["output_dir"])
+    assert len([e for e in trainer_state(out)["log_history"] if "loss" in e]) == 2
+    # The saved tokenizer is the same mistral-common file, so the output loads with `tokenizer_use_mistral_common`.
+    assert (out / "tekken.json").read_bytes() == (tmp_path / "tok" / "tekken.json").read_bytes()
