@@ -33,6 +33,12 @@ class ModelSettings(BaseModel):
         None, description="Hub id or directory of the tokenizer, when it differs from `base_model`."
     )
     tokenizer_type: str = Field("AutoTokenizer", description="transformers tokenizer class to load.")
+    tokenizer_use_mistral_common: bool = Field(
+        False,
+        description="Load the tokenizer with Mistral's own `mistral-common` library (its `tekken.json` or "
+        "`tokenizer.model.v*` file) instead of `tokenizer.json`, and let it encode `chat_template` conversations "
+        "(no Jinja template); assistant turns and their EOS are trained. Needs `pip install 'hellbender[mistral]'`.",
+    )
     special_tokens: dict[str, str] = Field(
         default_factory=dict,
         description="Special tokens to set on the tokenizer, e.g. `{pad_token: '<|pad|>'}`; new tokens grow the embeddings. "

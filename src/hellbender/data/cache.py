@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hellbender.data.formats.mistral_chat import is_mistral_common
 from hellbender.data.sources import is_url, local_files, looks_local
 from hellbender.storage import write_directory_atomically
 
@@ -32,7 +33,19 @@ def _backend_json(backend: Any) -> bytes:
     return json.dumps(data, sort_keys=True).encode()
 
 
+def _mistral_common_fingerprint(tokenizer: Any) -> str:
+    """A mistral-common tokenizer is its one file (vocabulary, special tokens, instruct format version) and the
+    library's version, whose encoder lays conversations out."""
+    from importlib.metadata import version
+
+    h = hashlib.sha256(Path(tokenizer.tokenizer.instruct_tokenizer.tokenizer.file_path).read_bytes())
+    h.update(f"mistral-common {version('mistral-common')} pad {tokenizer.pad_token_id}".encode())
+    return h.hexdigest()
+
+
 def tokenizer_fingerprint(tokenizer: Any) -> str:
+    if is_mistral_common(tokenizer):
+        return _mistral_common_fingerprint(tokenizer)
     h = hashlib.sha256()
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
     h.update(

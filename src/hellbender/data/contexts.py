@@ -11,6 +11,7 @@ from hellbender.config import DatasetEntry, HellbenderConfig, PretrainingDataset
 from hellbender.config.defaults import VISION_TYPES, default_image_base_dir, entry_with_defaults
 from hellbender.data.formats import FormatContext, VisionContext
 from hellbender.data.formats.chat_template import DEFAULT_ROLE_ALIASES
+from hellbender.data.formats.mistral_chat import is_mistral_common
 from hellbender.data.images import ImagePolicy
 from hellbender.data.vision_tokens import image_placeholder_id, vision_token_ids
 from hellbender.errors import DataError
@@ -90,7 +91,7 @@ def format_context(
     template = None
     if entry.type == "chat_template" and processor is not None and entry.chat_template == "tokenizer_default":
         template = processor.chat_template  # a VLM's own template lives with its processor
-    elif entry.type == "chat_template":
+    elif entry.type == "chat_template" and not is_mistral_common(tokenizer):  # it encodes conversations itself
         template = resolve_chat_template(entry.chat_template, entry.chat_template_jinja, tokenizer)
     return FormatContext(
         tokenizer=tokenizer,

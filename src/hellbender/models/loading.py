@@ -9,6 +9,7 @@ from hellbender.chat_templates import resolve_chat_template
 from hellbender.config import HellbenderConfig
 from hellbender.config.precision import torch_dtype
 from hellbender.errors import ConfigError, EnvironmentProblem
+from hellbender.models.mistral_tokenizer import load_mistral_common_tokenizer
 from hellbender.models.tiny import is_tiny_model, tiny_model_dir
 
 
@@ -60,6 +61,13 @@ def load_tokenizer_and_processor(cfg: HellbenderConfig) -> tuple[Any, Any | None
 
 def load_tokenizer(cfg: HellbenderConfig) -> Any:
     source = resolve_model_path(*_tokenizer_source(cfg))
+    if cfg.tokenizer_use_mistral_common:
+        # Its tokens are fixed by the tokenizer file (validation refuses `tokens` / `special_tokens`); only a
+        # missing pad token is filled, as for any tokenizer.
+        tokenizer = load_mistral_common_tokenizer(source, cfg.revision_of_model)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
     cls = _transformers_class(cfg.tokenizer_type, "tokenizer_type")
     try:
         tokenizer = cls.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model)

@@ -13,6 +13,7 @@ from hellbender.data.formats import (
     alpaca,
     chat_template,
     completion,
+    mistral_chat,
     multimodal_chat,
     multimodal_pretrain,
     pretokenized,
@@ -21,9 +22,17 @@ from hellbender.data.formats.base import FormatContext, RowDropped, RowError, Vi
 
 Formatter = Callable[[dict[str, Any], FormatContext], dict[str, list[int]]]
 
+
+def _chat_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]]:
+    # A mistral-common tokenizer (`tokenizer_use_mistral_common`) encodes conversations itself, without a template.
+    if mistral_chat.is_mistral_common(ctx.tokenizer):
+        return mistral_chat.tokenize_row(row, ctx)
+    return chat_template.tokenize_row(row, ctx)
+
+
 FORMATTERS: dict[str, Formatter] = {
     "alpaca": alpaca.tokenize_row,
-    "chat_template": chat_template.tokenize_row,
+    "chat_template": _chat_row,
     "completion": completion.tokenize_row,
     "pretokenized": pretokenized.tokenize_row,
     "multimodal_chat": multimodal_chat.tokenize_row,

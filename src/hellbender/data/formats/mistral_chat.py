@@ -1,0 +1,88 @@
+"""`type: chat_template` rows with `tokenizer_use_mistral_common`: mistral-common encodes the conversation itself
+(its instruct format, no Jinja template), and only assistant turns and their EOS are trained.
+
+mistral-common builds token ids directly and never renders text that could be re-tokenized, so turn boundaries
+are found at the token level: each assistant turn's own tokens are the difference between the conversation
+encoded up to that turn and up to the message before it. Every assistant turn ends with EOS, and EOS never comes
+from text, so each turn is then found in the full encoding just before the next EOS. Where the tokens do not
+line up (a format that moves earlier messages once later ones follow) the row is refused, never guessed at.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowError
+from hellbender.data.formats.chat_template import _train_eos, read_messages
+
+
+def is_mistral_common(tokenizer: Any) -> bool:
+    """Whether `tokenizer` is transformers' `MistralCommonBackend` (checked by class name, so mistral-common is
+    imported only by configs that use it)."""
+    return any(cls.__name__ == "MistralCommonBackend" for cls in type(tokenizer).__mro__)
+
+
+def _encoders(tokenizer: Any) -> dict[str, Any]:
+    """The tokenizer's instruct format under both of mistral-common's validation modes: `finetuning` encodes a
+    conversation that ends with an assistant turn (and its EOS), `test` one that ends with a prompt."""
+    from mistral_common.protocol.instruct.normalize import get_normalizer
+    from mistral_common.protocol.instruct.validator import ValidationMode, get_validator
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    instruct = tokenizer.tokenizer.instruct_tokenizer
+    version = instruct.tokenizer.version
+    normalizer = get_normalizer(version, getattr(instruct.tokenizer, "model_settings_builder", None))
+    return {
+        mode: MistralTokenizer(instruct, validator=get_validator(version, mode=mode), request_normalizer=normalizer)
+        for mode in (ValidationMode.finetuning, ValidationMode.test)
+    }
+
+
+def _encode(encoders: dict[str, Any], messages: list[dict[str, Any]]) -> list[int]:
+    from mistral_common.exceptions import MistralCommonException
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.protocol.instruct.validator import ValidationMode
+    from pydantic import ValidationError
+
+    mode = ValidationMode.finetuning if messages and messages[-1]["role"] == "assistant" else ValidationMode.test
+    try:
+        request = ChatCompletionRequest.from_openai(messages=messages)
+        return list(encoders[mode].encode_chat_completion(request).tokens)
+    except (MistralCommonException, ValidationError, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RowError(
+            f"mistral-common refuses this conversation: {reason} (it expects an optional system message, then user "
+            "and assistant turns in order)"
+        ) from None
+
+
+def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]]:
+    tokenizer = ctx.tokenizer
+    messages = read_messages(row, ctx)
+    encoders = _encoders(tokenizer)
+    ids = _encode(encoders, messages)
+    if ctx.train_on_inputs:
+        return {"input_ids": ids, "labels": list(ids)}
+    eos = tokenizer.eos_token_id
+    assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    trained = "assistant" in ctx.roles_to_train
+    labels = [IGNORE_INDEX] * len(ids)
+    cursor = 0
+    for i in assistants:
+        prompt = _encode(encoders, messages[:i])
+        turn = _encode(encoders, messages[: i + 1])
+        own = turn[len(prompt) :]
+        end = ids.index(eos, cursor) if eos in ids[cursor:] else -1
+        start = end + 1 - len(own)
+        if turn[: len(prompt)] != prompt or not own or own[-1] != eos or start < cursor or ids[start : end + 1] != own:
+            raise RowError(
+                f"mistral-common encodes assistant message {i} differently once later messages follow (this "
+                "tokenizer version moves earlier content, e.g. tool calls before the last user message), so its "
+                "tokens cannot be located exactly; shorten the conversation to end at that turn, or pre-tokenize it"
+            )
+        if trained:
+            labels[start:end] = ids[start:end]
+        if _train_eos(ctx.train_on_eos, trained, trained and i == assistants[-1]):
+            labels[end] = eos
+        cursor = end + 1
+    return {"input_ids": ids, "labels": labels}
