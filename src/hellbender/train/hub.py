@@ -71,13 +71,14 @@ def _is_set(value: str | None) -> bool:
 
 def hub_problem(
     cfg: HellbenderConfig,
-    environ: Mapping[str, str] = os.environ,
+    environ: Mapping[str, str] | None = None,
     token_lookup: Callable[[], str | None] | None = None,
 ) -> str | None:
     """Why this run could not push to the hub, known before any work: offline mode, or no token. None without
     `hub_model_id` or when nothing stands in the way (the network itself is tried when the repository is created)."""
     if not cfg.hub_model_id:
         return None
+    environ = os.environ if environ is None else environ  # looked up now: libraries may replace os.environ
     offline = [name for name in OFFLINE_VARIABLES if _is_set(environ.get(name))]
     if offline:
         return (
