@@ -122,6 +122,12 @@ def find_notices(cfg: HellbenderConfig) -> list[str]:
             "`eval_steps` / `evals_per_epoch` is set but there is no evaluation data (`val_set_size: 0`, no "
             "`test_datasets`), so nothing is evaluated; add one of them to evaluate."
         )
+    if cfg.uses_fsdp2 and cfg.load_in_4bit and cfg.fsdp_settings.cpu_ram_efficient_loading:
+        notices.append(
+            "`fsdp_config.cpu_ram_efficient_loading` does nothing for a 4-bit base: accelerate leaves models with "
+            "4-bit weights out of it, so every process loads the whole 4-bit model onto its GPU (about half a byte per "
+            "quantized weight, plus the embeddings and output head in the run's dtype) before FSDP2 shards it."
+        )
     if "loss_watchdog_patience" in cfg.model_fields_set and cfg.loss_watchdog_threshold is None:
         notices.append(
             "`loss_watchdog_patience` is set but `loss_watchdog_threshold` is not, so the loss is not watched."
@@ -351,11 +357,6 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
     if cfg.deepspeed and cfg.load_in_8bit:
         problems.append(
             "`load_in_8bit` with `deepspeed` is not supported yet; use a bf16 base (`load_in_8bit: false`)."
-        )
-    if cfg.uses_fsdp2 and cfg.load_in_4bit:
-        problems.append(
-            "QLoRA (`load_in_4bit`) with FSDP2 is not supported yet. Use `adapter: lora` with FSDP2, or QLoRA on "
-            "one GPU or with DDP (`--nproc N` without `fsdp_version`)."
         )
     if cfg.deepspeed and cfg.load_in_4bit:
         problems.append("QLoRA (`load_in_4bit`) with `deepspeed` is not supported yet; use `adapter: lora`.")

@@ -139,3 +139,45 @@ def shard_norms_in_fp32(model: Any, patterns: list[str], compute_dtype: Any, mes
         module.to(torch.float32)
         fully_shard(module, mesh=mesh, mp_policy=policy)
     return len(modules)
+
+
+def quantized_weights(model: Any) -> dict[str, Any]:
+    """Name -> parameter of every bitsandbytes 4-bit weight (none without bitsandbytes)."""
+    try:
+        from bitsandbytes.nn import Params4bit
+    except ImportError:
+        return {}
+    return {name: p for name, p in model.named_parameters() if isinstance(p, Params4bit)}
+
+
+def prepare_quantized_for_fsdp(cfg: HellbenderConfig, model: Any) -> int:
+    """Ready a QLoRA model for accelerate's FSDP2 sharding; returns the number of 4-bit weights it will shard.
+
+    FSDP2 shards the packed 4-bit weights as plain float tensors: each process keeps a slice of the bytes, and each
+    `Linear4bit` keeps the whole weight's quantization state (a few scales per 64 values), which bitsandbytes gives
+    back to the gathered weight in its forward. That holds only while the gathered bytes come back unchanged, so
+    the storage dtype must be the one FSDP2 gathers in (see `quant_storage_dtype`); a pre-quantized checkpoint may
+    bring its own. The trained weights are made float32 here because accelerate (1.15) leaves them as they are in
+    a model with 4-bit weights, and FSDP2 needs one dtype among the trained weights of a group (LoRA's are float32,
+    `lora_modules_to_save` copies would be bf16); it upcasts them so for every other model."""
+    import torch
+
+    from hellbender.models.loading import quant_storage_dtype
+
+    if not (cfg.uses_fsdp2 and cfg.load_in_4bit):
+        return 0
+    weights = quantized_weights(model)
+    wanted = quant_storage_dtype(cfg)
+    wrong = sorted({str(p.dtype).removeprefix("torch.") for p in weights.values() if p.dtype != wanted})
+    if wrong:
+        raise ConfigError(
+            f"The 4-bit weights of `base_model: {cfg.base_model}` are stored as {', '.join(wrong)}, but FSDP2 gathers "
+            f"this run's weights as {str(wanted).removeprefix('torch.')} and would corrupt packed bytes of another "
+            "dtype (a pre-quantized checkpoint brings its own `bnb_4bit_quant_storage`). Use the unquantized model "
+            "as `base_model` (hellbender quantizes it while loading, storing the 4-bit weights in the run's dtype), "
+            "or train it without `fsdp_version`."
+        )
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != torch.float32:
+            param.data = param.data.float()
+    return len(weights)
