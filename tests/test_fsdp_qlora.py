@@ -85,9 +85,10 @@ def test_trained_weights_become_float32_and_the_4bit_weights_stay_packed(tmp_pat
 
 
 @pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory):
+def two_process_run(tmp_path_factory, tiny_model_path):
     """Float32 throughout (storage, compute, reduction), so that sharding is the only difference from one process,
-    with activation checkpointing, which recomputes the 4-bit layers inside the backward."""
+    with activation checkpointing, which recomputes the 4-bit layers inside the backward. (`tiny_model_path` builds
+    the tiny model first, so that the two processes do not both build it at once.)"""
     tmp = tmp_path_factory.mktemp("fsdp-qlora")
     raw = qlora_fsdp_config(tmp, gradient_checkpointing=True)
     config = tmp / "config.json"

@@ -350,6 +350,22 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
         )
     if cfg.tiled_mlp_num_shards is not None and not cfg.tiled_mlp:
         problems.append("`tiled_mlp_num_shards` is set but `tiled_mlp` is not: add `tiled_mlp: true`, or remove it.")
+    hybrid = [k for k in ("dp_shard_size", "dp_replicate_size") if getattr(cfg, k) is not None]
+    if hybrid and not cfg.uses_fsdp2:
+        problems.append(
+            f"{' and '.join(f'`{k}`' for k in hybrid)} set the shape of FSDP2 hybrid sharding, but `fsdp_version: 2` "
+            "is not set: add it with an `fsdp_config:` block, or remove them."
+        )
+    if cfg.dp_shard_size == 1:
+        problems.append(
+            "`dp_shard_size: 1` shards nothing, and FSDP2 needs processes to shard over: replicate without sharding "
+            "with DDP (`--nproc N` without `fsdp_version`), or set `dp_shard_size` to 2 or more."
+        )
+    if cfg.fp32_norms and (cfg.dp_replicate_size or 1) > 1:
+        problems.append(
+            "`fp32_norms` with hybrid sharding (`dp_replicate_size` > 1) is not supported yet: the norm groups would be "
+            "sharded over all processes while the layers are sharded within groups. Use one of them."
+        )
     if cfg.uses_fsdp2 and cfg.deepspeed:
         problems.append("`deepspeed` and `fsdp_version: 2` are both set; choose one engine.")
     if cfg.uses_fsdp2 and cfg.load_in_8bit:

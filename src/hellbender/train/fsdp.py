@@ -28,7 +28,8 @@ def fsdp_arguments(cfg: HellbenderConfig) -> dict[str, Any]:
     }
     if settings.layer_classes:
         fsdp_config["transformer_layer_cls_to_wrap"] = settings.layer_classes
-    return {"fsdp": True, "fsdp_config": fsdp_config}
+    hybrid = parallelism_config(cfg, world_size())
+    return {"fsdp": True, "fsdp_config": fsdp_config, **({"parallelism_config": hybrid} if hybrid else {})}
 
 
 def check_fsdp_plugin_arguments(cfg: HellbenderConfig, plugin_args: dict[str, Any] | None) -> None:
@@ -181,3 +182,34 @@ def prepare_quantized_for_fsdp(cfg: HellbenderConfig, model: Any) -> int:
         if param.requires_grad and param.dtype != torch.float32:
             param.data = param.data.float()
     return len(weights)
+
+
+def hybrid_shape(cfg: HellbenderConfig, processes: int) -> tuple[int, int] | None:
+    """(replicate, shard) group sizes of hybrid sharding over `processes`, or None for plain FSDP2 (one group
+    sharded over all processes). The size left out is what the other leaves; the product must be `processes`."""
+    shard, replicate = cfg.dp_shard_size, cfg.dp_replicate_size
+    if not cfg.uses_fsdp2 or (shard is None and replicate is None):
+        return None
+    if shard is None:
+        shard = processes // replicate if processes % replicate == 0 else 0
+    if replicate is None:
+        replicate = processes // shard if processes % shard == 0 else 0
+    if shard * replicate != processes or shard < 2:
+        raise ConfigError(
+            f"`dp_shard_size` ({cfg.dp_shard_size or 'unset'}) x `dp_replicate_size` ({cfg.dp_replicate_size or 'unset'}) "
+            f"must equal the number of training processes, {processes}, with groups of 2 or more to shard over. Set "
+            f"them so that their product is {processes}, or start as many processes as they describe."
+        )
+    return (replicate, shard) if replicate > 1 else None
+
+
+def parallelism_config(cfg: HellbenderConfig, processes: int) -> Any | None:
+    """accelerate's `ParallelismConfig` for hybrid sharding: it builds the 2-D device mesh (`dp_replicate` x
+    `dp_shard`) that accelerate passes to `fully_shard`, and spreads the data over all processes."""
+    shape = hybrid_shape(cfg, processes)
+    if shape is None:
+        return None
+    from accelerate.parallelism_config import ParallelismConfig
+
+    replicate, shard = shape
+    return ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard)

@@ -25,6 +25,7 @@ from hellbender.train.distributed import is_main_process, main_process_first, wo
 from hellbender.train.fsdp import (
     check_fsdp_processes,
     check_wrap_classes,
+    hybrid_shape,
     prepare_quantized_for_fsdp,
     shard_norms_in_fp32,
 )
@@ -75,6 +76,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None) -> dict[str
             if cfg.uses_fsdp2:
                 check_wrap_classes(cfg, skeleton)
                 check_fsdp_processes()
+                hybrid_shape(cfg, world_size())
             if cfg.gradient_checkpointing_layers is not None:
                 layers_left_unchecked(skeleton, cfg.gradient_checkpointing_layers)
         # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so
