@@ -7,7 +7,8 @@ built as `hellbender train` builds it (`build_trainable_model`: adapter, activat
 `prepare_quantized_for_fsdp`, and sharded as accelerate shards a model with 4-bit weights: each decoder layer, then
 the root, with the run's mixed-precision policy and no upcast of its own. It saves what the Trainer saves: the
 adapter from the gathered full state dict (the final model), and a sharded adapter-only checkpoint in accelerate's
-layout (`checkpoint-N/pytorch_model_fsdp_0/`, keys without the adapter's name) for `hellbender consolidate`.
+layout (`checkpoint-N/pytorch_model_fsdp_0/`, keys without the adapter's name) for `hellbender consolidate`, which
+it also loads into a freshly sharded model as accelerate does when a run resumes.
 
 Usage: fsdp_qlora_worker.py CONFIG.json RESULT_DIR
 """
@@ -82,10 +83,18 @@ def train_steps(model: Any, ids: torch.Tensor, mean_over_processes: bool = False
     return {"losses": losses, "grads": grads}
 
 
+def mean_loss(model: Any, ids: torch.Tensor) -> float:
+    import torch.distributed as dist
+
+    value = model(input_ids=ids, labels=ids).loss.detach().float()
+    dist.all_reduce(value)
+    return float(value) / dist.get_world_size()
+
+
 def main(config_path: str, result_dir: str) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from peft import get_peft_model_state_dict
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -99,29 +108,46 @@ def main(config_path: str, result_dir: str) -> None:
     rank, processes = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (processes,))
     cfg = validate_config(json.loads(Path(config_path).read_text()))
-    model = build_model(cfg)
-    sharded_weights = prepare_quantized_for_fsdp(cfg, model)
-    quantized_names = list(quantized_weights(model))
     dtype = torch_dtype(cfg)
     # accelerate's policy: the run's dtype for gathering and reducing, none in float32.
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype) if dtype != torch.float32 else None
     kwargs = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
-    for layer in model.get_base_model().model.layers:
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+
+    def sharded_model() -> Any:
+        model = build_model(cfg)
+        prepare_quantized_for_fsdp(cfg, model)
+        for layer in model.get_base_model().model.layers:
+            fully_shard(layer, **kwargs)
+        return fully_shard(model, **kwargs)
+
+    unsharded = build_model(cfg)
+    sharded_weights = prepare_quantized_for_fsdp(cfg, unsharded)
+    quantized_names = list(quantized_weights(unsharded))
+    del unsharded
+    model = sharded_model()
     params = dict(model.named_parameters())
     quantized = [params[name] for name in quantized_names]  # DTensors now, each holding this process's slice
     local_storage = sorted({str(p.to_local().dtype) for p in quantized})
     local_share = sum(p.to_local().numel() for p in quantized) / sum(p.numel() for p in quantized)
 
     rows = BATCH // processes
-    result = train_steps(model, batch()[rank * rows : (rank + 1) * rows], mean_over_processes=True)
+    ids = batch()[rank * rows : (rank + 1) * rows]
+    result = train_steps(model, ids, mean_over_processes=True)
 
     out = Path(result_dir)
     whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     sharded = get_peft_model_state_dict(model)  # what accelerate saves for `adapter_only`, names without `default`
     checkpoint = out / "run" / f"checkpoint-{STEPS}"
     dcp.save({"model": sharded}, checkpoint_id=str(checkpoint / "pytorch_model_fsdp_0"))
+
+    # Resuming, as accelerate loads an adapter-only sharded checkpoint into a freshly sharded model.
+    resumed = sharded_model()
+    loaded = {"model": get_peft_model_state_dict(resumed)}
+    dcp.load(loaded, checkpoint_id=str(checkpoint / "pytorch_model_fsdp_0"))
+    set_peft_model_state_dict(resumed, loaded["model"])
+    with torch.no_grad():
+        after = [mean_loss(m, ids) for m in (model, resumed)]
+
     if rank == 0:
         model.save_pretrained(str(out / "adapter"), state_dict=whole)  # as the Trainer saves the final adapter
         write_manifest(checkpoint)
@@ -131,6 +157,8 @@ def main(config_path: str, result_dir: str) -> None:
             "sharded_4bit_weights": sharded_weights,
             "storage": local_storage,
             "local_share": local_share,
+            "loss_after_training": after[0],
+            "loss_after_resuming": after[1],
         }
         (out / "report.json").write_text(json.dumps(report, indent=1))
     dist.barrier()

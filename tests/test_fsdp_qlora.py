@@ -125,6 +125,13 @@ def test_two_sharded_processes_compute_what_one_process_computes(two_process_run
         torch.testing.assert_close(sharded[name], grad, rtol=1e-4, atol=1e-7)
 
 
+def test_a_sharded_qlora_checkpoint_resumes_the_trained_adapter(two_process_run):
+    _, _, report = two_process_run
+    # Loaded into a freshly sharded model as accelerate resumes: the trained model's loss, not the untrained one's.
+    assert report["loss_after_resuming"] == pytest.approx(report["loss_after_training"], rel=1e-6)
+    assert report["loss_after_training"] < report["losses"][0] - 0.05
+
+
 def test_the_adapter_saved_from_the_sharded_model_loads_in_peft_on_the_4bit_base(two_process_run, one_process_run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
