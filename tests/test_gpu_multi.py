@@ -1,8 +1,11 @@
 """FSDP2 through the Trainer on two GPUs, with a Llama-3.2-1B-shaped model (random weights, the tiny tokenizer):
 full fine-tuning and LoRA train, save sharded checkpoints, resume exactly and consolidate into a model that plain
-transformers / PEFT load; `fp32_norms` keeps the norms in float32 while the rest computes in bfloat16.
+transformers / PEFT load; `fp32_norms` keeps the norms in float32 while the rest computes in bfloat16. QLoRA (a
+smaller random Llama) trains with its 4-bit weights sharded, resumes, consolidates, and its adapter loads in plain
+PEFT on the 4-bit base. Hybrid sharding (2 x 2) trains like FSDP2 over four GPUs.
 
-Skipped without two CUDA GPUs. Each run is a real `torchrun` of tests/train_worker.py.
+Skipped without two CUDA GPUs (the hybrid test without four). Each run is a real `torchrun` of
+tests/train_worker.py.
 """
 
 from __future__ import annotations
@@ -76,11 +79,11 @@ def config(tmp_path: Path, model: Path, **overrides) -> dict:
     return raw
 
 
-def torchrun(tmp_path: Path, raw: dict, name: str) -> dict:
+def torchrun(tmp_path: Path, raw: dict, name: str, nproc: int = 2) -> dict:
     config_file = tmp_path / f"{name}.json"
     config_file.write_text(json.dumps(raw))
     result = tmp_path / f"{name}.result.json"
-    run_torchrun(WORKER, str(config_file), str(result), timeout=600)
+    run_torchrun(WORKER, str(config_file), str(result), timeout=600, nproc=nproc)
     return json.loads(result.read_text())
 
 
@@ -293,3 +296,27 @@ def test_fsdp2_qlora_with_axolotls_offload_settings_trains(tmp_path, small_llama
     losses = logged_losses(raw["output_dir"])
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(list(losses.values())))), losses
     assert (Path(raw["output_dir"]) / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs four CUDA GPUs")
+def test_hybrid_sharding_two_by_two_trains_like_fsdp2_over_four_gpus(tmp_path, small_llama):
+    common = dict(
+        adapter="lora",
+        lora_r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        lora_target_linear=True,
+        sequence_len=256,
+        max_steps=3,
+        save_steps=10,
+        learning_rate=2e-3,
+    )
+    plain = config(tmp_path / "plain", small_llama, **common)
+    hybrid = config(tmp_path / "hybrid", small_llama, dp_shard_size=2, dp_replicate_size=2, **common)
+    torchrun(tmp_path, plain, "plain", nproc=4)
+    torchrun(tmp_path, hybrid, "hybrid", nproc=4)
+    expected, got = logged_losses(plain["output_dir"]), logged_losses(hybrid["output_dir"])
+    assert len(got) == 3 and all(torch.isfinite(torch.tensor(list(got.values())))), got
+    for step, loss in expected.items():  # bf16: reduction order differs between the two meshes
+        assert got[step] == pytest.approx(loss, rel=2e-2), (got, expected)
+    assert (Path(hybrid["output_dir"]) / "adapter_model.safetensors").is_file()
