@@ -219,6 +219,16 @@ def test_hybrid_sharding_sizes_that_do_not_fill_the_processes_are_refused_with_t
     assert f"`dp_shard_size` ({sizes.get('dp_shard_size', 'unset')})" in str(error.value)
 
 
+def test_fp32_norms_with_replicas_left_to_fill_the_processes_are_refused_when_the_run_starts(tmp_path):
+    from hellbender.errors import ConfigError
+    from hellbender.train.fsdp import hybrid_shape
+
+    cfg = validate_config(fsdp_config(tmp_path, dp_shard_size=2, fp32_norms=True, bf16=True))  # replicas not named
+    assert hybrid_shape(cfg, 2) is None  # one group: plain FSDP2, fp32 norms work
+    with pytest.raises(ConfigError, match=r"`fp32_norms` with hybrid sharding \(2 replicas of `dp_shard_size: 2`\)"):
+        hybrid_shape(cfg, 4)
+
+
 def test_hybrid_sharding_reaches_the_trainer_as_accelerates_parallelism_config(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")  # as torchrun sets it
     cfg = validate_config(fsdp_config(tmp_path, dp_shard_size=2, dp_replicate_size=2))

@@ -200,6 +200,12 @@ def hybrid_shape(cfg: HellbenderConfig, processes: int) -> tuple[int, int] | Non
             f"must equal the number of training processes, {processes}, with groups of 2 or more to shard over. Set "
             f"them so that their product is {processes}, or start as many processes as they describe."
         )
+    if replicate > 1 and cfg.fp32_norms:
+        raise ConfigError(
+            f"`fp32_norms` with hybrid sharding ({replicate} replicas of `dp_shard_size: {shard}`) is not supported yet: "
+            "the norm groups would be sharded over all processes while the layers are sharded within groups. Use one "
+            "of them."
+        )
     return (replicate, shard) if replicate > 1 else None
 
 
