@@ -89,6 +89,11 @@ def test_norm_patterns_match_class_name_suffixes_or_full_paths(tmp_path):
     assert len(norm_modules(model, ["LayerNorm"])) == 0
 
 
+@pytest.fixture
+def tiny_model_built(tiny_model_path) -> None:
+    """The tiny model built in this process first: two workers starting together would both build it at once."""
+
+
 def run_workers(tmp_path: Path, raw: dict) -> dict:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(raw))
@@ -97,7 +102,7 @@ def run_workers(tmp_path: Path, raw: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory):
+def lora_run(tmp_path_factory, tiny_model_path):  # tiny_model_path: see `tiny_model_built`
     tmp = tmp_path_factory.mktemp("fsdp-lora")
     raw = fsdp_config(tmp, bf16=True, adapter="lora", lora_target_linear=True, lora_dropout=0.0, fp32_norms=True)
     return tmp, raw, run_workers(tmp, raw)
@@ -145,7 +150,7 @@ def load_model_path(cfg) -> Path:
     return Path(resolve_model_path(cfg.base_model))
 
 
-def test_sharded_full_checkpoint_consolidates_into_a_model_transformers_loads(tmp_path):
+def test_sharded_full_checkpoint_consolidates_into_a_model_transformers_loads(tmp_path, tiny_model_built):
     from transformers import AutoModelForCausalLM
 
     raw = fsdp_config(tmp_path, bf16=True)
@@ -256,8 +261,7 @@ def test_hybrid_sharding_settings_that_cannot_work_are_refused(tmp_path, overrid
         validate_config(raw)
 
 
-def test_hybrid_sharding_two_by_two_trains_like_plain_fsdp2_on_four_processes(tmp_path, tiny_model_path):
-    # `tiny_model_path`: built here first, so that the four processes do not all build it at once.
+def test_hybrid_sharding_two_by_two_trains_like_plain_fsdp2_on_four_processes(tmp_path, tiny_model_built):
     raw = base_config(
         tmp_path,
         adapter="lora",
