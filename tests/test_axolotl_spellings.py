@@ -239,7 +239,7 @@ def test_shard_grad_op_keeps_the_gathered_weights_after_forward(tmp_path):
 @pytest.mark.parametrize(
     ("keys", "message"),
     [
-        ({"fsdp": ["hybrid_shard"]}, "`hybrid_shard` cannot be translated to FSDP2: hybrid sharding"),
+        ({"fsdp": ["hybrid_shard"]}, "`hybrid_shard` cannot be translated to FSDP2: .* set `dp_shard_size`"),
         ({"fsdp": ["full_shard"], "fsdp_config": {"forward_prefetch": True}}, "`fsdp_config.forward_prefetch: true`"),
         ({"fsdp_version": 1, "fsdp": ["full_shard"]}, "`fsdp_version: 1` is not supported"),
     ],

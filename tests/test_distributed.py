@@ -25,8 +25,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_torchrun(script: Path, *args: str, timeout: float = 300, **env: str) -> None:
-    """`script ARGS` in two torchrun processes, with this repository importable; fails the test with their output."""
+def run_torchrun(script: Path, *args: str, timeout: float = 300, nproc: int = 2, **env: str) -> None:
+    """`script ARGS` in `nproc` torchrun processes, with this repository importable; fails the test with their
+    output."""
     repo = Path(__file__).resolve().parent.parent
     done = subprocess.run(
         [
@@ -34,7 +35,7 @@ def run_torchrun(script: Path, *args: str, timeout: float = 300, **env: str) -> 
             "-m",
             "torch.distributed.run",
             "--nproc-per-node",
-            "2",
+            str(nproc),
             "--master-port",
             str(free_port()),
             str(script),

@@ -89,6 +89,11 @@ def test_norm_patterns_match_class_name_suffixes_or_full_paths(tmp_path):
     assert len(norm_modules(model, ["LayerNorm"])) == 0
 
 
+@pytest.fixture
+def tiny_model_built(tiny_model_path) -> None:
+    """The tiny model built in this process first: two workers starting together would both build it at once."""
+
+
 def run_workers(tmp_path: Path, raw: dict) -> dict:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(raw))
@@ -97,7 +102,7 @@ def run_workers(tmp_path: Path, raw: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory):
+def lora_run(tmp_path_factory, tiny_model_path):  # tiny_model_path: see `tiny_model_built`
     tmp = tmp_path_factory.mktemp("fsdp-lora")
     raw = fsdp_config(tmp, bf16=True, adapter="lora", lora_target_linear=True, lora_dropout=0.0, fp32_norms=True)
     return tmp, raw, run_workers(tmp, raw)
@@ -145,7 +150,7 @@ def load_model_path(cfg) -> Path:
     return Path(resolve_model_path(cfg.base_model))
 
 
-def test_sharded_full_checkpoint_consolidates_into_a_model_transformers_loads(tmp_path):
+def test_sharded_full_checkpoint_consolidates_into_a_model_transformers_loads(tmp_path, tiny_model_built):
     from transformers import AutoModelForCausalLM
 
     raw = fsdp_config(tmp_path, bf16=True)
@@ -185,3 +190,98 @@ def test_consolidating_a_checkpoint_without_shards_says_what_it_holds(tmp_path):
     result = CliRunner().invoke(app, ["consolidate", str(config)])
     assert result.exit_code == 2
     assert "holds no sharded weights" in result.stderr and "checkpoint-3" in result.stderr
+
+
+HYBRID_WORKER = REPO / "tests" / "fsdp_hybrid_worker.py"
+
+
+@pytest.mark.parametrize(
+    ("sizes", "processes", "shape"),
+    [
+        ({"dp_shard_size": 2, "dp_replicate_size": 2}, 4, (2, 2)),
+        ({"dp_shard_size": 4}, 8, (2, 4)),  # the replicas fill the processes the shard groups leave
+        ({"dp_replicate_size": 2}, 8, (2, 4)),
+        ({"dp_shard_size": 4}, 4, None),  # one group over all processes: plain FSDP2
+    ],
+)
+def test_hybrid_sharding_sizes_fill_the_processes(tmp_path, sizes, processes, shape):
+    from hellbender.train.fsdp import hybrid_shape
+
+    assert hybrid_shape(validate_config(fsdp_config(tmp_path, **sizes)), processes) == shape
+
+
+@pytest.mark.parametrize(
+    ("sizes", "processes"),
+    [({"dp_shard_size": 2, "dp_replicate_size": 2}, 8), ({"dp_shard_size": 3}, 4), ({"dp_replicate_size": 4}, 4)],
+)
+def test_hybrid_sharding_sizes_that_do_not_fill_the_processes_are_refused_with_the_numbers(tmp_path, sizes, processes):
+    from hellbender.errors import ConfigError
+    from hellbender.train.fsdp import hybrid_shape
+
+    cfg = validate_config(fsdp_config(tmp_path, **sizes))
+    with pytest.raises(ConfigError, match=rf"must equal the number of training processes, {processes}") as error:
+        hybrid_shape(cfg, processes)
+    assert f"`dp_shard_size` ({sizes.get('dp_shard_size', 'unset')})" in str(error.value)
+
+
+def test_fp32_norms_with_replicas_left_to_fill_the_processes_are_refused_when_the_run_starts(tmp_path):
+    from hellbender.errors import ConfigError
+    from hellbender.train.fsdp import hybrid_shape
+
+    cfg = validate_config(fsdp_config(tmp_path, dp_shard_size=2, fp32_norms=True, bf16=True))  # replicas not named
+    assert hybrid_shape(cfg, 2) is None  # one group: plain FSDP2, fp32 norms work
+    with pytest.raises(ConfigError, match=r"`fp32_norms` with hybrid sharding \(2 replicas of `dp_shard_size: 2`\)"):
+        hybrid_shape(cfg, 4)
+
+
+def test_hybrid_sharding_reaches_the_trainer_as_accelerates_parallelism_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")  # as torchrun sets it
+    cfg = validate_config(fsdp_config(tmp_path, dp_shard_size=2, dp_replicate_size=2))
+    from hellbender.train.fsdp import fsdp_arguments
+
+    pc = fsdp_arguments(cfg)["parallelism_config"]
+    assert (pc.dp_replicate_size, pc.dp_shard_size) == (2, 2)
+    assert pc.fsdp_dim_names == ["dp_replicate", "dp_shard_cp"]  # the 2-D mesh accelerate gives fully_shard
+    assert "parallelism_config" not in fsdp_arguments(validate_config(fsdp_config(tmp_path)))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"fsdp_version": None, "fsdp_config": None, "dp_shard_size": 2}, "but `fsdp_version: 2` is not set"),
+        ({"dp_shard_size": 1}, "`dp_shard_size: 1` shards nothing"),
+        ({"dp_replicate_size": 2, "fp32_norms": True, "bf16": True}, "`fp32_norms` with hybrid sharding"),
+    ],
+)
+def test_hybrid_sharding_settings_that_cannot_work_are_refused(tmp_path, overrides, message):
+    from hellbender.errors import ConfigError
+
+    raw = {k: v for k, v in {**fsdp_config(tmp_path), **overrides}.items() if v is not None}
+    with pytest.raises(ConfigError, match=message):
+        validate_config(raw)
+
+
+def test_hybrid_sharding_two_by_two_trains_like_plain_fsdp2_on_four_processes(tmp_path, tiny_model_built):
+    raw = base_config(
+        tmp_path,
+        adapter="lora",
+        lora_target_linear=True,
+        lora_dropout=0.0,
+        fsdp_version=2,
+        fsdp_config={"transformer_layer_cls_to_wrap": "LlamaDecoderLayer"},
+        dp_shard_size=2,
+        dp_replicate_size=2,
+    )
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(raw))
+    run_torchrun(HYBRID_WORKER, str(config), str(tmp_path), nproc=4, timeout=600, OMP_NUM_THREADS="1")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["hybrid"]["mesh"] == [2, 2] and report["hybrid"]["dims"] == ["dp_replicate", "dp_shard_cp"]
+    assert report["plain"]["mesh"] == [4]
+    # Tolerance: float32 reduction order only (all-reduce over replicas after the reduce-scatter in each group).
+    assert report["hybrid"]["losses"] == pytest.approx(report["plain"]["losses"], rel=1e-6)
+    grads = torch.load(tmp_path / "grads.pt", weights_only=True)
+    assert set(grads["hybrid"]) == set(grads["plain"])
+    for name, grad in grads["plain"].items():
+        assert grad.abs().max() > 0, name
+        torch.testing.assert_close(grads["hybrid"][name], grad, rtol=1e-5, atol=1e-8)

@@ -1,8 +1,11 @@
 """FSDP2 through the Trainer on two GPUs, with a Llama-3.2-1B-shaped model (random weights, the tiny tokenizer):
 full fine-tuning and LoRA train, save sharded checkpoints, resume exactly and consolidate into a model that plain
-transformers / PEFT load; `fp32_norms` keeps the norms in float32 while the rest computes in bfloat16.
+transformers / PEFT load; `fp32_norms` keeps the norms in float32 while the rest computes in bfloat16. QLoRA (a
+smaller random Llama) trains with its 4-bit weights sharded, resumes, consolidates, and its adapter loads in plain
+PEFT on the 4-bit base. Hybrid sharding (2 x 2) trains like FSDP2 over four GPUs.
 
-Skipped without two CUDA GPUs. Each run is a real `torchrun` of tests/train_worker.py.
+Skipped without two CUDA GPUs (the hybrid test without four). Each run is a real `torchrun` of
+tests/train_worker.py.
 """
 
 from __future__ import annotations
@@ -76,11 +79,11 @@ def config(tmp_path: Path, model: Path, **overrides) -> dict:
     return raw
 
 
-def torchrun(tmp_path: Path, raw: dict, name: str) -> dict:
+def torchrun(tmp_path: Path, raw: dict, name: str, nproc: int = 2) -> dict:
     config_file = tmp_path / f"{name}.json"
     config_file.write_text(json.dumps(raw))
     result = tmp_path / f"{name}.result.json"
-    run_torchrun(WORKER, str(config_file), str(result), timeout=600)
+    run_torchrun(WORKER, str(config_file), str(result), timeout=600, nproc=nproc)
     return json.loads(result.read_text())
 
 
@@ -168,7 +171,7 @@ def test_fsdp2_lora_saves_resumes_and_consolidates(tmp_path, llama_1b):
         torch.testing.assert_close(joined[name], tensor, rtol=0, atol=0)
     base = AutoModelForCausalLM.from_pretrained(llama_1b, dtype=torch.bfloat16, device_map="cuda")
     model = PeftModel.from_pretrained(base, str(target))
-    assert torch.isfinite(model(torch.tensor([[5, 6, 7, 8]], device="cuda")).logits).all()
+    assert torch.isfinite(model(torch.tensor([[5, 6, 7, 8]], device=model.device)).logits).all()
 
 
 def test_fp32_norms_keep_norms_float32_while_the_rest_runs_in_bfloat16(tmp_path, llama_1b):
@@ -182,3 +185,138 @@ def test_fp32_norms_keep_norms_float32_while_the_rest_runs_in_bfloat16(tmp_path,
     others = {n: d for n, d in compute.items() if not n.endswith("norm.weight")}
     assert "torch.bfloat16" in others.values(), others  # two precision groups, not a model run all in float32
     assert others["model.layers.0.self_attn.q_proj.weight"] == "torch.bfloat16"
+
+
+SMALL_LLAMA = dict(
+    hidden_size=512,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    tie_word_embeddings=False,
+    max_position_embeddings=2048,
+)
+
+
+@pytest.fixture(scope="module")
+def small_llama(tmp_path_factory, tiny_tokenizer) -> Path:
+    """A small random Llama over the tiny tokenizer's vocabulary: small enough that QLoRA visibly lowers the loss
+    of the chat data within a few steps."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    target = tmp_path_factory.mktemp("small-llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(**SMALL_LLAMA, vocab_size=len(tiny_tokenizer), pad_token_id=tiny_tokenizer.pad_token_id)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(target)
+    tiny_tokenizer.save_pretrained(target)
+    return target
+
+
+def qlora_config(tmp_path: Path, model: Path, **overrides) -> dict:
+    return config(
+        tmp_path,
+        model,
+        adapter="qlora",
+        lora_r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        lora_target_linear=True,
+        sequence_len=256,
+        max_steps=6,
+        learning_rate=2e-3,
+        fsdp_config={"transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "state_dict_type": "SHARDED_STATE_DICT"},
+        **overrides,
+    )
+
+
+def chat_loss(model, tokenizer) -> float:
+    """The model's loss on the first rows of the training data, as one sequence each."""
+    rows = [json.loads(line) for line in Path(CHAT_DATA).read_text().splitlines()[:4]]
+    total = 0.0
+    for row in rows:
+        text = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+        ids = torch.tensor([tokenizer(text)["input_ids"][:256]], device=model.device)
+        with torch.no_grad():
+            total += float(model(input_ids=ids, labels=ids).loss)
+    return total / len(rows)
+
+
+def test_fsdp2_qlora_trains_saves_resumes_and_the_adapter_loads_in_peft(tmp_path, small_llama):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+    raw = qlora_config(tmp_path, small_llama)
+    result = torchrun(tmp_path, raw, "qlora")
+    out = Path(raw["output_dir"])
+    losses = logged_losses(out)
+    values = [losses[step] for step in sorted(losses)]
+    assert len(values) == 6 and all(torch.isfinite(torch.tensor(values))), losses
+    assert sum(values[-2:]) < sum(values[:2]), losses  # the loss falls
+    stored = result["stored"]
+    packed = {n: d for n, d in stored.items() if n.endswith("base_layer.weight") and ".layers." in n}
+    assert len(packed) == 7 * SMALL_LLAMA["num_hidden_layers"]
+    assert set(packed.values()) == {"torch.bfloat16"}, packed  # stored in the run's dtype, as FSDP2 gathers them
+    assert {d for n, d in stored.items() if "lora_" in n} == {"torch.float32"}
+    assert (out / "checkpoint-2" / "pytorch_model_fsdp_0").is_dir()
+    assert (out / "adapter_model.safetensors").is_file()
+    assert_resumes_exactly(tmp_path, raw, losses)
+    target = tmp_path / "consolidated"
+    consolidate(raw, tmp_path, out / "checkpoint-6", target)
+    final = load_file(out / "adapter_model.safetensors")
+    joined = load_file(target / "adapter_model.safetensors")
+    assert set(final) == set(joined) and any("lora_B" in k for k in final)
+    for name, tensor in final.items():  # checkpoint-6 and the final adapter are the same weights
+        torch.testing.assert_close(joined[name], tensor, rtol=0, atol=0)
+
+    # Plain PEFT on the 4-bit base, without hellbender: the adapter is the trained one.
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+        bnb_4bit_quant_storage=torch.bfloat16,
+    )
+    base = AutoModelForCausalLM.from_pretrained(
+        small_llama, dtype=torch.bfloat16, quantization_config=quantization, device_map="cuda"
+    )
+    tokenizer = AutoTokenizer.from_pretrained(small_llama)
+    untrained = chat_loss(base, tokenizer)
+    model = PeftModel.from_pretrained(base, str(out))
+    trained = chat_loss(model, tokenizer)
+    assert trained < untrained - 0.1, (trained, untrained)
+
+
+def test_fsdp2_qlora_with_axolotls_offload_settings_trains(tmp_path, small_llama):
+    """Axolotl's QLoRA + FSDP examples offload the sharded parameters to host memory and ask for
+    `cpu_ram_efficient_loading` (which does nothing for a 4-bit base; a notice says so)."""
+    raw = qlora_config(tmp_path, small_llama, max_steps=3, save_steps=10)
+    raw["fsdp_config"] = {**raw["fsdp_config"], "offload_params": True, "cpu_ram_efficient_loading": True}
+    torchrun(tmp_path, raw, "qlora-offload")
+    losses = logged_losses(raw["output_dir"])
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(list(losses.values())))), losses
+    assert (Path(raw["output_dir"]) / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs four CUDA GPUs")
+def test_hybrid_sharding_two_by_two_trains_like_fsdp2_over_four_gpus(tmp_path, small_llama):
+    common = dict(
+        adapter="lora",
+        lora_r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        lora_target_linear=True,
+        sequence_len=256,
+        max_steps=3,
+        save_steps=10,
+        learning_rate=2e-3,
+    )
+    plain = config(tmp_path / "plain", small_llama, **common)
+    hybrid = config(tmp_path / "hybrid", small_llama, dp_shard_size=2, dp_replicate_size=2, **common)
+    torchrun(tmp_path, plain, "plain", nproc=4)
+    torchrun(tmp_path, hybrid, "hybrid", nproc=4)
+    expected, got = logged_losses(plain["output_dir"]), logged_losses(hybrid["output_dir"])
+    assert len(got) == 3 and all(torch.isfinite(torch.tensor(list(got.values())))), got
+    for step, loss in expected.items():  # bf16: reduction order differs between the two meshes
+        assert got[step] == pytest.approx(loss, rel=2e-2), (got, expected)
+    assert (Path(hybrid["output_dir"]) / "adapter_model.safetensors").is_file()

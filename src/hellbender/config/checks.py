@@ -132,6 +132,12 @@ def find_notices(cfg: HellbenderConfig) -> list[str]:
             "`eval_steps` / `evals_per_epoch` is set but there is no evaluation data (`val_set_size: 0`, no "
             "`test_datasets`), so nothing is evaluated; add one of them to evaluate."
         )
+    if cfg.uses_fsdp2 and cfg.load_in_4bit and cfg.fsdp_settings.cpu_ram_efficient_loading:
+        notices.append(
+            "`fsdp_config.cpu_ram_efficient_loading` does nothing for a 4-bit base: accelerate leaves models with "
+            "4-bit weights out of it, so every process loads the whole 4-bit model onto its GPU (about half a byte per "
+            "quantized weight, plus the embeddings and output head in the run's dtype) before FSDP2 shards it."
+        )
     if "loss_watchdog_patience" in cfg.model_fields_set and cfg.loss_watchdog_threshold is None:
         notices.append(
             "`loss_watchdog_patience` is set but `loss_watchdog_threshold` is not, so the loss is not watched."
@@ -354,6 +360,22 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
         )
     if cfg.tiled_mlp_num_shards is not None and not cfg.tiled_mlp:
         problems.append("`tiled_mlp_num_shards` is set but `tiled_mlp` is not: add `tiled_mlp: true`, or remove it.")
+    hybrid = [k for k in ("dp_shard_size", "dp_replicate_size") if getattr(cfg, k) is not None]
+    if hybrid and not cfg.uses_fsdp2:
+        problems.append(
+            f"{' and '.join(f'`{k}`' for k in hybrid)} set the shape of FSDP2 hybrid sharding, but `fsdp_version: 2` "
+            "is not set: add it with an `fsdp_config:` block, or remove them."
+        )
+    if cfg.dp_shard_size == 1:
+        problems.append(
+            "`dp_shard_size: 1` shards nothing, and FSDP2 needs processes to shard over: replicate without sharding "
+            "with DDP (`--nproc N` without `fsdp_version`), or set `dp_shard_size` to 2 or more."
+        )
+    if cfg.fp32_norms and (cfg.dp_replicate_size or 1) > 1:
+        problems.append(
+            "`fp32_norms` with hybrid sharding (`dp_replicate_size` > 1) is not supported yet: the norm groups would be "
+            "sharded over all processes while the layers are sharded within groups. Use one of them."
+        )
     if cfg.uses_fsdp2 and cfg.deepspeed:
         problems.append("`deepspeed` and `fsdp_version: 2` are both set; choose one engine.")
     if cfg.uses_fsdp2 and cfg.load_in_8bit:
@@ -361,11 +383,6 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
     if cfg.deepspeed and cfg.load_in_8bit:
         problems.append(
             "`load_in_8bit` with `deepspeed` is not supported yet; use a bf16 base (`load_in_8bit: false`)."
-        )
-    if cfg.uses_fsdp2 and cfg.load_in_4bit:
-        problems.append(
-            "QLoRA (`load_in_4bit`) with FSDP2 is not supported yet. Use `adapter: lora` with FSDP2, or QLoRA on "
-            "one GPU or with DDP (`--nproc N` without `fsdp_version`)."
         )
     if cfg.deepspeed and cfg.load_in_4bit:
         problems.append("QLoRA (`load_in_4bit`) with `deepspeed` is not supported yet; use `adapter: lora`.")

@@ -80,6 +80,8 @@ UNSET_MEANS: dict[str, str] = {
     "fsdp_config": "no FSDP",
     "fsdp": "no FSDP",
     "fsdp_final_state_dict_type": "the final model is saved whole",
+    "dp_shard_size": "FSDP2 shards over all processes (or those `dp_replicate_size` leaves)",
+    "dp_replicate_size": "one copy of the model (or the groups `dp_shard_size` leaves)",
     "deepspeed": "no DeepSpeed",
     # fsdp_config
     "transformer_layer_cls_to_wrap": "the model's own `_no_split_modules`",

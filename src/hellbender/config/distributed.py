@@ -90,6 +90,20 @@ class DistributedSettings(BaseModel):
         description="The final model is always saved whole (`FULL_STATE_DICT`, what transformers loads); "
         "`SHARDED_STATE_DICT` is refused.",
     )
+    dp_shard_size: int | None = Field(
+        None,
+        ge=1,
+        description="FSDP2 hybrid sharding: shard the model within groups of this many processes and replicate it "
+        "across the groups (default: across all processes; with only `dp_replicate_size` set, the processes it "
+        "leaves).",
+    )
+    dp_replicate_size: int | None = Field(
+        None,
+        ge=1,
+        description="FSDP2 hybrid sharding: the number of groups that each hold a whole sharded copy of the model "
+        "(default: the processes `dp_shard_size` leaves, else 1). `dp_shard_size` x `dp_replicate_size` must equal "
+        "the number of processes.",
+    )
     fp32_norms: bool = Field(
         False,
         description="Under FSDP2, keep RMSNorm / LayerNorm parameters (and their computation) in float32 under their "

@@ -2,7 +2,8 @@
 mean, as accelerate's FSDP1-to-FSDP2 migration maps them, with one notice line saying what became what.
 
 `fsdp_version: 1`, asked for explicitly, is not translated: it is refused (hellbender shards with FSDP2 only). So are
-FSDP1 settings FSDP2 has no counterpart for (`no_shard`, hybrid sharding, forward prefetch).
+FSDP1 settings FSDP2 has no counterpart for (`no_shard`, forward prefetch) and FSDP1's hybrid sharding, whose group
+size depends on the machines (`dp_shard_size` says it for FSDP2).
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ OPTIONS: dict[str, tuple[dict[str, Any] | None, str]] = {
     "auto_wrap": ({"auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}, ""),
     "offload": ({"offload_params": True}, ""),
     "no_shard": (None, "it does not shard at all: train with DDP (`--nproc N` without `fsdp_version`)"),
-    "hybrid_shard": (None, "hybrid sharding (sharding within a node, replicating across nodes) is not offered yet"),
+    "hybrid_shard": (
+        None,
+        "FSDP1 shards within each machine and replicates across machines, whose size the config does not say: set "
+        "`dp_shard_size` to the GPUs per machine (FSDP2 hybrid sharding) instead",
+    ),
     "hybrid_shard_zero2": (
         None,
-        "hybrid sharding (sharding within a node, replicating across nodes) is not offered yet",
+        "it keeps the gathered parameters between forward and backward within hybrid sharding; use `dp_shard_size` "
+        "(the GPUs per machine) with `fsdp_config.reshard_after_forward: false` instead",
     ),
 }
 SHARDING_STRATEGIES = {

@@ -117,9 +117,26 @@ def quantization_config(cfg: HellbenderConfig):
         raise EnvironmentProblem(
             f"{asked} needs the bitsandbytes package: `pip install 'hellbender[gpu]'` (or `pip install bitsandbytes`)."
         ) from None
+    return bitsandbytes_config(cfg)
+
+
+def quant_storage_dtype(cfg: HellbenderConfig) -> Any:
+    """The dtype the packed 4-bit weights are stored as. Under FSDP2 it is the run's dtype: FSDP2 shards them as
+    ordinary float tensors and casts every parameter of a group to the mixed-precision dtype (the run's) when it
+    gathers them, which would rewrite packed bytes stored in any other dtype (bfloat16 storage gathered as float16
+    gave outputs off by more than their own size; float32 storage gathered as bfloat16 failed to dequantize, seen
+    with torch 2.13 and bitsandbytes 0.50.2). Elsewhere the storage dtype changes nothing and stays bfloat16."""
+    import torch
+
+    return torch_dtype(cfg) if cfg.uses_fsdp2 else torch.bfloat16
+
+
+def bitsandbytes_config(cfg: HellbenderConfig):
+    """transformers' `BitsAndBytesConfig` for the config's quantized base (no check of the machine)."""
+    import torch
     from transformers import BitsAndBytesConfig
 
-    if bits == 8:
+    if cfg.quantized_bits == 8:
         return BitsAndBytesConfig(load_in_8bit=True)
     compute = torch_dtype(cfg)
     return BitsAndBytesConfig(
@@ -127,7 +144,7 @@ def quantization_config(cfg: HellbenderConfig):
         bnb_4bit_quant_type=cfg.bnb_settings.bnb_4bit_quant_type,
         bnb_4bit_use_double_quant=cfg.bnb_settings.bnb_4bit_use_double_quant,
         bnb_4bit_compute_dtype=compute if compute != torch.float32 else torch.bfloat16,
-        bnb_4bit_quant_storage=torch.bfloat16,
+        bnb_4bit_quant_storage=quant_storage_dtype(cfg),
     )
 
 

@@ -28,7 +28,8 @@ def fsdp_arguments(cfg: HellbenderConfig) -> dict[str, Any]:
     }
     if settings.layer_classes:
         fsdp_config["transformer_layer_cls_to_wrap"] = settings.layer_classes
-    return {"fsdp": True, "fsdp_config": fsdp_config}
+    hybrid = parallelism_config(cfg, world_size())
+    return {"fsdp": True, "fsdp_config": fsdp_config, **({"parallelism_config": hybrid} if hybrid else {})}
 
 
 def check_fsdp_plugin_arguments(cfg: HellbenderConfig, plugin_args: dict[str, Any] | None) -> None:
@@ -139,3 +140,82 @@ def shard_norms_in_fp32(model: Any, patterns: list[str], compute_dtype: Any, mes
         module.to(torch.float32)
         fully_shard(module, mesh=mesh, mp_policy=policy)
     return len(modules)
+
+
+def quantized_weights(model: Any) -> dict[str, Any]:
+    """Name -> parameter of every bitsandbytes 4-bit weight (none without bitsandbytes)."""
+    try:
+        from bitsandbytes.nn import Params4bit
+    except ImportError:
+        return {}
+    return {name: p for name, p in model.named_parameters() if isinstance(p, Params4bit)}
+
+
+def prepare_quantized_for_fsdp(cfg: HellbenderConfig, model: Any) -> int:
+    """Ready a QLoRA model for accelerate's FSDP2 sharding; returns the number of 4-bit weights it will shard.
+
+    FSDP2 shards the packed 4-bit weights as plain float tensors: each process keeps a slice of the bytes, and each
+    `Linear4bit` keeps the whole weight's quantization state (a few scales per 64 values), which bitsandbytes gives
+    back to the gathered weight in its forward. That holds only while the gathered bytes come back unchanged, so
+    the storage dtype must be the one FSDP2 gathers in (see `quant_storage_dtype`); a pre-quantized checkpoint may
+    bring its own. The trained weights are made float32 here because accelerate (1.15) leaves them as they are in
+    a model with 4-bit weights, and FSDP2 needs one dtype among the trained weights of a group (LoRA's are float32,
+    `lora_modules_to_save` copies would be bf16); it upcasts them so for every other model."""
+    import torch
+
+    from hellbender.models.loading import quant_storage_dtype
+
+    if not (cfg.uses_fsdp2 and cfg.load_in_4bit):
+        return 0
+    weights = quantized_weights(model)
+    wanted = quant_storage_dtype(cfg)
+    wrong = sorted({str(p.dtype).removeprefix("torch.") for p in weights.values() if p.dtype != wanted})
+    if wrong:
+        raise ConfigError(
+            f"The 4-bit weights of `base_model: {cfg.base_model}` are stored as {', '.join(wrong)}, but FSDP2 gathers "
+            f"this run's weights as {str(wanted).removeprefix('torch.')} and would corrupt packed bytes of another "
+            "dtype (a pre-quantized checkpoint brings its own `bnb_4bit_quant_storage`). Use the unquantized model "
+            "as `base_model` (hellbender quantizes it while loading, storing the 4-bit weights in the run's dtype), "
+            "or train it without `fsdp_version`."
+        )
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != torch.float32:
+            param.data = param.data.float()
+    return len(weights)
+
+
+def hybrid_shape(cfg: HellbenderConfig, processes: int) -> tuple[int, int] | None:
+    """(replicate, shard) group sizes of hybrid sharding over `processes`, or None for plain FSDP2 (one group
+    sharded over all processes). The size left out is what the other leaves; the product must be `processes`."""
+    shard, replicate = cfg.dp_shard_size, cfg.dp_replicate_size
+    if not cfg.uses_fsdp2 or (shard is None and replicate is None):
+        return None
+    if shard is None:
+        shard = processes // replicate if processes % replicate == 0 else 0
+    if replicate is None:
+        replicate = processes // shard if processes % shard == 0 else 0
+    if shard * replicate != processes or shard < 2:
+        raise ConfigError(
+            f"`dp_shard_size` ({cfg.dp_shard_size or 'unset'}) x `dp_replicate_size` ({cfg.dp_replicate_size or 'unset'}) "
+            f"must equal the number of training processes, {processes}, with groups of 2 or more to shard over. Set "
+            f"them so that their product is {processes}, or start as many processes as they describe."
+        )
+    if replicate > 1 and cfg.fp32_norms:
+        raise ConfigError(
+            f"`fp32_norms` with hybrid sharding ({replicate} replicas of `dp_shard_size: {shard}`) is not supported yet: "
+            "the norm groups would be sharded over all processes while the layers are sharded within groups. Use one "
+            "of them."
+        )
+    return (replicate, shard) if replicate > 1 else None
+
+
+def parallelism_config(cfg: HellbenderConfig, processes: int) -> Any | None:
+    """accelerate's `ParallelismConfig` for hybrid sharding: it builds the 2-D device mesh (`dp_replicate` x
+    `dp_shard`) that accelerate passes to `fully_shard`, and spreads the data over all processes."""
+    shape = hybrid_shape(cfg, processes)
+    if shape is None:
+        return None
+    from accelerate.parallelism_config import ParallelismConfig
+
+    replicate, shard = shape
+    return ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard)

@@ -22,7 +22,13 @@ from hellbender.storage import write_file_atomically
 from hellbender.train.arguments import training_arguments
 from hellbender.train.deepspeed import deepspeed_before_loading
 from hellbender.train.distributed import is_main_process, main_process_first, world_size
-from hellbender.train.fsdp import check_fsdp_processes, check_wrap_classes, shard_norms_in_fp32
+from hellbender.train.fsdp import (
+    check_fsdp_processes,
+    check_wrap_classes,
+    hybrid_shape,
+    prepare_quantized_for_fsdp,
+    shard_norms_in_fp32,
+)
 from hellbender.train.hub import HubApi, HubPush, hub_publisher
 from hellbender.train.loss_watchdog import DIVERGED_EXIT_CODE, LossWatchdog
 from hellbender.train.memory_watchdog import MemoryWatchdog
@@ -75,6 +81,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
             if cfg.uses_fsdp2:
                 check_wrap_classes(cfg, skeleton)
                 check_fsdp_processes()
+                hybrid_shape(cfg, world_size())
             if cfg.gradient_checkpointing_layers is not None:
                 layers_left_unchecked(skeleton, cfg.gradient_checkpointing_layers)
         # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so
@@ -83,6 +90,8 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
         train_data, eval_data, data_stats = _training_data(cfg, tokenizer, processor, resume_from, streams_images)
     _deepspeed_at_load = deepspeed_before_loading(cfg)  # ZeRO-3 partitions weights as they load; kept alive
     model = build_trainable_model(cfg, tokenizer)
+    if cfg.uses_fsdp2 and cfg.load_in_4bit:
+        logger.info("FSDP2 shards %d 4-bit weights", prepare_quantized_for_fsdp(cfg, model))
     if cfg.fp32_norms:  # their own FSDP2 groups, before accelerate shards the decoder layers around them
         sharded = shard_norms_in_fp32(model, cfg.fp32_norm_classes, torch_dtype(cfg))
         logger.info("fp32_norms: %d norm modules kept in float32", sharded)

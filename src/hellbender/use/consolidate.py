@@ -92,7 +92,10 @@ def _model_for(cfg: HellbenderConfig) -> tuple[Any, Any]:
     from hellbender.models.loading import load_model, load_tokenizer_and_processor
 
     tokenizer, processor = load_tokenizer_and_processor(cfg)
-    model = apply_adapter(cfg, load_model(cfg, tokenizer))
+    # A QLoRA run's checkpoint holds the adapter only, which does not depend on how the base is stored: the base is
+    # read unquantized, so that consolidating needs neither a GPU nor bitsandbytes.
+    base_cfg = cfg.model_copy(update={"load_in_4bit": False}) if cfg.load_in_4bit else cfg
+    model = apply_adapter(cfg, load_model(base_cfg, tokenizer))
     return model, processor or tokenizer
 
 
