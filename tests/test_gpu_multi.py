@@ -213,9 +213,7 @@ def small_llama(tmp_path_factory, tiny_tokenizer) -> Path:
 
 
 def qlora_config(tmp_path: Path, model: Path, **overrides) -> dict:
-    return config(
-        tmp_path,
-        model,
+    keys = dict(
         adapter="qlora",
         lora_r=16,
         lora_alpha=32,
@@ -225,8 +223,8 @@ def qlora_config(tmp_path: Path, model: Path, **overrides) -> dict:
         max_steps=6,
         learning_rate=2e-3,
         fsdp_config={"transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "state_dict_type": "SHARDED_STATE_DICT"},
-        **overrides,
     )
+    return config(tmp_path, model, **{**keys, **overrides})
 
 
 def chat_loss(model, tokenizer) -> float:
