@@ -168,3 +168,12 @@ def test_a_sharded_qlora_checkpoint_consolidates_without_a_gpu(two_process_run):
     assert set(joined) == set(final) and any("lora_B" in k for k in final)
     for name, tensor in final.items():
         torch.testing.assert_close(joined[name], tensor, rtol=0, atol=0)
+
+
+def test_offloading_the_4bit_weights_under_fsdp2_is_refused_with_what_failed(tmp_path):
+    from hellbender.errors import ConfigError
+
+    raw = qlora_fsdp_config(tmp_path)
+    raw["fsdp_config"]["offload_params"] = True
+    with pytest.raises(ConfigError, match=r"`fsdp_config.offload_params: true` with QLoRA .* is not supported yet"):
+        validate_config(raw)

@@ -285,17 +285,6 @@ def test_fsdp2_qlora_trains_saves_resumes_and_the_adapter_loads_in_peft(tmp_path
     assert trained < untrained - 0.1, (trained, untrained)
 
 
-def test_fsdp2_qlora_with_axolotls_offload_settings_trains(tmp_path, small_llama):
-    """Axolotl's QLoRA + FSDP examples offload the sharded parameters to host memory and ask for
-    `cpu_ram_efficient_loading` (which does nothing for a 4-bit base; a notice says so)."""
-    raw = qlora_config(tmp_path, small_llama, max_steps=3, save_steps=10)
-    raw["fsdp_config"] = {**raw["fsdp_config"], "offload_params": True, "cpu_ram_efficient_loading": True}
-    torchrun(tmp_path, raw, "qlora-offload")
-    losses = logged_losses(raw["output_dir"])
-    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(list(losses.values())))), losses
-    assert (Path(raw["output_dir"]) / "adapter_model.safetensors").is_file()
-
-
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs four CUDA GPUs")
 def test_hybrid_sharding_two_by_two_trains_like_fsdp2_over_four_gpus(tmp_path, small_llama):
     common = dict(
