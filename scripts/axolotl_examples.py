@@ -3,6 +3,7 @@ print how many hellbender accepts unchanged, and what stops the others, grouped 
 
 - planned: every blocker belongs to a feature hellbender plans (preference tuning, MoE training, ...);
 - not offered: a blocker is a feature hellbender deliberately does not offer (the refusal says why);
+- package missing: a blocker is an optional package this machine lacks (e.g. DeepSpeed);
 - other: anything else (what this script exists to find).
 
     python scripts/axolotl_examples.py PATH/TO/axolotl/examples [--list]
@@ -37,7 +38,9 @@ def blockers(error: ConfigError) -> list[tuple[str, str]]:
         named = re.search(r"`([^`]+)`", paragraph)
         key = named.group(1).split(":")[0].strip() if named else paragraph[:60]
         leaf = key.split(".")[-1]
-        if planned_feature(leaf) or PLANNED_WORDS.search(paragraph):
+        if "package, which is not installed" in paragraph:
+            group = "package missing"
+        elif planned_feature(leaf) or PLANNED_WORDS.search(paragraph):
             group = "planned"
         elif not_offered_reason(leaf) or "is not offered" in paragraph:
             group = "not offered"
@@ -66,24 +69,17 @@ def main() -> None:
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
     for found in outcome.values():
         kinds = {group for _, group in found}
-        groups[
-            "accepted"
-            if not found
-            else "other"
-            if "other" in kinds
-            else "not offered"
-            if "not offered" in kinds
-            else "planned"
-        ] += 1
+        worst = next((g for g in ("other", "not offered", "package missing", "planned") if g in kinds), "accepted")
+        groups[worst] += 1
         counts.update(set(found))
     total = len(files)
     print(f"{total} configs in {args.folder}")
-    for name in ("accepted", "planned", "not offered", "other"):
-        print(f"  {name:<12} {groups[name]:4d}  ({groups[name] / total:.0%})")
+    for name in ("accepted", "planned", "package missing", "not offered", "other"):
+        print(f"  {name:<16} {groups[name]:4d}  ({groups[name] / total:.0%})")
     print(f"accepted, or refused only for planned features: {(groups['accepted'] + groups['planned']) / total:.0%}")
     print("blockers (configs each stops):")
     for (key, group), count in counts.most_common():
-        print(f"  {count:4d}  {group:<12} {key}")
+        print(f"  {count:4d}  {group:<16} {key}")
     if args.list:
         for path, found in outcome.items():
             if found:
