@@ -90,6 +90,13 @@ def test_axolotl_key_not_implemented_is_refused_by_name_with_why(key, value, why
     assert "is not a config key" not in message
 
 
+def test_a_key_that_describes_what_hellbender_does_is_accepted_only_with_that_value():
+    assert validate_config(cfg_dict(save_safetensors=True)).model_dump() == validate_config(cfg_dict()).model_dump()
+    assert "`save_safetensors: false` cannot be honoured: transformers 5 always writes safetensors" in config_error(
+        cfg_dict(save_safetensors=False)
+    )
+
+
 def test_keys_that_steer_only_axolotls_own_tooling_change_nothing(caplog):
     with caplog.at_level(logging.WARNING, logger="hellbender"):
         cfg = validate_config(cfg_dict(gradio_server_port=7860, use_otel_metrics=True, strict=False))

@@ -11,7 +11,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from hellbender.config.schema import DatasetEntry, HellbenderConfig, PretrainingDatasetEntry
-from hellbender.config.unsupported import AXOLOTL_TOOLING, not_offered_reason, planned_feature, refusal
+from hellbender.config.unsupported import (
+    AXOLOTL_TOOLING,
+    DESCRIBES_HELLBENDER,
+    not_offered_reason,
+    planned_feature,
+    refusal,
+)
 
 # Where each list of entries is validated by which model, for key checks inside entries.
 ENTRY_MODELS: dict[str, type[BaseModel]] = {
@@ -58,6 +64,12 @@ def check_keys(
             if value is None:
                 del raw[key]
             continue
+        if key in DESCRIBES_HELLBENDER:
+            wanted, why = DESCRIBES_HELLBENDER[key]
+            if value is not None and value != wanted:
+                problems.append(f"{where}`{key}: {_yaml(value)}` cannot be honoured: {why}. Remove it.")
+            del raw[key]
+            continue
         feature = PARAMETER_OF.get(key)
         if key in axolotl_keys and (_is_unset(value) or (feature and _is_unset(raw.get(feature)))):
             if not _is_unset(value):
@@ -81,6 +93,10 @@ def check_keys(
                 problems.append(f"{where}`{key}` is not a config key.{hint}")
         del raw[key]
     return problems
+
+
+def _yaml(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _misplaced(key: str, model: type[BaseModel]) -> str | None:

@@ -84,6 +84,10 @@ AXOLOTL_TOOLING: dict[str, str] = {
     "tokenizer_save_jinja_files": "how Axolotl writes the chat template beside the tokenizer",
 }  # fmt: skip
 
+# Keys whose one accepted value describes what hellbender always does -> (that value, why no other is possible).
+DESCRIBES_HELLBENDER: dict[str, tuple[object, str]] = {
+    "save_safetensors": (True, "transformers 5 always writes safetensors"),
+}
 # Keys that tune a feature above, by their prefix: refused with that feature's reason.
 _TUNES = {
     "relora_": "relora",
