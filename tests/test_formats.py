@@ -50,6 +50,7 @@ def bare_context(tokenizer, train_on_inputs: bool, text_field: str = "text") -> 
         roles_to_train=(),
         train_on_eos=None,
         eot_ids=frozenset(),
+        drop_system_message=False,
         text_field=text_field,
         vision=None,
     )

@@ -883,3 +883,12 @@ def test_fallback_takes_a_vision_models_template_kept_with_its_processor_only(tm
     assert processor.chat_template == tok.chat_template == own != NAMED_TEMPLATES["chatml"].jinja
     tok, processor = load("qwen2_vl")
     assert processor.chat_template == tok.chat_template == NAMED_TEMPLATES["qwen2_vl"].jinja
+
+
+def test_drop_system_message_renders_and_trains_the_conversation_as_if_it_had_none():
+    markers = ("<|im_start|>", "<|im_end|>")
+    _, dropped = prepare("chatml", markers, drop_system_message=True)
+    _, without = prepare("chatml", markers, messages=CONVERSATION[1:])
+    _, kept = prepare("chatml", markers)
+    assert dropped["input_ids"] == without["input_ids"] and dropped["labels"] == without["labels"]
+    assert len(kept["input_ids"]) > len(dropped["input_ids"])

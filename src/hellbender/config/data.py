@@ -82,6 +82,9 @@ class DatasetEntry(ImageEntryKeys):
         None,
         description="`chat_template`: train the end-of-turn token on every trained turn (`turn`, default), every turn (`all`), the last turn only (`last`) or never (`none`).",
     )
+    drop_system_message: bool = Field(
+        False, description="`chat_template`: leave each conversation's system messages out (not rendered, not trained)."
+    )
     chat_template: str | None = Field(
         None, description="Per-dataset chat template (same values as the top-level `chat_template`)."
     )

@@ -104,6 +104,7 @@ def format_context(
         roles_to_train=tuple(entry.roles_to_train or ()),
         train_on_eos=entry.train_on_eos,
         eot_ids=eot_token_ids(cfg.eot_tokens, tokenizer, where) if entry.type == "chat_template" else frozenset(),
+        drop_system_message=bool(entry.drop_system_message),
         text_field=entry.text_column,
         vision=vision_context(entry, cfg, processor, where)
         if processor is not None and entry.type in VISION_TYPES

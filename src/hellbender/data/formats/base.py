@@ -50,6 +50,7 @@ class FormatContext:
     roles_to_train: tuple[str, ...]
     train_on_eos: str | None
     eot_ids: frozenset[int]  # `eot_tokens`; empty: the first special token after a turn ends it
+    drop_system_message: bool  # leave system messages out of the conversation
     # completion / multimodal_pretrain only
     text_field: str | None
     # vision-language rows only

@@ -83,7 +83,8 @@ def read_messages(row: dict[str, Any], ctx: FormatContext, allow_parts: bool = F
                 else ""
             )
             raise RowError(f"message {i} content must be text, not {type(content).__name__}{hint}")
-        messages.append({"role": role, "content": content})
+        if not (ctx.drop_system_message and role == "system"):
+            messages.append({"role": role, "content": content})
     return messages
 
 
