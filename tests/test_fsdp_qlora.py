@@ -9,6 +9,7 @@ path through the Trainer runs on two GPUs in tests/test_gpu_multi.py.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -170,10 +171,14 @@ def test_a_sharded_qlora_checkpoint_consolidates_without_a_gpu(two_process_run):
         torch.testing.assert_close(joined[name], tensor, rtol=0, atol=0)
 
 
-def test_offloading_the_4bit_weights_under_fsdp2_is_refused_with_what_failed(tmp_path):
-    from hellbender.errors import ConfigError
+def test_offloaded_fsdp2_asks_accelerate_for_a_cpu_backend_beside_nccl(tmp_path, monkeypatch):
+    from hellbender.train.fsdp import announce_host_offload
 
+    for name in ("ACCELERATE_USE_FSDP", "FSDP_OFFLOAD_PARAMS"):
+        monkeypatch.delenv(name, raising=False)
+    announce_host_offload(validate_config(qlora_fsdp_config(tmp_path)))
+    assert "FSDP_OFFLOAD_PARAMS" not in os.environ
     raw = qlora_fsdp_config(tmp_path)
     raw["fsdp_config"]["offload_params"] = True
-    with pytest.raises(ConfigError, match=r"`fsdp_config.offload_params: true` with QLoRA .* is not supported yet"):
-        validate_config(raw)
+    announce_host_offload(validate_config(raw))
+    assert os.environ["ACCELERATE_USE_FSDP"] == "true" and os.environ["FSDP_OFFLOAD_PARAMS"] == "true"

@@ -285,6 +285,18 @@ def test_fsdp2_qlora_trains_saves_resumes_and_the_adapter_loads_in_peft(tmp_path
     assert trained < untrained - 0.1, (trained, untrained)
 
 
+@pytest.mark.parametrize("adapter", ["lora", "qlora"])
+def test_fsdp2_with_parameters_offloaded_to_host_memory_trains(tmp_path, small_llama, adapter):
+    """Axolotl's FSDP examples offload the sharded parameters (`offload_params`); the gradient norm is then reduced
+    over host-memory shards, which needs the CPU backend beside NCCL."""
+    raw = qlora_config(tmp_path, small_llama, adapter=adapter, max_steps=3, save_steps=10)
+    raw["fsdp_config"] = {**raw["fsdp_config"], "offload_params": True, "cpu_ram_efficient_loading": True}
+    torchrun(tmp_path, raw, f"{adapter}-offload")
+    losses = logged_losses(raw["output_dir"])
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(list(losses.values())))), losses
+    assert (Path(raw["output_dir"]) / "adapter_model.safetensors").is_file()
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs four CUDA GPUs")
 def test_hybrid_sharding_two_by_two_trains_like_fsdp2_over_four_gpus(tmp_path, small_llama):
     common = dict(

@@ -301,13 +301,6 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`fsdp_config` keys stay the same."
         )
     fsdp = cfg.fsdp_settings
-    if cfg.uses_fsdp2 and (cfg.load_in_4bit or cfg.adapter == "qlora") and fsdp.offload_params:
-        problems.append(
-            "`fsdp_config.offload_params: true` with QLoRA (`load_in_4bit`) is not supported yet: with the 4-bit "
-            "weights offloaded, FSDP2's collectives reach host-memory tensors the GPU process group cannot handle "
-            '("No backend type associated with device type cpu", seen on 2 H200s with torch 2.11 and bitsandbytes '
-            "0.50.2). Set `offload_params: false`: a 4-bit base is small on the GPU."
-        )
     if fsdp.use_orig_params is False:
         problems.append(
             "`fsdp_config.use_orig_params: false` cannot be honoured: FSDP2 always trains the original parameters "

@@ -57,6 +57,18 @@ def check_fsdp_plugin_arguments(cfg: HellbenderConfig, plugin_args: dict[str, An
         )
 
 
+def announce_host_offload(cfg: HellbenderConfig) -> None:
+    """With `offload_params`, FSDP2 keeps sharded parameters and gradients in host memory, and the gradient norm
+    is reduced over them: the process group needs a CPU backend beside NCCL. accelerate opens it so
+    (`cuda:nccl,cpu:gloo`) when its launcher's FSDP variables say offload is on at the moment it first sets up the
+    processes, which hellbender does before the Trainer exists; so they are set here, first thing."""
+    import os
+
+    if cfg.uses_fsdp2 and cfg.fsdp_settings.offload_params:
+        os.environ.setdefault("ACCELERATE_USE_FSDP", "true")
+        os.environ.setdefault("FSDP_OFFLOAD_PARAMS", "true")
+
+
 def check_fsdp_processes() -> None:
     """FSDP2 shards over the run's GPUs; accelerate would quietly train unsharded in a single process, or on CPU."""
     import torch

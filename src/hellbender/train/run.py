@@ -23,6 +23,7 @@ from hellbender.train.arguments import training_arguments
 from hellbender.train.deepspeed import deepspeed_before_loading
 from hellbender.train.distributed import is_main_process, main_process_first, world_size
 from hellbender.train.fsdp import (
+    announce_host_offload,
     check_fsdp_processes,
     check_wrap_classes,
     hybrid_shape,
@@ -59,6 +60,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     from transformers import set_seed
 
     set_seed(cfg.seed)
+    announce_host_offload(cfg)  # before anything opens the process group
     if not is_main_process():  # one process reports; the others speak only of problems
         logger.setLevel(logging.WARNING)
     resume_from = checkpoint_to_resume(cfg)  # checked first, so a bad path fails before any work
