@@ -18,6 +18,7 @@ from hellbender.config.unsupported import (
     planned_feature,
     refusal,
 )
+from hellbender.config.yaml_file import yaml_word
 
 # Where each list of entries is validated by which model, for key checks inside entries.
 ENTRY_MODELS: dict[str, type[BaseModel]] = {
@@ -67,7 +68,7 @@ def check_keys(
         if key in DESCRIBES_HELLBENDER:
             wanted, why = DESCRIBES_HELLBENDER[key]
             if value is not None and value != wanted:
-                problems.append(f"{where}`{key}: {_yaml(value)}` cannot be honoured: {why}. Remove it.")
+                problems.append(f"{where}`{key}: {yaml_word(value)}` cannot be honoured: {why}. Remove it.")
             del raw[key]
             continue
         feature = PARAMETER_OF.get(key)
@@ -93,10 +94,6 @@ def check_keys(
                 problems.append(f"{where}`{key}` is not a config key.{hint}")
         del raw[key]
     return problems
-
-
-def _yaml(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _misplaced(key: str, model: type[BaseModel]) -> str | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hellbender.config.yaml_file import yaml_word
+
 # older top-level key -> today's key
 TOP_LEVEL: dict[str, str] = {
     "dataset_processes": "dataset_num_proc",
@@ -145,14 +147,9 @@ def _move(raw: dict[str, Any], old: str, new: str, where: str, problems: list[st
     value = raw.pop(old)
     if raw.get(new) is not None and raw[new] != value:
         problems.append(
-            f"{where}`{old}: {_word(value)}` and `{new}: {_word(raw[new])}` are the same key in two spellings with "
+            f"{where}`{old}: {yaml_word(value)}` and `{new}: {yaml_word(raw[new])}` are the same key in two spellings with "
             f"different values; keep `{new}` (today's spelling)."
         )
         return
     raw[new] = value
-    notices.append(f"{where}`{old}` is an older spelling of `{new}`; read as `{new}: {_word(value)}`.")
-
-
-def _word(value: Any) -> str:
-    """A value as YAML writes it (`true`, not Python's `True`)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    notices.append(f"{where}`{old}` is an older spelling of `{new}`; read as `{new}: {yaml_word(value)}`.")

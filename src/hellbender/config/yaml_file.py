@@ -119,3 +119,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             "write one `key: value` per line, e.g. `base_model: ...`."
         )
     return data
+
+
+def yaml_word(value: Any) -> str:
+    """A scalar as a YAML file writes it (`true`, not Python's `True`), for messages that quote the user's value."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
