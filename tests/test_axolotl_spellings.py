@@ -468,6 +468,7 @@ def test_axolotl_schedule_precision_and_loader_keys_mean_what_they_say(tmp_path,
         ({"save_strategy": "best"}, r"`save_strategy: best` is not offered"),
         ({"eval_strategy": "epoch", "eval_steps": 2}, r"`eval_strategy: epoch` and `eval_steps`"),
         ({"eval_strategy": "no", "val_set_size": 0.25}, r"`eval_strategy: no` asks for no evaluation"),
+        ({"evaluation_strategy": False, "val_set_size": 0.25}, r"`eval_strategy: no` asks for no evaluation"),
         ({"bfloat16": True, "bf16": False}, r"`bfloat16: true` and `bf16: false` are the same key"),
     ],
 )

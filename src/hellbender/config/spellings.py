@@ -31,8 +31,8 @@ def read_older_spellings(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     notices: list[str] = []
     for old, new in TOP_LEVEL.items():
-        if raw.get(old) is False:
-            del raw[old]  # `bfloat16: false` asks for nothing
+        if raw.get(old) is False and new in ("bf16", "fp16"):
+            del raw[old]  # `bfloat16: false` asks for nothing (`evaluation_strategy: no`, read as false, does)
         elif old in raw:
             _move(raw, old, new, "", problems, notices)
     for key in ZERO_MEANS_UNSET:
