@@ -90,6 +90,37 @@ def test_axolotl_key_not_implemented_is_refused_by_name_with_why(key, value, why
     assert "is not a config key" not in message
 
 
+def test_keys_refused_for_one_reason_share_one_paragraph():
+    message = config_error(cfg_dict(lisa_n_layers=4, lisa_step_interval=20, relora=True))
+    paragraphs = message.split("\n\n")
+    assert len(paragraphs) == 2
+    assert paragraphs[0].startswith("`lisa_n_layers`, `lisa_step_interval`: LISA")
+    assert "Remove them (or set them to false / null)." in paragraphs[0]
+
+
+def test_a_cloud_launcher_file_is_named_as_one_without_asking_for_a_model():
+    message = config_error({"provider": "modal", "gpu": "h100", "gpu_count": 8, "secrets": ["HF_TOKEN"]})
+    assert message.startswith("`provider`, `gpu`, `gpu_count`, `secrets`: read by Axolotl's cloud launcher")
+    assert "run `hellbender train CONFIG` on the machine" in message
+    assert "base_model" not in message
+    # a training config with one launcher key still needs its model
+    assert "`base_model` is required but missing" in config_error({"gpu": "h100", "datasets": []})
+
+
+@pytest.mark.parametrize("key", ["use_dsv4_kernels", "expert_parallel_token_capacity", "nvfp4_merge_aware"])
+def test_moe_kernel_and_expert_parallel_keys_are_planned(key):
+    assert f"`{key}` is not supported yet: it belongs to mixture-of-experts training" in config_error(
+        cfg_dict(**{key: True})
+    )
+
+
+def test_process_reward_data_is_refused_as_planned():
+    raw = cfg_dict(datasets=[{"path": "a.jsonl", "type": "stepwise_supervised", "step_separator": "\n"}])
+    message = config_error(raw)
+    assert "`stepwise_supervised` is process-reward data" in message
+    assert "In `datasets[0]`: `step_separator` is not supported yet: it belongs to preference tuning" in message
+
+
 def test_a_key_that_describes_what_hellbender_does_is_accepted_only_with_that_value():
     assert validate_config(cfg_dict(save_safetensors=True)).model_dump() == validate_config(cfg_dict()).model_dump()
     assert "`save_safetensors: false` cannot be honoured: transformers 5 always writes safetensors" in config_error(

@@ -792,7 +792,7 @@ def test_an_axolotl_template_that_is_not_shipped_is_refused_saying_why(name, rea
     with pytest.raises(ConfigError) as err:
         validate_config(config(chat_template=name))
     message = str(err.value)
-    assert f"`chat_template: {name}` is an Axolotl template hellbender does not ship" in message
+    assert f"`chat_template: {name}` is not offered (an Axolotl template hellbender deliberately" in message
     assert reason in message
 
 

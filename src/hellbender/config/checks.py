@@ -98,7 +98,8 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
             reason = not_shipped_reason(name)
             if reason:
                 problems.append(
-                    f"{where}`chat_template: {name}` is an Axolotl template hellbender does not ship: {reason}."
+                    f"{where}`chat_template: {name}` is not offered (an Axolotl template hellbender deliberately "
+                    f"does not ship): {reason}."
                 )
                 continue
             close = difflib.get_close_matches(name, TEMPLATE_NAMES, n=1, cutoff=0.6)

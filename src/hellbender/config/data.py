@@ -95,6 +95,11 @@ class DatasetEntry(ImageEntryKeys):
     @classmethod
     def _dotted_types_say_what_they_are(cls, value: Any) -> Any:
         """Axolotl's dotted types are preference-data formats or a transform function from a Python file."""
+        if value == "stepwise_supervised":
+            raise ValueError(
+                "`stepwise_supervised` is process-reward data (reasoning steps, each labelled right or wrong); it "
+                "belongs to preference tuning and reward models, which hellbender does not offer yet"
+            )
         if not isinstance(value, str) or "." not in value:
             return value
         if value.split(".")[0] in PREFERENCE_FORMAT_FAMILIES:

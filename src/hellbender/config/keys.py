@@ -13,8 +13,10 @@ from pydantic import BaseModel
 from hellbender.config.schema import DatasetEntry, HellbenderConfig, PretrainingDatasetEntry
 from hellbender.config.unsupported import (
     AXOLOTL_TOOLING,
+    CLOUD_LAUNCHER,
     DESCRIBES_HELLBENDER,
     not_offered_reason,
+    not_offered_refusal,
     planned_feature,
     refusal,
 )
@@ -58,6 +60,7 @@ def check_keys(
     (`load_in_8bit: false`), a blank unknown key (`debug:`), or a parameter of an unimplemented feature that is off
     (`eval_max_new_tokens` without `eval_table_size`) changes nothing."""
     problems = []
+    not_offered: dict[str, list[str]] = {}  # reason -> its keys, refused in one paragraph
     known = set(model.model_fields)
     for key in list(raw):
         value = raw[key]
@@ -77,7 +80,9 @@ def check_keys(
                 notices.append(f"{where}`{key}` tunes `{feature}`, which is off, so it changes nothing.")
         elif key in AXOLOTL_TOOLING:
             notices.append(f"{where}`{key}` steers {AXOLOTL_TOOLING[key]}; it changes nothing here.")
-        elif key in axolotl_keys or planned_feature(key) or not_offered_reason(key):
+        elif reason := not_offered_reason(key):
+            not_offered.setdefault(reason, []).append(key)
+        elif key in axolotl_keys or planned_feature(key):
             problems.append(refusal(key, where))
         elif misplaced := _misplaced(key, model):
             problems.append(f"{where}{misplaced}")
@@ -93,7 +98,7 @@ def check_keys(
             else:
                 problems.append(f"{where}`{key}` is not a config key.{hint}")
         del raw[key]
-    return problems
+    return problems + [not_offered_refusal(keys, reason, where) for reason, keys in not_offered.items()]
 
 
 def _misplaced(key: str, model: type[BaseModel]) -> str | None:
@@ -124,3 +129,10 @@ def key_problems(raw: dict[str, Any], notices: list[str]) -> list[str]:
                     where = f"In `{list_key}[{i}]`: "
                     problems += check_keys(entry, model, axolotl_keys("axolotl_dataset_keys.txt"), where, notices)
     return problems
+
+
+def is_cloud_launch_file(raw: dict[str, Any]) -> bool:
+    """An Axolotl cloud launcher file (machines only, no training key): its missing `base_model` is not worth a
+    paragraph."""
+    launcher = {key for key in raw if not_offered_reason(str(key)) == CLOUD_LAUNCHER}
+    return bool(launcher) and not any(key in HellbenderConfig.model_fields for key in set(raw) - launcher)

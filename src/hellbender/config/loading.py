@@ -16,7 +16,7 @@ from hellbender.config.checks import find_conflicts, find_notices, find_path_pro
 from hellbender.config.deepspeed import use_deepspeed_preset
 from hellbender.config.defaults import apply_derived_defaults, machine_defaults
 from hellbender.config.fsdp1 import translate_fsdp1
-from hellbender.config.keys import ENTRY_MODELS, key_problems
+from hellbender.config.keys import ENTRY_MODELS, is_cloud_launch_file, key_problems
 from hellbender.config.machine import Machine
 from hellbender.config.overrides import apply_overrides
 from hellbender.config.schema import HellbenderConfig
@@ -42,8 +42,11 @@ def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
     for translate in (read_older_spellings, read_strategies, translate_fsdp1):  # Axolotl's words, in hellbender's
         more_problems, more_notices = translate(raw)
         problems, notices = problems + more_problems, notices + more_notices
+    cloud_launch_file = is_cloud_launch_file(raw)
     problems += key_problems(raw, notices)  # removes the keys it reports, so the rest is still checked
     cfg, value_problems = _validated_values(raw)
+    if cloud_launch_file:  # its keys' refusal says what the file is; that it names no model follows from that
+        value_problems = [p for p in value_problems if not p.startswith("`base_model` is required")]
     problems += value_problems
     if cfg is not None:
         cfg, preset_notices = use_deepspeed_preset(cfg)  # an Axolotl `deepspeed_configs/` name not found here

@@ -11,11 +11,18 @@ PLANNED: dict[str, tuple[str, ...]] = {
         "dpo_loss_weights", "rpo_alpha", "kto_desirable_weight", "kto_undesirable_weight", "orpo_alpha",
         "simpo_gamma", "cpo_alpha", "reward_model", "process_reward_model", "num_labels",
         "center_rewards_coefficient", "precompute_ref_log_probs", "max_prompt_len", "field_chosen", "field_rejected",
+        "step_separator", "train_on_last_step_only",
     ),
     "online reinforcement learning (GRPO and other methods that generate during training)": ("trl", "vllm", "ebft"),
     "mixture-of-experts training (adapters on experts, quantized experts, expert kernels and parallelism)": (
         "quantize_moe_experts", "lora_target_parameters", "use_kernels", "llama4_linearized_experts",
-        "use_scattermoe", "use_sonicmoe", "expert_parallel_size",
+        "use_scattermoe", "use_sonicmoe", "expert_parallel_size", "expert_parallel_backend",
+        "expert_parallel_num_nvl_bytes", "expert_parallel_num_rdma_bytes", "expert_parallel_token_capacity",
+        "expert_parallel_fallback_on_unsupported", "expert_backend", "nonexpert_quantization", "moe_grouped_backend",
+        "moe_dequant_chunk_size", "moe_bnb_fast", "use_dsv4_kernels", "use_glm_dsa_kernels",
+        "dsv4_fp8_nonexpert_mode", "dsv4_fp8_lora_kernel", "dsv4_shared_mlp_lora_kernel", "dsv4_bf16_all",
+        "dsv4_fp4_grouped_mode", "gemma4_fp8_nonexpert", "gemma4_nf4_nonexpert", "nvfp4_merge_aware",
+        "nvfp4_merge_aware_start_step",
     ),
     "the speed work (fused LoRA and attention kernels)": (
         "lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel", "fused_attn_kernel",
@@ -25,6 +32,10 @@ PLANNED: dict[str, tuple[str, ...]] = {
     "the memory planner": ("gpu_memory_limit",),
 }  # fmt: skip
 
+CLOUD_LAUNCHER = (
+    "read by Axolotl's cloud launcher (`axolotl cloud`), whose files describe machines, not a training run; "
+    "hellbender trains where it is started: run `hellbender train CONFIG` on the machine with the training config"
+)
 _ATTENTION_PATCHES = (
     "Axolotl's own patches of attention and MLP code; hellbender uses transformers' attention backends "
     "(`attn_implementation`) and Liger's kernels (`liger_*`) instead"
@@ -64,8 +75,7 @@ NOT_OFFERED: dict[str, str] = {
             "branch",
             "dockerfile_commands",
         ),
-        "this is a setting of Axolotl's cloud launcher (`axolotl cloud`), whose files describe machines, not a "
-        "training run; hellbender trains where it is started",
+        CLOUD_LAUNCHER,
     ),
 }
 # Keys that only steer Axolotl's own tooling (its Gradio UI, telemetry, config bookkeeping): accepted, changing nothing.
@@ -110,6 +120,13 @@ def not_offered_reason(key: str) -> str | None:
     return NOT_OFFERED.get(feature)
 
 
+def not_offered_refusal(keys: list[str], reason: str, where: str = "") -> str:
+    """One paragraph for the keys refused for the same reason (a cloud launcher file's machine keys, LISA's keys)."""
+    named = ", ".join(f"`{key}`" for key in keys)
+    them = "it" if len(keys) == 1 else "them"
+    return f"{where}{named}: {reason}. Remove {them} (or set {them} to false / null)."
+
+
 def refusal(key: str, where: str = "") -> str:
     """Why `key` is refused, in one paragraph."""
     if feature := planned_feature(key):
@@ -118,7 +135,7 @@ def refusal(key: str, where: str = "") -> str:
             "Remove it (or set it to false / null) to run the rest of the config."
         )
     if reason := not_offered_reason(key):
-        return f"{where}`{key}`: {reason}. Remove it (or set it to false / null)."
+        return not_offered_refusal([key], reason, where)
     return (
         f"{where}`{key}` is not supported yet: hellbender does not implement it, and ignoring it would silently "
         "change your run. Remove it, or set it to false / null if you do not need it."
