@@ -77,6 +77,8 @@ def main() -> None:
     for name in ("accepted", "planned", "package missing", "not offered", "other"):
         print(f"  {name:<16} {groups[name]:4d}  ({groups[name] / total:.0%})")
     print(f"accepted, or refused only for planned features: {(groups['accepted'] + groups['planned']) / total:.0%}")
+    passing = groups["accepted"] + groups["planned"] + groups["not offered"] + groups["package missing"]
+    print(f"... or also for features not offered (with the reason) or a missing package: {passing / total:.0%}")
     print("blockers (configs each stops):")
     for (key, group), count in counts.most_common():
         print(f"  {count:4d}  {group:<16} {key}")
