@@ -142,6 +142,20 @@ def test_stages_0_to_2_are_accepted(tmp_path, stage):
     assert problems_of(tmp_path, {"zero_optimization": {"stage": stage}}) == []
 
 
+@pytest.mark.parametrize("stage", [1, 2])
+def test_qlora_is_accepted_with_zero_1_and_2(tmp_path, stage):
+    qlora = dict(adapter="qlora", load_in_4bit=True, bf16=True)
+    assert problems_of(tmp_path, {"zero_optimization": {"stage": stage}}, **qlora) == []
+
+
+def test_qlora_with_zero3_and_an_8bit_base_are_refused_with_what_to_use(tmp_path):
+    (problem,) = problems_of(tmp_path, BUNDLED["zero3"], adapter="qlora", load_in_4bit=True, bf16=True)
+    assert problem.startswith("QLoRA (`load_in_4bit`) with ZeRO-3")
+    assert "Use ZeRO-2" in problem and "`fsdp_version: 2`" in problem
+    (problem,) = problems_of(tmp_path, BUNDLED["zero2"], adapter="lora", load_in_8bit=True)
+    assert problem.startswith("`load_in_8bit` with `deepspeed` is not supported yet")
+
+
 @pytest.mark.parametrize("gather", [None, False, "auto"])
 def test_zero3_must_save_16bit_weights_for_a_loadable_model(tmp_path, gather):
     zero = {"stage": 3} | ({} if gather is None else {"stage3_gather_16bit_weights_on_model_save": gather})

@@ -381,10 +381,4 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
         problems.append("`deepspeed` and `fsdp_version: 2` are both set; choose one engine.")
     if cfg.uses_fsdp2 and cfg.load_in_8bit:
         problems.append("`load_in_8bit` with FSDP2 is not supported yet; use a bf16 base (`load_in_8bit: false`).")
-    if cfg.deepspeed and cfg.load_in_8bit:
-        problems.append(
-            "`load_in_8bit` with `deepspeed` is not supported yet; use a bf16 base (`load_in_8bit: false`)."
-        )
-    if cfg.deepspeed and cfg.load_in_4bit:
-        problems.append("QLoRA (`load_in_4bit`) with `deepspeed` is not supported yet; use `adapter: lora`.")
     return problems

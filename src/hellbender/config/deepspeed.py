@@ -55,6 +55,7 @@ def deepspeed_problems(cfg: HellbenderConfig) -> list[str]:
             cfg, settings, *precision_known_without_the_machine(cfg), world=_launched_world_size()
         )
         problems += _replaced_choices(cfg, settings)
+        problems += _quantized_base_problems(cfg, settings)
     if not deepspeed_installed():
         problems.append(not_installed_message(cfg.deepspeed))
     return problems
@@ -170,6 +171,22 @@ def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise _DuplicateKey(key)
         result[key] = value
     return result
+
+
+def _quantized_base_problems(cfg: HellbenderConfig, settings: dict[str, Any]) -> list[str]:
+    """A bitsandbytes base trains under ZeRO-1 / ZeRO-2: each process keeps the whole quantized base on its GPU and
+    DeepSpeed shards only the adapter's gradients and optimizer states. ZeRO-3 would partition the packed weights
+    as they load, which is not built here."""
+    if cfg.load_in_8bit:
+        return ["`load_in_8bit` with `deepspeed` is not supported yet; use a bf16 base (`load_in_8bit: false`), or "
+                "QLoRA (`adapter: qlora`) with ZeRO-1 or ZeRO-2."]  # fmt: skip
+    if cfg.load_in_4bit and zero_stage(settings) == 3:
+        return [
+            f"QLoRA (`load_in_4bit`) with ZeRO-3 (`deepspeed: {cfg.deepspeed}`) is not supported yet: ZeRO-3 would "
+            "partition the packed 4-bit weights as they load. Use ZeRO-2 (`deepspeed: deepspeed_configs/zero2.json`; "
+            "each GPU holds the whole 4-bit base, which is small) or QLoRA with FSDP2 (`fsdp_version: 2`)."
+        ]
+    return []
 
 
 def zero_stage(settings: dict[str, Any]) -> int | None:
