@@ -434,6 +434,17 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
     assert "broken.yml" in str(info.value)
 
 
+def test_merge_keys_are_read_and_a_replaced_merged_value_is_said(tmp_path, caplog):
+    merged = {**BASE, "learning_rate": 0.1}
+    path = write_config(tmp_path / "merged.yml", f"<<: {json.dumps(merged)}\nlearning_rate: 0.5\n")
+    with caplog.at_level(logging.WARNING, logger="hellbender"):
+        cfg = load_config(path)
+    assert cfg.learning_rate == 0.5 and cfg.base_model == BASE["base_model"]
+    assert (
+        "`learning_rate: 0.5` on line 2 replaces `learning_rate: 0.1`, merged in with `<<:` from line 1" in caplog.text
+    )
+
+
 def test_yaml_that_is_not_a_mapping_is_config_error(tmp_path):
     path = write_config(tmp_path / "list.yml", "- base_model: x\n")
     with pytest.raises(ConfigError, match="must be a YAML mapping"):

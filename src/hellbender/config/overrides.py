@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
+from hellbender.config.yaml_file import yaml_value
 from hellbender.errors import ConfigError
 
 
@@ -16,10 +15,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"Override `{item}` is not of the form KEY=VALUE (e.g. `--set learning_rate=1e-4`).")
-        try:
-            value = yaml.safe_load(text) if text else None
-        except yaml.YAMLError:
-            raise ConfigError(f"Override `{item}`: the value is not valid YAML; quote it if it is text.") from None
+        shown = item if len(item) <= 80 else item[:77] + "..."
+        value = yaml_value(text, f"Override `{shown}`") if text else None
         parts = key.split(".")
         node: Any = raw
         for depth, part in enumerate(parts[:-1]):
