@@ -9,6 +9,7 @@ from hellbender.chat_templates import TEMPLATE_NAMES, is_known_template, known_n
 from hellbender.config.data import CHAT_ROLES
 from hellbender.config.deepspeed import deepspeed_problems
 from hellbender.config.mistral_common import mistral_common_problems
+from hellbender.config.model_sources import local_source_problem
 from hellbender.config.plugins import plugin_problems
 from hellbender.config.schema import HellbenderConfig
 
@@ -195,6 +196,14 @@ def find_path_problems(cfg: HellbenderConfig, prepared_path_is_default: bool = F
                 f"`{key}: {value}` cannot be created: `{blocker}` is a file. Point `{key}` at a directory (or a path "
                 "that does not exist yet)."
             )
+    tokenizer_key = "tokenizer_config" if cfg.tokenizer_config else "base_model"
+    for name, key, wanted in (
+        (cfg.base_model, "base_model", "model"),
+        (getattr(cfg, tokenizer_key), tokenizer_key, "tokenizer"),
+    ):
+        if problem := local_source_problem(name, key, wanted):
+            problems.append(problem)
+            break  # a data folder named as `base_model` is one mistake, not two
     problems += deepspeed_problems(cfg)  # the file, its contents, and the optional package
     return problems
 

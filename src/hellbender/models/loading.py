@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hellbender.chat_templates import resolve_chat_template
 from hellbender.config import HellbenderConfig
+from hellbender.config.model_sources import local_source_problem
 from hellbender.config.precision import torch_dtype
 from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.models.mistral_tokenizer import load_mistral_common_tokenizer
 from hellbender.models.tiny import is_tiny_model, tiny_model_dir
 
 
-def resolve_model_path(name: str, key: str = "base_model") -> str:
+def resolve_model_path(name: str, key: str = "base_model", wanted: Literal["model", "tokenizer"] = "model") -> str:
     """Built-in tiny models are built locally on first use; a path that is plainly local (`./`, `../`, `/`, `~`)
-    must exist; any other name goes to transformers as is (a hub id)."""
+    must exist; an existing local path must hold what is `wanted`; any other name goes to transformers as is (a hub
+    id)."""
     if is_tiny_model(name):
         return str(tiny_model_dir(name))
     if name.startswith((".", "/", "~")) and not Path(name).expanduser().exists():
@@ -23,11 +27,32 @@ def resolve_model_path(name: str, key: str = "base_model") -> str:
             f"`{key}: {name}` is a local path, but no such directory exists (relative paths start from the current "
             "directory). Check the path, or give a hub id such as `org/model`."
         )
+    if problem := local_source_problem(name, key, wanted):
+        raise ConfigError(problem)
     return name
 
 
-def _tokenizer_source(cfg: HellbenderConfig) -> tuple[str, str]:
-    return (cfg.tokenizer_config, "tokenizer_config") if cfg.tokenizer_config else (cfg.base_model, "base_model")
+@contextmanager
+def remote_code_refused(source: str | Path) -> Iterator[None]:
+    """transformers refuses a repository whose classes live in its own Python files (`auto_map`) unless
+    `trust_remote_code` is on: say so in one paragraph."""
+    try:
+        yield
+    except ValueError as exc:
+        if "trust_remote_code" not in str(exc):
+            raise
+        raise ConfigError(
+            f"`{source}` needs Python code from its own repository to load (its config names custom classes in "
+            "`auto_map`). hellbender does not run a model repository's code unless the config asks for it "
+            "(`trust_remote_code` is off by default, so that loading a model cannot run code nobody reviewed). If "
+            "you trust this repository's code, add `trust_remote_code: true`; otherwise pick a model transformers "
+            "supports natively."
+        ) from None
+
+
+def _tokenizer_source(cfg: HellbenderConfig) -> tuple[str, str, Literal["tokenizer"]]:
+    key = "tokenizer_config" if cfg.tokenizer_config else "base_model"
+    return getattr(cfg, key), key, "tokenizer"
 
 
 def _transformers_class(name: str, key: str):
@@ -70,7 +95,10 @@ def load_tokenizer(cfg: HellbenderConfig) -> Any:
         return tokenizer
     cls = _transformers_class(cfg.tokenizer_type, "tokenizer_type")
     try:
-        tokenizer = cls.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model)
+        with remote_code_refused(source):
+            tokenizer = cls.from_pretrained(
+                source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model
+            )
     except OSError as exc:
         raise ConfigError(
             f"Could not load the tokenizer from `{source}`: {str(exc).rstrip('.')}. Check `base_model` / `tokenizer_config` "
@@ -173,7 +201,10 @@ def model_config(cfg: HellbenderConfig, source: str | Path) -> Any:
     settings, or of its text model's)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model)
+    with remote_code_refused(source):
+        config = AutoConfig.from_pretrained(
+            source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model
+        )
     for key, value in cfg.overrides_of_model_config.items():
         owner = next((c for c in (config, config.get_text_config()) if hasattr(c, key)), None)
         if owner is None:

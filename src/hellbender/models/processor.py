@@ -12,6 +12,7 @@ def load_processor(cfg: HellbenderConfig, source: str) -> Any:
     import transformers
 
     from hellbender.models.fixes import processor_loader, unsupported_reason
+    from hellbender.models.loading import remote_code_refused
 
     reason = unsupported_reason(source)
     if reason:
@@ -23,7 +24,8 @@ def load_processor(cfg: HellbenderConfig, source: str) -> Any:
         raise ConfigError(f"`processor_type: {name}` is not a transformers processor class (e.g. `AutoProcessor`).")
     loader = processor_loader(source) or cls.from_pretrained
     try:
-        processor = loader(source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model)
+        with remote_code_refused(source):
+            processor = loader(source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model)
     except (OSError, ValueError) as exc:
         raise ConfigError(
             f"Could not load a processor from `{source}` with `processor_type: {name}`: {str(exc).rstrip('.')}. "
