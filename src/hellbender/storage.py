@@ -83,13 +83,22 @@ def move_files_into(staging: Path, target: Path, manifest: str = FINAL_MANIFEST)
     staging.rmdir()
 
 
-def write_manifest(directory: Path, name: str = CHECKPOINT_MANIFEST) -> None:
-    """Record every file under `directory` (flushed to disk first) and its size, as the last write."""
+def write_manifest(directory: Path, name: str = CHECKPOINT_MANIFEST, model_only: bool = False) -> None:
+    """Record every file under `directory` (flushed to disk first) and its size, as the last write. `model_only`: a
+    checkpoint written with `save_only_model` (no optimizer, scheduler or random state), which resume refuses."""
     files = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != name):
         fsync(path)
         files[path.relative_to(directory).as_posix()] = path.stat().st_size
-    write_file_atomically(directory / name, json.dumps({"version": MANIFEST_VERSION, "files": files}, indent=1))
+    manifest: dict = {"version": MANIFEST_VERSION, "files": files}
+    if model_only:
+        manifest["model_only"] = True
+    write_file_atomically(directory / name, json.dumps(manifest, indent=1))
+
+
+def is_model_only(directory: Path, name: str = CHECKPOINT_MANIFEST) -> bool:
+    """The complete checkpoint `directory` holds the model only (written with `save_only_model`)."""
+    return json.loads((directory / name).read_text()).get("model_only", False) is True
 
 
 def incompleteness(directory: Path, name: str = CHECKPOINT_MANIFEST) -> str | None:

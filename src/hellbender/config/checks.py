@@ -12,6 +12,7 @@ from hellbender.config.mistral_common import mistral_common_problems
 from hellbender.config.model_sources import local_source_problem
 from hellbender.config.plugins import plugin_problems
 from hellbender.config.schema import HellbenderConfig
+from hellbender.config.training_checks import training_conflicts
 
 
 def find_conflicts(cfg: HellbenderConfig) -> list[str]:
@@ -53,6 +54,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
         problems.append("`eval_steps` and `evals_per_epoch` are both set; keep one.")
     if cfg.warmup_steps is not None and cfg.warmup_ratio is not None:
         problems.append("`warmup_steps` and `warmup_ratio` are both set; keep one.")
+    problems += training_conflicts(cfg)
     # Keys at their default ask for nothing: a dumped full fine-tuning config lists them all and must reload.
     lora_keys = sorted(
         k

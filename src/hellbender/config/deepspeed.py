@@ -16,6 +16,7 @@ from typing import Any
 
 from hellbender.config.precision import precision_known_without_the_machine
 from hellbender.config.schema import HellbenderConfig
+from hellbender.config.training_checks import COSINE_KEYS
 from hellbender.errors import ConfigError
 
 AUTO = "auto"
@@ -321,7 +322,8 @@ def _replaced_choices(cfg: HellbenderConfig, settings: dict[str, Any]) -> list[s
             f"`deepspeed: {cfg.deepspeed}` has an `optimizer` block, which replaces hellbender's `optimizer: "
             f"{cfg.optimizer}`. Remove one of them."
         )
-    scheduler_keys = [k for k in ("lr_scheduler", "warmup_steps", "warmup_ratio") if k in chosen]
+    schedule = ("lr_scheduler", "warmup_steps", "warmup_ratio", *COSINE_KEYS)
+    scheduler_keys = [k for k in schedule if k in chosen and getattr(cfg, k) is not False]
     if "scheduler" in settings and scheduler_keys:
         keys = ", ".join(f"`{k}`" for k in scheduler_keys)
         problems.append(

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hellbender.config.accelerator import AcceleratorSettings
+
 StateDictType = Literal["FULL_STATE_DICT", "SHARDED_STATE_DICT"]
 
 
@@ -119,6 +121,12 @@ class DistributedSettings(BaseModel):
         description="Path to a DeepSpeed JSON config (ZeRO-1 / 2 / 3); a missing path named like one of Axolotl's "
         "presets (`deepspeed_configs/zero2.json`, ...) uses hellbender's preset of that name. Needs the `deepspeed` "
         "extra (`pip install 'hellbender[deepspeed]'`).",
+    )
+    accelerator_config: AcceleratorSettings | None = Field(
+        None,
+        description="Settings of transformers' `AcceleratorConfig` (how accelerate prepares data loaders and gradient "
+        "accumulation), passed on: `dispatch_batches`, `even_batches`, `non_blocking`, "
+        "`gradient_accumulation_kwargs.sync_each_batch`. Unknown fields are refused by name.",
     )
     use_ray: bool = Field(
         False,

@@ -15,6 +15,7 @@ from hellbender.config.unsupported import (
     AXOLOTL_TOOLING,
     CLOUD_LAUNCHER,
     DESCRIBES_HELLBENDER,
+    NOT_AXOLOTL_KEYS,
     not_offered_reason,
     not_offered_refusal,
     planned_feature,
@@ -84,6 +85,8 @@ def check_keys(
             not_offered.setdefault(reason, []).append(key)
         elif key in axolotl_keys or planned_feature(key):
             problems.append(refusal(key, where))
+        elif key in NOT_AXOLOTL_KEYS and model is HellbenderConfig:
+            problems.append(f"{where}{_not_axolotl(key, value, raw)}")
         elif misplaced := _misplaced(key, model):
             problems.append(f"{where}{misplaced}")
         else:
@@ -99,6 +102,26 @@ def check_keys(
                 problems.append(f"{where}`{key}` is not a config key.{hint}")
         del raw[key]
     return problems + [not_offered_refusal(keys, reason, where) for reason, keys in not_offered.items()]
+
+
+def _number(value: Any) -> float | None:
+    """A number as YAML may give it (`7e-7` is text to YAML 1.1 readers), or None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _not_axolotl(key: str, value: Any, raw: dict[str, Any]) -> str:
+    """A key that is not Axolotl's either: refused, since Axolotl silently ignored it, with what to use instead (for
+    `eta_min`, the `cosine_min_lr_ratio` it amounts to with this config's `learning_rate`)."""
+    hint = ""
+    floor, rate = _number(value), _number(raw.get("learning_rate"))
+    if key == "eta_min" and floor is not None and rate and 0 <= floor <= rate:
+        hint = f" Here that is `cosine_min_lr_ratio: {floor / rate:.4g}` ({floor:g} / `learning_rate` {rate:g})."
+    return f"`{key}` is not a key of hellbender, nor of Axolotl: it is {NOT_AXOLOTL_KEYS[key]}.{hint} Remove `{key}`."
 
 
 def _misplaced(key: str, model: type[BaseModel]) -> str | None:

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from hellbender.config.accelerator import AcceleratorSettings, GradientAccumulationKwargs
 from hellbender.config.adapter import AdapterSettings
 from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatasetEntry
 from hellbender.config.defaults import ENTRY_UNSET_MEANS, UNSET_MEANS
@@ -33,6 +34,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("Fused kernels and compilation", KernelSettings),
     ("Several GPUs and machines", DistributedSettings),
     ("`fsdp_config:`", FsdpSettings),
+    ("`accelerator_config:`", AcceleratorSettings),
+    ("`accelerator_config.gradient_accumulation_kwargs:`", GradientAccumulationKwargs),
     ("Axolotl plugins", PluginSettings),
     ("Weights & Biases", TrackingSettings),
     ("Hugging Face Hub", HubSettings),

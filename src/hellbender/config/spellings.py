@@ -16,7 +16,7 @@ TOP_LEVEL: dict[str, str] = {
     "float16": "fp16",
 }
 # Keys where 0 means what leaving the key out means (Axolotl reads them as unset when false-y).
-ZERO_MEANS_UNSET = ("evals_per_epoch", "saves_per_epoch")
+ZERO_MEANS_UNSET = ("evals_per_epoch", "saves_per_epoch", "cosine_constant_lr_ratio")
 # older dataset-entry key -> the key of `message_property_mappings` it sets
 ENTRY_MESSAGE_FIELDS: dict[str, str] = {
     "message_field_role": "role",
@@ -39,6 +39,7 @@ def read_older_spellings(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
         if raw.get(key) == 0 and raw[key] is not False:
             del raw[key]
             notices.append(f"`{key}: 0` is read as unset (as in Axolotl): the default schedule applies.")
+    _warmup_fraction(raw, problems, notices)
     _activation_offloading(raw, problems, notices)
     _base_model_config(raw, problems, notices)
     for list_key in ENTRY_LISTS:
@@ -115,6 +116,26 @@ def _base_model_config(raw: dict[str, Any], problems: list[str], notices: list[s
     problems.append(
         f"`base_model_config: {value}` reads the model's config from elsewhere than `base_model`; hellbender reads "
         "it from `base_model`. Change single settings with `overrides_of_model_config`, or remove the key."
+    )
+
+
+def _warmup_fraction(raw: dict[str, Any], problems: list[str], notices: list[str]) -> None:
+    """transformers 5 reads a `warmup_steps` below 1 as a fraction of all steps (it dropped `warmup_ratio`), and
+    Axolotl configs written for it say `warmup_steps: 0.1`; that is hellbender's `warmup_ratio`."""
+    value = raw.get("warmup_steps")
+    if not isinstance(value, float) or not 0 < value < 1:
+        return  # whole numbers are steps; other values get the schema's own error
+    if raw.get("warmup_ratio") is not None:
+        problems.append(
+            f"`warmup_steps: {yaml_word(value)}` is a fraction of all steps (transformers 5 reads a value below 1 so), "
+            f"and `warmup_ratio: {yaml_word(raw['warmup_ratio'])}` sets the warm-up too; keep one."
+        )
+        del raw["warmup_steps"]
+        return
+    raw["warmup_ratio"] = raw.pop("warmup_steps")
+    notices.append(
+        f"`warmup_steps: {yaml_word(value)}` is below 1, which transformers 5 reads as a fraction of all steps; read "
+        f"as `warmup_ratio: {yaml_word(value)}`."
     )
 
 

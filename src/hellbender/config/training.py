@@ -28,8 +28,33 @@ class TrainingSettings(BaseModel):
         None, gt=0, description="Peak learning rate; default 2e-4 with an adapter, 2e-5 for full fine-tuning."
     )
     lr_scheduler: LrScheduler = Field("cosine", description="Learning-rate schedule after warm-up.")
-    warmup_steps: int | None = Field(None, ge=0, description="Linear warm-up steps; default 0 (or `warmup_ratio`).")
+    warmup_steps: int | None = Field(
+        None,
+        ge=0,
+        description="Warm-up steps; default 0 (or `warmup_ratio`). A number below 1 (`0.1`) is read as "
+        "`warmup_ratio`, as transformers 5 reads it.",
+    )
     warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Warm-up as a fraction of all steps.")
+    lr_quadratic_warmup: bool = Field(
+        False,
+        description="With `lr_scheduler: cosine`: warm up along (step / warm-up steps)^2 instead of a straight line, "
+        "so the learning rate stays low longer at the start.",
+    )
+    cosine_min_lr_ratio: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="With `lr_scheduler: cosine`: the cosine decays to this fraction of `learning_rate` instead of "
+        "to 0 (`1.0` keeps the learning rate constant after warm-up).",
+    )
+    cosine_constant_lr_ratio: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="With `cosine_min_lr_ratio`: the cosine reaches its floor after this fraction of all steps and "
+        "the learning rate stays there to the end (`0.8`: decay until 80% of the steps, then hold). `0` is read as "
+        "unset, as in Axolotl.",
+    )
     optimizer: str = Field(
         "auto",
         description="Optimizer name as transformers knows it (`adamw_torch_fused`, `adamw_torch`, `adamw_bnb_8bit`, "
@@ -74,6 +99,11 @@ class TrainingSettings(BaseModel):
         None, gt=0, description="Save this many checkpoints per epoch (streamed data: over the whole `max_steps`)."
     )
     save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
+    save_only_model: bool = Field(
+        False,
+        description="Checkpoints hold the model (or adapter) only, without optimizer, scheduler and random state: "
+        "smaller and faster to write, but a run cannot resume from them (resuming from one is refused).",
+    )
     save_first_step: bool = Field(
         False, description="Also save a checkpoint after the first optimizer step (to check saving early)."
     )
@@ -84,6 +114,13 @@ class TrainingSettings(BaseModel):
     )
     evals_per_epoch: int | None = Field(
         None, gt=0, description="Evaluate this many times per epoch (streamed data: over the whole `max_steps`)."
+    )
+    early_stopping_patience: int | None = Field(
+        None,
+        gt=0,
+        description="Stop training when the evaluation loss has not improved for this many evaluations in a row; the "
+        "final model is then the checkpoint with the best evaluation loss. Needs evaluation data, and `save_steps` a "
+        "multiple of `eval_steps` (each evaluation that may be the best is saved).",
     )
     seed: int = Field(42, description="Seed for initialisation, shuffling, dropout and data splits.")
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] | Literal["tensorboard", "wandb", "mlflow", "none"] = (

@@ -94,6 +94,11 @@ AXOLOTL_TOOLING: dict[str, str] = {
     "tokenizer_save_jinja_files": "how Axolotl writes the chat template beside the tokenizer",
 }  # fmt: skip
 
+# Keys found in Axolotl configs that Axolotl itself does not define (it ignores them silently) -> what to use instead.
+NOT_AXOLOTL_KEYS: dict[str, str] = {
+    "eta_min": "PyTorch's name for the floor of its cosine schedule; Axolotl ignores it, so the cosine still decays "
+    "to 0. To set a floor on the cosine schedule, use `cosine_min_lr_ratio` (a fraction of `learning_rate`)",
+}
 # Keys whose one accepted value describes what hellbender always does -> (that value, why no other is possible).
 DESCRIBES_HELLBENDER: dict[str, tuple[object, str]] = {
     "save_safetensors": (True, "transformers 5 always writes safetensors"),

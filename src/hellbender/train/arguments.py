@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Any
 
 from transformers import TrainingArguments
 
@@ -14,6 +15,7 @@ from hellbender.errors import EnvironmentProblem
 from hellbender.train.deepspeed import deepspeed_config
 from hellbender.train.distributed import runs_on_cpu_processes
 from hellbender.train.fsdp import check_fsdp_plugin_arguments, fsdp_arguments
+from hellbender.train.lr_schedule import scheduler_arguments
 from hellbender.train.schedule import Schedule
 
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -38,6 +40,16 @@ def tracker_environment(cfg: HellbenderConfig) -> dict[str, str]:
     return {variable: str(getattr(cfg, key)) for key, variable in WANDB_ENVIRONMENT.items() if getattr(cfg, key)}
 
 
+def accelerator_arguments(cfg: HellbenderConfig) -> dict[str, Any] | None:
+    """`accelerator_config` as given, with dispatching off for streamed data: every process reads the stream and
+    keeps its share of the samples. Dispatching collated batches from one process would slice every tensor along its
+    first dimension, which for image tensors (patches, grids) is not the batch dimension."""
+    given = cfg.accelerator_config.trainer_arguments() if cfg.accelerator_config else {}
+    if cfg.uses_streaming:
+        given["dispatch_batches"] = False  # `true` is refused at validation
+    return given or None
+
+
 def training_arguments(
     cfg: HellbenderConfig, schedule: Schedule, has_eval: bool, data_resumes_itself: bool = False
 ) -> TrainingArguments:
@@ -56,7 +68,7 @@ def training_arguments(
         num_train_epochs=cfg.num_epochs,
         max_steps=schedule.total_steps,
         learning_rate=cfg.learning_rate,
-        lr_scheduler_type=cfg.lr_scheduler,
+        **scheduler_arguments(cfg),
         warmup_steps=schedule.warmup_steps,
         optim=on_this_machine["optimizer"],
         adam_beta1=cfg.adam_beta1,
@@ -83,14 +95,14 @@ def training_arguments(
         remove_unused_columns=False,
         ignore_data_skip=cfg.ignore_data_skip or data_resumes_itself,
         restore_callback_states_from_checkpoint=True,  # token counters continue on resume
-        # Streamed data: every process reads the stream and keeps its share of the samples. Dispatching collated
-        # batches from one process would slice every tensor along its first dimension, which for image tensors
-        # (patches, grids) is not the batch dimension.
-        accelerator_config={"dispatch_batches": False} if cfg.uses_streaming else None,
+        accelerator_config=accelerator_arguments(cfg),
         dataloader_num_workers=on_this_machine["dataloader_num_workers"],
         dataloader_pin_memory=torch.cuda.is_available(),
         include_num_input_tokens_seen="no",
-        save_only_model=False,
+        save_only_model=cfg.save_only_model,
+        # Early stopping compares each evaluation loss with the best so far, and the best checkpoint is the final model.
+        load_best_model_at_end=cfg.early_stopping_patience is not None,
+        metric_for_best_model="loss" if cfg.early_stopping_patience is not None else None,
         deepspeed=deepspeed_config(cfg),
         torch_compile=cfg.torch_compile,
         torch_compile_backend=cfg.torch_compile_backend,

@@ -17,7 +17,14 @@ from transformers import TrainerCallback
 
 from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError
-from hellbender.storage import checkpoint_dirs, complete_checkpoints, incompleteness, latest_checkpoint, write_manifest
+from hellbender.storage import (
+    checkpoint_dirs,
+    complete_checkpoints,
+    incompleteness,
+    is_model_only,
+    latest_checkpoint,
+    write_manifest,
+)
 
 logger = logging.getLogger("hellbender")
 
@@ -47,14 +54,30 @@ def checkpoint_to_resume(cfg: HellbenderConfig) -> Path | None:
                 f"`resume_from_checkpoint: {path}` is not a complete checkpoint: {reason}. Point it at a complete "
                 "`checkpoint-N` directory, or use `auto_resume_from_checkpoints: true` to take the newest complete one."
             )
-        return path
+        return _resumable(path, "resume_from_checkpoint")
     if cfg.auto_resume_from_checkpoints:
-        return latest_checkpoint(cfg.output_dir)
+        latest = latest_checkpoint(cfg.output_dir)
+        return _resumable(latest, "auto_resume_from_checkpoints") if latest is not None else None
     return None
 
 
+def _resumable(path: Path, key: str) -> Path:
+    """`path`, unless it was written with `save_only_model`: the optimizer, scheduler and random state a run needs
+    to continue exactly are not in it, and resuming without them would silently train differently."""
+    if not is_model_only(path):
+        return path
+    which = f"`{path}`" if key == "resume_from_checkpoint" else f"the newest checkpoint of `output_dir`, `{path}`,"
+    raise ConfigError(
+        f"`{key}`: {which} was written with `save_only_model: true`: it holds the model (or adapter) but not the "
+        "optimizer, scheduler and random state, so the run cannot continue exactly from it. Start a new run from its "
+        f"weights instead (`base_model: {path}` for a full fine-tune), or resume from a checkpoint written without "
+        "`save_only_model`."
+    )
+
+
 class CheckpointKeeper(TrainerCallback):
-    """After each save: the manifest that makes the checkpoint trusted, then rotation to `save_total_limit`."""
+    """After each save: the manifest that makes the checkpoint trusted, then rotation to `save_total_limit` (which
+    never removes the best checkpoint that `early_stopping_patience` keeps)."""
 
     def __init__(self, save_total_limit: int | None) -> None:
         self.save_total_limit = save_total_limit
@@ -63,10 +86,13 @@ class CheckpointKeeper(TrainerCallback):
         if not state.is_world_process_zero:
             return
         directory = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        write_manifest(directory)
+        write_manifest(directory, model_only=args.save_only_model)
         if self.save_total_limit is not None:
+            # The best checkpoint (early stopping loads it at the end) is kept beside the newest ones.
+            best = Path(state.best_model_checkpoint).resolve() if state.best_model_checkpoint else None
             for old in complete_checkpoints(args.output_dir)[: -self.save_total_limit]:
-                shutil.rmtree(old)
+                if old.resolve() != best:
+                    shutil.rmtree(old)
 
 
 class SaveFirstStep(TrainerCallback):

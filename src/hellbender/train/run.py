@@ -32,6 +32,7 @@ from hellbender.train.fsdp import (
 )
 from hellbender.train.hub import HubApi, HubPush, hub_publisher
 from hellbender.train.loss_watchdog import DIVERGED_EXIT_CODE, LossWatchdog
+from hellbender.train.lr_schedule import own_lr_factor
 from hellbender.train.memory_watchdog import MemoryWatchdog
 from hellbender.train.preemption import StopOnSignal
 from hellbender.train.report import RunReport
@@ -57,7 +58,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     `callbacks` are extra transformers `TrainerCallback`s, for programs that drive hellbender as a library.
     `hub_api` stands in for the Hugging Face Hub's client where `hub_model_id` pushes (tests, mirrors).
     """
-    from transformers import set_seed
+    from transformers import EarlyStoppingCallback, set_seed
 
     set_seed(cfg.seed)
     announce_host_offload(cfg)  # before anything opens the process group
@@ -98,7 +99,8 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
         sharded = shard_norms_in_fp32(model, cfg.fp32_norm_classes, torch_dtype(cfg))
         logger.info("fp32_norms: %d norm modules kept in float32", sharded)
     train_rows = len(train_data) if not cfg.uses_streaming else None
-    args = training_arguments(cfg, plan_schedule(cfg, train_rows, world_size()), eval_data is not None, streams_images)
+    schedule = plan_schedule(cfg, train_rows, world_size())
+    args = training_arguments(cfg, schedule, eval_data is not None, streams_images)
     collator = build_collator(cfg, tokenizer, processor)
     stop_on_signal = StopOnSignal()
     loss_watchdog = (
@@ -107,6 +109,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     watchdog = MemoryWatchdog(cfg.memory_watchdog) if cfg.memory_watchdog != "off" else None
     trainer = HellbenderTrainer(
         fused_loss=cfg.fuses_the_loss,
+        lr_factor=own_lr_factor(cfg, schedule),
         model=model,
         args=args,
         train_dataset=train_data,
@@ -118,6 +121,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
             *([StreamPosition()] if streams_images else []),
             *([watchdog] if watchdog else []),
             *([SaveFirstStep()] if cfg.save_first_step else []),
+            *([EarlyStoppingCallback(cfg.early_stopping_patience)] if cfg.early_stopping_patience else []),
             CheckpointKeeper(cfg.save_total_limit),
             RunReport(cfg, data_stats, watchdog),  # after the keeper: a checkpoint is complete before its report
             *([HubPush(publisher)] if publisher else []),  # likewise before it is pushed
@@ -149,11 +153,13 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     metrics.update(input_tokens=counter.input_tokens, trained_tokens=counter.trained_tokens)
     if stop_on_signal.received is not None:
         logger.warning(
-            "Stopped by %s after step %s; checkpoint-%s is saved. Run again with `auto_resume_from_checkpoints: "
-            "true` to continue.",
+            "Stopped by %s after step %s; checkpoint-%s is saved. %s",
             stop_on_signal.received.name,
             stop_on_signal.stopped_at_step,
             stop_on_signal.stopped_at_step,
+            "It holds the model only (`save_only_model`), so a run cannot resume from it."
+            if cfg.save_only_model
+            else "Run again with `auto_resume_from_checkpoints: true` to continue.",
         )
         metrics["exit_code"] = stop_on_signal.exit_code
         return metrics

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 from transformers import Trainer
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.trainer_callback import ProgressCallback
@@ -32,9 +34,13 @@ def causal_lm_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch
 
 
 class HellbenderTrainer(Trainer):
-    def __init__(self, *args: Any, fused_loss: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, fused_loss: bool = False, lr_factor: Callable[[int], float] | None = None, **kwargs: Any
+    ) -> None:
         """`fused_loss`: the model computes its loss itself without logits (Liger's fused linear cross-entropy);
-        it is then given the accumulated batch's trained-token count, so accumulation stays exact."""
+        it is then given the accumulated batch's trained-token count, so accumulation stays exact. `lr_factor`: the
+        learning rate's fraction of its peak after each step, for schedules transformers does not name."""
+        self._lr_factor = lr_factor
         if not fused_loss:
             kwargs.setdefault("compute_loss_func", causal_lm_loss)
         super().__init__(*args, **kwargs)
@@ -45,6 +51,13 @@ class HellbenderTrainer(Trainer):
         self._rng_checkpoint: str | None = None
         if self.pop_callback(ProgressCallback) is not None:  # present unless the progress bar is disabled
             self.add_callback(StepLines)
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        if self._lr_factor is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        self.lr_scheduler = LambdaLR(optimizer or self.optimizer, self._lr_factor)
+        self._created_lr_scheduler = True  # the Trainer's flag: it then steps the scheduler it created
+        return self.lr_scheduler
 
     def _callback(self, cls: type) -> Any:
         # Looked up each time: on resume the Trainer replaces callbacks with restored copies.
