@@ -11,6 +11,7 @@ from hellbender.config.deepspeed import deepspeed_problems
 from hellbender.config.mistral_common import mistral_common_problems
 from hellbender.config.plugins import plugin_problems
 from hellbender.config.schema import HellbenderConfig
+from hellbender.config.tracking import swanlab_notices, swanlab_problems
 
 
 def find_conflicts(cfg: HellbenderConfig) -> list[str]:
@@ -109,6 +110,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
                 "`jinja` with the template text in `chat_template_jinja`."
             )
     problems += plugin_problems(cfg.plugins)
+    problems += swanlab_problems(cfg)
     problems += _roles_to_train_problems(cfg)
     problems += mistral_common_problems(cfg)
     problems += _multimodal_conflicts(cfg)
@@ -138,6 +140,7 @@ def find_notices(cfg: HellbenderConfig) -> list[str]:
             "4-bit weights out of it, so every process loads the whole 4-bit model onto its GPU (about half a byte per "
             "quantized weight, plus the embeddings and output head in the run's dtype) before FSDP2 shards it."
         )
+    notices += swanlab_notices(cfg)
     if "loss_watchdog_patience" in cfg.model_fields_set and cfg.loss_watchdog_threshold is None:
         notices.append(
             "`loss_watchdog_patience` is set but `loss_watchdog_threshold` is not, so the loss is not watched."

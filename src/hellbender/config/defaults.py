@@ -20,6 +20,7 @@ from hellbender.config.machine import Machine, this_machine
 from hellbender.config.plugins import CUT_CROSS_ENTROPY_PLUGIN
 from hellbender.config.precision import run_precision
 from hellbender.config.schema import DatasetEntry, HellbenderConfig
+from hellbender.config.tracking import swanlab_asked
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 ADAPTER_LEARNING_RATE = 2e-4
@@ -63,6 +64,11 @@ UNSET_MEANS: dict[str, str] = {
     "wandb_mode": "W&B's own setting (online unless its environment says otherwise)",
     "wandb_log_model": "no model uploaded to W&B",
     "wandb_watch": "W&B's default (no histograms unless its environment says otherwise)",
+    "swanlab_project": "no SwanLab project (SwanLab reporting needs one)",
+    "swanlab_experiment_name": "`wandb_name`, else a name SwanLab picks",
+    "swanlab_description": "no description",
+    "swanlab_workspace": "your own SwanLab workspace",
+    "swanlab_mode": "SwanLab's own setting (cloud unless its environment says otherwise)",
     "hub_model_id": "nothing is pushed to the Hugging Face Hub",
     "hub_strategy": "nothing is pushed (`every_save`, transformers' default, once `hub_model_id` is set)",
     "hub_revision": "the repository's default branch",
@@ -114,7 +120,9 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
         default("lora_target_modules", list(DEFAULT_LORA_TARGETS))
     if cfg.hub_model_id:
         default("hub_strategy", "every_save")  # transformers' default, which Axolotl leaves in place
-    wanted = [("tensorboard", cfg.use_tensorboard), ("wandb", bool(cfg.wandb_project))]
+    swanlab = swanlab_asked(cfg.use_swanlab, cfg.swanlab_project, cfg.plugins)
+    updates["use_swanlab"] = swanlab
+    wanted = [("tensorboard", cfg.use_tensorboard), ("wandb", bool(cfg.wandb_project)), ("swanlab", swanlab)]
     if added := [target for target, asked in wanted if asked and target not in cfg.report_targets]:
         updates["report_to"] = [*cfg.report_targets, *added]
     if cfg.cut_cross_entropy is None:
