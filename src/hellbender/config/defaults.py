@@ -41,6 +41,9 @@ TORCH_COMPILE_DEFAULTS = {"torch_compile_backend": "inductor", "torch_compile_mo
 UNSET_MEANS: dict[str, str] = {
     "tokenizer_config": "the tokenizer of `base_model`",
     "revision_of_model": "the default branch of `base_model`",
+    "tokenizer_legacy": "the tokenizer's own `legacy` setting",
+    "hf_use_auth_token": "the saved Hugging Face token, when there is one",
+    "peft": "LoRA's usual start (B = 0)",
     "bnb_config_kwargs": "NF4 with double quantization (QLoRA's settings)",
     "experts_implementation": "transformers' choice (`grouped_mm` where the model supports it)",
     "low_cpu_mem_usage": "what transformers always does (no second copy of the weights)",
