@@ -112,7 +112,7 @@ def test_cut_cross_entropy_turned_off_keeps_the_plain_loss(tmp_path):
 @pytest.mark.parametrize(
     ("plugin", "message"),
     [
-        ("axolotl.integrations.swanlab.SwanLabPlugin", "SwanLab logging is not offered; use `report_to: tensorboard`"),
+        ("axolotl.integrations.kd.KDPlugin", "knowledge distillation is not offered yet"),
         ("axolotl.integrations.kernels.KernelsPlugin", "its expert kernels belong to mixture-of-experts training"),
         ("my_company.plugins.Custom", "hellbender has no plugins; it does natively what"),
     ],
@@ -449,6 +449,9 @@ def test_activation_offloading_is_offloaded_checkpointing(tmp_path):
         ({"evals_per_epoch": 0, "saves_per_epoch": 0}, {}),
         ({"bfloat16": True, "bf16": None}, {"bf16": True}),
         ({"float16": True, "bf16": False}, {"fp16": True, "bf16": False}),
+        # Axolotl's pair for half-precision weights without mixed precision: its llama-2/gptq-lora.yml
+        ({"float16": True, "fp16": False, "bf16": False}, {"fp16": True, "bf16": False}),
+        ({"bfloat16": True, "bf16": False}, {"bf16": True}),
         ({"bfloat16": False}, {}),
         ({"use_tensorboard": True}, {"report_to": ["tensorboard"], "use_tensorboard": True}),
         ({"low_cpu_mem_usage": True, "experimental_skip_move_to_device": True}, {}),
@@ -469,7 +472,7 @@ def test_axolotl_schedule_precision_and_loader_keys_mean_what_they_say(tmp_path,
         ({"eval_strategy": "epoch", "eval_steps": 2}, r"`eval_strategy: epoch` and `eval_steps`"),
         ({"eval_strategy": "no", "val_set_size": 0.25}, r"`eval_strategy: no` asks for no evaluation"),
         ({"evaluation_strategy": False, "val_set_size": 0.25}, r"`eval_strategy: no` asks for no evaluation"),
-        ({"bfloat16": True, "bf16": False}, r"`bfloat16: true` and `bf16: false` are the same key"),
+        ({"bfloat16": True, "bf16": True, "fp16": True}, r"`bf16: true` and `fp16: true` are both set"),
     ],
 )
 def test_axolotl_schedule_and_precision_keys_that_contradict_are_refused(tmp_path, keys, message):

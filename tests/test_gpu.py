@@ -323,3 +323,36 @@ def test_tiled_mlp_matches_the_untiled_loss_and_gradients_in_bf16_autocast(tmp_p
     for name, grad in expected.items():
         rel = (got[name].float() - grad.float()).norm() / grad.float().norm().clamp_min(1e-12)
         assert rel < 3e-2, (name, float(rel))
+
+
+def test_loftq_starts_the_adapter_closer_to_the_original_weights_than_plain_quantization(tmp_path, tiny_model_path):
+    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("scipy")
+    import bitsandbytes as bnb
+    from transformers import AutoModelForCausalLM
+
+    from hellbender.models.adapters import apply_adapter
+
+    # alpha = r: the adapter's scale is 1, so base + B @ A is what the layer computes
+    cfg = validate_config(
+        base_config(
+            tmp_path,
+            adapter="lora",
+            lora_r=8,
+            lora_alpha=8,
+            lora_target_modules=["q_proj"],
+            peft={"loftq_config": {"loftq_bits": 4}},
+        )
+    )
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_path).model.layers[0].self_attn.q_proj.weight
+    original = original.detach().clone().cuda().float()
+    model = apply_adapter(cfg, AutoModelForCausalLM.from_pretrained(tiny_model_path).cuda())
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    lora_a, lora_b = layer.lora_A["default"].weight.float(), layer.lora_B["default"].weight.float()
+    assert lora_b.abs().sum() > 0  # PEFT's default start has B = 0
+
+    packed = bnb.nn.Params4bit(original.cpu(), requires_grad=False, compress_statistics=False, quant_type="nf4").cuda()
+    plain = bnb.functional.dequantize_4bit(packed.data, packed.quant_state).float()
+    with_adapter = layer.base_layer.weight.float() + lora_b @ lora_a
+    assert torch.allclose(layer.base_layer.weight.float(), plain)  # the base holds the quantized weights
+    assert (original - with_adapter).norm() < 0.8 * (original - plain).norm()

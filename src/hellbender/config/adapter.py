@@ -8,6 +8,32 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+class LoftQSettings(BaseModel):
+    """`peft.loftq_config:` — LoftQ's initialisation of the LoRA matrices (PEFT's `LoftQConfig`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    loftq_bits: Literal[4, 8] = Field(
+        4, description="Bits of the quantization whose error the adapter starts out correcting: 4 (NF4) or 8 (int8)."
+    )
+    loftq_iter: int = Field(
+        1, gt=0, description="Alternations of quantizing and fitting the low-rank residual (PEFT's default 1)."
+    )
+
+
+class PeftSettings(BaseModel):
+    """`peft:` — settings passed to PEFT beyond the `lora_*` keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    loftq_config: LoftQSettings | None = Field(
+        None,
+        description="Start the adapter with LoftQ: each adapted weight W is replaced by its quantized-then-"
+        "dequantized copy Q(W) and the LoRA matrices by the best rank-`lora_r` fit of W - Q(W), so base + adapter "
+        "starts near W. Needs `adapter: lora` on an unquantized base, bitsandbytes and a CUDA GPU.",
+    )
+
+
 class AdapterSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -24,6 +50,9 @@ class AdapterSettings(BaseModel):
     lora_modules_to_save: list[str] = Field(
         default_factory=list, description="Modules trained in full and saved beside the adapter (e.g. `embed_tokens`)."
     )
+    peft: PeftSettings | None = Field(
+        None, description="PEFT settings beyond the `lora_*` keys: `loftq_config` (LoftQ's initialisation)."
+    )
     peft_use_dora: bool = Field(False, description="Use DoRA (weight-decomposed LoRA).")
     peft_use_rslora: bool = Field(
         False, description="Rank-stabilised LoRA: scale the update by alpha / sqrt(r) instead of alpha / r."
@@ -35,6 +64,10 @@ class AdapterSettings(BaseModel):
         "With an adapter: only the adapted layers whose weights match get adapter matrices (base weights stay "
         "frozen; `lora_modules_to_save` trains modules in full).",
     )
+
+    @property
+    def loftq(self) -> LoftQSettings | None:
+        return self.peft.loftq_config if self.peft else None
 
     @field_validator("unfrozen_parameters")
     @classmethod

@@ -13,6 +13,7 @@ from hellbender.config.model_sources import local_source_problem
 from hellbender.config.plugins import plugin_problems
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.training_checks import training_conflicts
+from hellbender.config.tracking import swanlab_notices, swanlab_problems
 
 
 def find_conflicts(cfg: HellbenderConfig) -> list[str]:
@@ -71,6 +72,15 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`load_in_8bit: true` needs `adapter: lora` (an 8-bit base is trained through an adapter), and not "
             "`load_in_4bit` or `adapter: qlora` (a 4-bit base): choose one precision for the base model."
         )
+    if cfg.loftq and (cfg.adapter != "lora" or cfg.quantized_bits):
+        quantized = cfg.quantized_bits or cfg.adapter == "qlora"
+        base = "a base quantized by bitsandbytes" if quantized else "full fine-tuning (no adapter)"
+        problems.append(
+            f"`peft.loftq_config` starts a LoRA adapter from the quantization error of the base weights, so it needs "
+            f"`adapter: lora` on an unquantized base, not {base}: LoftQ quantizes the weights itself (PEFT cannot "
+            "start it from weights bitsandbytes already quantized). Use `adapter: lora` without `load_in_4bit` / "
+            "`load_in_8bit`, or remove `peft.loftq_config`."
+        )
     if cfg.reinit_weights and cfg.adapter is not None:
         problems.append(
             "`reinit_weights: true` starts from random weights, and `adapter` is set: an adapter on an untrained base "
@@ -113,6 +123,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
                 "`jinja` with the template text in `chat_template_jinja`."
             )
     problems += plugin_problems(cfg.plugins)
+    problems += swanlab_problems(cfg)
     problems += _roles_to_train_problems(cfg)
     problems += mistral_common_problems(cfg)
     problems += _multimodal_conflicts(cfg)
@@ -142,6 +153,15 @@ def find_notices(cfg: HellbenderConfig) -> list[str]:
             "4-bit weights out of it, so every process loads the whole 4-bit model onto its GPU (about half a byte per "
             "quantized weight, plus the embeddings and output head in the run's dtype) before FSDP2 shards it."
         )
+    notices += swanlab_notices(cfg)
+    if cfg.loftq and cfg.adapter == "lora" and not cfg.quantized_bits:
+        scale = cfg.lora_alpha / (cfg.lora_r**0.5 if cfg.peft_use_rslora else cfg.lora_r)
+        if abs(scale - 1) > 1e-6:
+            notices.append(
+                f"`peft.loftq_config`: LoftQ fits the LoRA matrices to the quantization error at scale 1, and the "
+                f"adapter's scale here is {scale:g} (`lora_alpha` / `lora_r`), so it starts by correcting {scale:g} "
+                "times that error. Set `lora_alpha` to `lora_r` for LoftQ's own start."
+            )
     if "loss_watchdog_patience" in cfg.model_fields_set and cfg.loss_watchdog_threshold is None:
         notices.append(
             "`loss_watchdog_patience` is set but `loss_watchdog_threshold` is not, so the loss is not watched."

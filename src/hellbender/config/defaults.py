@@ -20,6 +20,7 @@ from hellbender.config.machine import Machine, this_machine
 from hellbender.config.plugins import CUT_CROSS_ENTROPY_PLUGIN
 from hellbender.config.precision import run_precision
 from hellbender.config.schema import DatasetEntry, HellbenderConfig
+from hellbender.config.tracking import swanlab_asked
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 ADAPTER_LEARNING_RATE = 2e-4
@@ -40,6 +41,9 @@ TORCH_COMPILE_DEFAULTS = {"torch_compile_backend": "inductor", "torch_compile_mo
 UNSET_MEANS: dict[str, str] = {
     "tokenizer_config": "the tokenizer of `base_model`",
     "revision_of_model": "the default branch of `base_model`",
+    "tokenizer_legacy": "the tokenizer's own `legacy` setting",
+    "hf_use_auth_token": "the saved Hugging Face token, when there is one",
+    "peft": "LoRA's usual start (B = 0)",
     "bnb_config_kwargs": "NF4 with double quantization (QLoRA's settings)",
     "experts_implementation": "transformers' choice (`grouped_mm` where the model supports it)",
     "low_cpu_mem_usage": "what transformers always does (no second copy of the weights)",
@@ -70,6 +74,11 @@ UNSET_MEANS: dict[str, str] = {
     "wandb_mode": "W&B's own setting (online unless its environment says otherwise)",
     "wandb_log_model": "no model uploaded to W&B",
     "wandb_watch": "W&B's default (no histograms unless its environment says otherwise)",
+    "swanlab_project": "no SwanLab project (SwanLab reporting needs one)",
+    "swanlab_experiment_name": "`wandb_name`, else a name SwanLab picks",
+    "swanlab_description": "no description",
+    "swanlab_workspace": "your own SwanLab workspace",
+    "swanlab_mode": "SwanLab's own setting (cloud unless its environment says otherwise)",
     "hub_model_id": "nothing is pushed to the Hugging Face Hub",
     "hub_strategy": "nothing is pushed (`every_save`, transformers' default, once `hub_model_id` is set)",
     "hub_revision": "the repository's default branch",
@@ -121,7 +130,9 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
         default("lora_target_modules", list(DEFAULT_LORA_TARGETS))
     if cfg.hub_model_id:
         default("hub_strategy", "every_save")  # transformers' default, which Axolotl leaves in place
-    wanted = [("tensorboard", cfg.use_tensorboard), ("wandb", bool(cfg.wandb_project))]
+    swanlab = swanlab_asked(cfg.use_swanlab, cfg.swanlab_project, cfg.plugins)
+    updates["use_swanlab"] = swanlab
+    wanted = [("tensorboard", cfg.use_tensorboard), ("wandb", bool(cfg.wandb_project)), ("swanlab", swanlab)]
     if added := [target for target, asked in wanted if asked and target not in cfg.report_targets]:
         updates["report_to"] = [*cfg.report_targets, *added]
     if cfg.cut_cross_entropy is None:

@@ -26,9 +26,25 @@ class HubSettings(BaseModel):
         "model at each checkpoint, then the final one), `checkpoint` (also the whole latest checkpoint, in "
         "`last-checkpoint/`), `all_checkpoints` (also each checkpoint, in `checkpoint-N/`).",
     )
+    hf_use_auth_token: bool | None = Field(
+        None,
+        description="Axolotl's switch for downloading with your saved Hugging Face token. hellbender always sends the "
+        "saved token (`HF_TOKEN`, or `hf auth login`) when there is one, which is what `true` asks for; `false` "
+        "(download without it) is refused: unset `HF_TOKEN` or log out instead.",
+    )
     hub_revision: str | None = Field(
         None, description="Branch of `hub_model_id` to push to; created from the default branch if missing."
     )
+
+    @field_validator("hf_use_auth_token")
+    @classmethod
+    def _the_saved_token_is_used(cls, value: bool | None) -> bool | None:
+        if value is False:
+            raise ValueError(
+                "cannot be honoured: hellbender downloads from the Hugging Face Hub with the saved token whenever "
+                "there is one. Remove the key, or unset `HF_TOKEN` / run `hf auth logout` to download without it"
+            )
+        return value
 
     @field_validator("hub_model_id")
     @classmethod

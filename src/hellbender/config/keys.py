@@ -47,6 +47,8 @@ PARAMETER_OF: dict[str, str] = {
     "eval_causal_lm_metrics": "do_causal_lm_eval",
     "bench_dataset": "do_bench_eval",
     "bench_split": "do_bench_eval",
+    "swanlab_completion_log_interval": "swanlab_log_completions",
+    "swanlab_completion_max_buffer": "swanlab_log_completions",
 }
 
 
@@ -76,7 +78,8 @@ def check_keys(
             del raw[key]
             continue
         feature = PARAMETER_OF.get(key)
-        if key in axolotl_keys and (_is_unset(value) or (feature and _is_unset(raw.get(feature)))):
+        known_elsewhere = key in axolotl_keys or planned_feature(key)  # plugin keys are not in Axolotl's own list
+        if known_elsewhere and (_is_unset(value) or (feature and _is_unset(raw.get(feature)))):
             if not _is_unset(value):
                 notices.append(f"{where}`{key}` tunes `{feature}`, which is off, so it changes nothing.")
         elif key in AXOLOTL_TOOLING:

@@ -33,6 +33,18 @@ class ModelSettings(BaseModel):
         None, description="Hub id or directory of the tokenizer, when it differs from `base_model`."
     )
     tokenizer_type: str = Field("AutoTokenizer", description="transformers tokenizer class to load.")
+    tokenizer_use_fast: bool = Field(
+        True,
+        description="Load the fast (Rust `tokenizers`) tokenizer, as transformers 5 always does. `false` (the slow "
+        "Python tokenizer) is refused: transformers 5 no longer has slow tokenizers and ignores the request.",
+    )
+    tokenizer_legacy: bool | None = Field(
+        None,
+        description="Passed to the tokenizer as `legacy=`: for SentencePiece-style tokenizers (Llama's, "
+        "`tokenizer_type: LlamaTokenizer`), `true` puts the word-start marker before the text after every special "
+        "token, `false` only at the start of the text. Default: the tokenizer's own setting. A tokenizer that does not "
+        "read it is refused when it loads.",
+    )
     tokenizer_use_mistral_common: bool = Field(
         False,
         description="Load the tokenizer with Mistral's own `mistral-common` library (its `tekken.json` or "
@@ -106,6 +118,16 @@ class ModelSettings(BaseModel):
         description="Axolotl's loader switch (do not move the whole model to the GPU before sharding it); hellbender "
         "leaves placement to accelerate and transformers, which never do that, so either value changes nothing.",
     )
+
+    @field_validator("tokenizer_use_fast")
+    @classmethod
+    def _only_fast_tokenizers(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError(
+                "cannot be honoured: transformers 5 has only fast (`tokenizers`) tokenizers and ignores a request "
+                "for the slow one. Remove it, or set it to true"
+            )
+        return value
 
     @field_validator("experts_implementation")
     @classmethod

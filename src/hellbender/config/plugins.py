@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hellbender.config.tracking import SWANLAB_PLUGIN
+
 AXOLOTL_INTEGRATIONS = "axolotl.integrations."
 CUT_CROSS_ENTROPY_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
 # plugins hellbender does natively -> how
@@ -14,6 +16,7 @@ NATIVE_PLUGINS: dict[str, str] = {
         "the fused LM head and loss (`cut_cross_entropy`, on by default with this plugin) is Liger's fused linear "
         "cross-entropy"
     ),
+    SWANLAB_PLUGIN: "the `use_swanlab` / `swanlab_*` keys report to SwanLab (on by default with this plugin)",
 }
 # other plugins Axolotl users list -> what hellbender offers instead
 OTHER_PLUGINS: dict[str, str] = {
@@ -28,8 +31,6 @@ OTHER_PLUGINS: dict[str, str] = {
     "axolotl.integrations.llm_compressor.LLMCompressorPlugin": (
         "sparse fine-tuning with LLM Compressor is not offered; train dense, then compress with LLM Compressor itself"
     ),
-    "axolotl.integrations.swanlab.SwanLabPlugin": "SwanLab logging is not offered; use `report_to: tensorboard`, "
-    "`wandb` or `mlflow`",
     "axolotl.integrations.kd.KDPlugin": "knowledge distillation is not offered yet",
     "axolotl.integrations.grokfast.GrokfastPlugin": "the Grokfast optimizer wrapper is not offered",
     "axolotl.integrations.lm_eval.LMEvalPlugin": "lm-eval benchmarks are not run by hellbender; `hellbender evaluate` "
@@ -44,9 +45,10 @@ class PluginSettings(BaseModel):
 
     plugins: list[str] = Field(
         default_factory=list,
-        description="Axolotl plugins, read by name: `axolotl.integrations.liger.LigerPlugin` (the `liger_*` keys) and "
-        "`axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin` (`cut_cross_entropy`) are done natively; "
-        "others are refused, naming what hellbender offers instead.",
+        description="Axolotl plugins, read by name: `axolotl.integrations.liger.LigerPlugin` (the `liger_*` keys), "
+        "`axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin` (`cut_cross_entropy`) and "
+        "`axolotl.integrations.swanlab.SwanLabPlugin` (`use_swanlab`) are done natively; others are refused, naming "
+        "what hellbender offers instead.",
     )
 
 

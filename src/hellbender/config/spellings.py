@@ -33,6 +33,16 @@ def read_older_spellings(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
     for old, new in TOP_LEVEL.items():
         if raw.get(old) is False and new in ("bf16", "fp16"):
             del raw[old]  # `bfloat16: false` asks for nothing (`evaluation_strategy: no`, read as false, does)
+        elif raw.get(old) is True and raw.get(new) is False and new in ("bf16", "fp16"):
+            # Axolotl's pair for half-precision weights without its mixed-precision wrapper (`float16: true`,
+            # `fp16: false`): hellbender's `fp16` / `bf16` load the weights in that precision too.
+            del raw[old], raw[new]
+            raw[new] = True
+            notices.append(
+                f"`{old}: true` beside `{new}: false` is Axolotl's older way to train {old} weights without mixed "
+                f"precision; read as `{new}: true`, which loads the weights in {old} too"
+                + (" (and scales the loss, so small gradients do not underflow)." if new == "fp16" else ".")
+            )
         elif old in raw:
             _move(raw, old, new, "", problems, notices)
     for key in ZERO_MEANS_UNSET:

@@ -1,11 +1,17 @@
-"""Axolotl's `wandb_*` keys: Weights & Biases reporting. A `wandb_project` turns W&B reporting on (as in Axolotl);
-the keys reach wandb through the environment variables wandb and transformers' W&B callback read."""
+"""Axolotl's `wandb_*` keys (Weights & Biases) and its SwanLab plugin's `swanlab_*` keys. A `wandb_project` turns W&B
+reporting on, `use_swanlab` (or a `swanlab_project`, or the plugin in `plugins:`) SwanLab reporting, as in Axolotl. The
+keys reach each tracker through the environment variables it and transformers' callback for it read."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+if TYPE_CHECKING:
+    from hellbender.config.schema import HellbenderConfig
+
+SWANLAB_PLUGIN = "axolotl.integrations.swanlab.SwanLabPlugin"
 
 # key -> the environment variable wandb / transformers' WandbCallback reads it from
 WANDB_ENVIRONMENT = {
@@ -15,6 +21,14 @@ WANDB_ENVIRONMENT = {
     "wandb_mode": "WANDB_MODE",
     "wandb_log_model": "WANDB_LOG_MODEL",
     "wandb_watch": "WANDB_WATCH",
+}
+# key -> the environment variable it reaches SwanLab through: transformers' SwanLabCallback passes SWANLAB_PROJECT to
+# `swanlab.init`, and `swanlab.init` reads the others itself. The experiment name goes as the Trainer's `run_name`.
+SWANLAB_ENVIRONMENT = {
+    "swanlab_project": "SWANLAB_PROJECT",
+    "swanlab_workspace": "SWANLAB_WORKSPACE",
+    "swanlab_description": "SWANLAB_DESCRIPTION",
+    "swanlab_mode": "SWANLAB_MODE",
 }
 
 
@@ -41,3 +55,83 @@ class TrackingSettings(BaseModel):
     def _false_is_a_word(cls, value: object) -> object:
         """YAML reads `false` as a boolean; W&B spells the setting as the word."""
         return "false" if value is False else value
+
+    use_swanlab: bool | None = Field(
+        None,
+        description="Log to SwanLab (adds `swanlab` to `report_to`; needs `swanlab_project` and `pip install "
+        "swanlab`). Default: on when `swanlab_project` is set or `plugins` lists Axolotl's SwanLab plugin; `false` "
+        "turns it off even then.",
+    )
+    swanlab_project: str | None = Field(None, description="SwanLab project the run is logged to.")
+    swanlab_experiment_name: str | None = Field(
+        None, description="SwanLab experiment name (the Trainer's `run_name`, which W&B also uses)."
+    )
+    swanlab_description: str | None = Field(None, description="Description shown with the SwanLab experiment.")
+    swanlab_workspace: str | None = Field(
+        None, description="SwanLab workspace (an organisation or user) the project belongs to; default your own."
+    )
+    swanlab_mode: Literal["cloud", "local", "offline", "disabled"] | None = Field(
+        None,
+        description="`cloud` syncs to SwanLab's server, `local` and `offline` keep the logs on this machine, "
+        "`disabled` logs nothing.",
+    )
+    swanlab_log_model: bool = Field(
+        False,
+        description="Upload the model to SwanLab. Only `false`: SwanLab's transformers integration cannot upload "
+        "models yet (it only warns), so `true` would do nothing.",
+    )
+
+    @field_validator("swanlab_project")
+    @classmethod
+    def _a_project_name(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("is empty: name a SwanLab project, or remove the key")
+        return value
+
+    @field_validator("swanlab_log_model")
+    @classmethod
+    def _no_model_upload(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "cannot be honoured: transformers' SwanLab integration does not upload models (it only warns that "
+                "SwanLab cannot yet). Remove it, or set it to false"
+            )
+        return value
+
+
+def swanlab_asked(use_swanlab: bool | None, swanlab_project: str | None, plugins: list[str]) -> bool:
+    """Whether a config reports to SwanLab: `use_swanlab` when given, else a project or the plugin asks for it."""
+    if use_swanlab is not None:
+        return use_swanlab
+    return bool(swanlab_project) or SWANLAB_PLUGIN in plugins
+
+
+def swanlab_problems(cfg: HellbenderConfig) -> list[str]:
+    problems = []
+    asked = swanlab_asked(cfg.use_swanlab, cfg.swanlab_project, cfg.plugins)
+    if asked and not cfg.swanlab_project:
+        why = "`use_swanlab` is true" if cfg.use_swanlab else f"`plugins` lists `{SWANLAB_PLUGIN}`"
+        problems.append(
+            f"{why}, but `swanlab_project` is not set: SwanLab logs into a project. Add `swanlab_project: "
+            "my-project`, or set `use_swanlab: false` (or remove the plugin) to log nothing to SwanLab."
+        )
+    names = (cfg.wandb_name, cfg.swanlab_experiment_name)
+    if asked and all(names) and names[0] != names[1]:
+        problems.append(
+            f"`wandb_name: {names[0]}` and `swanlab_experiment_name: {names[1]}` name the run differently, but "
+            "transformers gives every tracker the one `run_name`. Keep one of them (or give both the same name)."
+        )
+    return problems
+
+
+def swanlab_notices(cfg: HellbenderConfig) -> list[str]:
+    """`swanlab_*` keys beside `use_swanlab: false` ask for nothing."""
+    keys = [k for k in (*SWANLAB_ENVIRONMENT, "swanlab_experiment_name") if getattr(cfg, k) is not None]
+    if cfg.use_swanlab is False and keys:
+        return [f"{', '.join(f'`{k}`' for k in keys)} set, but `use_swanlab: false`: nothing is logged to SwanLab."]
+    return []
+
+
+def run_name(cfg: HellbenderConfig) -> str | None:
+    """The Trainer's `run_name`, which W&B and SwanLab both take as the run's name."""
+    return cfg.wandb_name or (cfg.swanlab_experiment_name if cfg.use_swanlab else None)

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+Tracker = Literal["tensorboard", "wandb", "mlflow", "swanlab"]
 LrScheduler = Literal[
     "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"
 ]
@@ -123,8 +124,8 @@ class TrainingSettings(BaseModel):
         "multiple of `eval_steps` (each evaluation that may be the best is saved).",
     )
     seed: int = Field(42, description="Seed for initialisation, shuffling, dropout and data splits.")
-    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] | Literal["tensorboard", "wandb", "mlflow", "none"] = (
-        Field("none", description="Experiment trackers to log to (each must be installed).")
+    report_to: list[Tracker] | Tracker | Literal["none"] = Field(
+        "none", description="Experiment trackers to log to (each must be installed)."
     )
     resume_from_checkpoint: str | None = Field(None, description="Checkpoint directory to resume from exactly.")
     auto_resume_from_checkpoints: bool = Field(

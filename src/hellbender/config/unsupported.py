@@ -12,6 +12,8 @@ PLANNED: dict[str, tuple[str, ...]] = {
         "simpo_gamma", "cpo_alpha", "reward_model", "process_reward_model", "num_labels",
         "center_rewards_coefficient", "precompute_ref_log_probs", "max_prompt_len", "field_chosen", "field_rejected",
         "step_separator", "train_on_last_step_only",
+        # SwanLab's table of preference-training completions
+        "swanlab_log_completions", "swanlab_completion_log_interval", "swanlab_completion_max_buffer",
     ),
     "online reinforcement learning (GRPO and other methods that generate during training)": ("trl", "vllm", "ebft"),
     "mixture-of-experts training (adapters on experts, quantized experts, expert kernels and parallelism)": (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from importlib.metadata import version
 from typing import Any
 
@@ -125,6 +126,28 @@ def check_peft_version(cfg: HellbenderConfig) -> None:
         )
 
 
+def loftq_arguments(cfg: HellbenderConfig) -> dict[str, Any]:
+    """LoraConfig's arguments for `peft.loftq_config`. PEFT's LoftQ quantizes with bitsandbytes on a CUDA device
+    (it moves each weight there) and PEFT asks for scipy, so all three are checked first."""
+    if cfg.loftq is None:
+        return {}
+    import torch
+    from peft import LoftQConfig
+
+    if not torch.cuda.is_available():
+        raise EnvironmentProblem(
+            "`peft.loftq_config` quantizes the base weights with bitsandbytes on a CUDA GPU (PEFT's LoftQ runs "
+            "there), and none is visible here. Run on a GPU, or remove `peft.loftq_config` for LoRA's usual start."
+        )
+    if missing := [name for name in ("bitsandbytes", "scipy") if importlib.util.find_spec(name) is None]:
+        raise EnvironmentProblem(
+            f"`peft.loftq_config` needs {' and '.join(missing)} (bitsandbytes quantizes the base weights; PEFT's LoftQ "
+            f"asks for scipy): `pip install 'hellbender[gpu]'` (or `pip install {' '.join(missing)}`)."
+        )
+    loftq = LoftQConfig(loftq_bits=cfg.loftq.loftq_bits, loftq_iter=cfg.loftq.loftq_iter)
+    return {"init_lora_weights": "loftq", "loftq_config": loftq}
+
+
 def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
     """Wrap `model` in a PEFT adapter when the config asks for one; otherwise return it for full fine-tuning."""
     if cfg.freeze_mm_modules:
@@ -141,6 +164,7 @@ def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
     # more for the embeddings and head, a float32 residual stream (twice the activation memory) and a float32
     # output-head matmul. Checkpointing is enabled later, by hellbender (train/run.py), for every kind of training.
     lora = LoraConfig(
+        **loftq_arguments(cfg),
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,
         lora_dropout=cfg.lora_dropout,

@@ -94,16 +94,24 @@ def load_tokenizer(cfg: HellbenderConfig) -> Any:
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
     cls = _transformers_class(cfg.tokenizer_type, "tokenizer_type")
+    legacy = {} if cfg.tokenizer_legacy is None else {"legacy": cfg.tokenizer_legacy}
     try:
         with remote_code_refused(source):
             tokenizer = cls.from_pretrained(
-                source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model
+                source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model, **legacy
             )
     except OSError as exc:
         raise ConfigError(
             f"Could not load the tokenizer from `{source}`: {str(exc).rstrip('.')}. Check `base_model` / `tokenizer_config` "
             "(a hub id needs network access; a local path must hold tokenizer files)."
         ) from None
+    if legacy and getattr(tokenizer, "legacy", None) != cfg.tokenizer_legacy:
+        raise ConfigError(
+            f"`tokenizer_legacy: {str(cfg.tokenizer_legacy).lower()}` cannot be honoured: the tokenizer "
+            f"`{type(tokenizer).__name__}` loaded from `{source}` does not read `legacy` (only SentencePiece-style "
+            "tokenizers such as `LlamaTokenizer` do). Remove `tokenizer_legacy`, or set `tokenizer_type` to a class "
+            "that reads it."
+        )
     customise_tokenizer(cfg, tokenizer)
     return tokenizer
 

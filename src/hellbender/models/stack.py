@@ -11,7 +11,7 @@ from typing import Any
 from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError
 from hellbender.models.activation_checkpointing import enable_activation_checkpointing
-from hellbender.models.adapters import apply_adapter
+from hellbender.models.adapters import apply_adapter, loftq_arguments
 from hellbender.models.fixes import prepare_for_training
 from hellbender.models.kernels import apply_liger_kernels
 from hellbender.models.loading import load_model
@@ -46,6 +46,7 @@ def with_saved_adapter(cfg: HellbenderConfig, base: Any, adapter_dir: Path) -> A
     """`base` wrapped with the PEFT adapter saved in `adapter_dir`."""
     from peft import PeftModel
 
+    loftq_arguments(cfg)  # a LoftQ adapter's config makes PEFT quantize the base again on loading: check it can
     try:
         return PeftModel.from_pretrained(base, str(adapter_dir))
     except (ValueError, RuntimeError, KeyError) as exc:  # shapes or module names that do not fit the base

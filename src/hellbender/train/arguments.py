@@ -10,7 +10,7 @@ from transformers import TrainingArguments
 
 from hellbender.config import HellbenderConfig
 from hellbender.config.defaults import machine_defaults
-from hellbender.config.tracking import WANDB_ENVIRONMENT
+from hellbender.config.tracking import SWANLAB_ENVIRONMENT, WANDB_ENVIRONMENT, run_name
 from hellbender.errors import EnvironmentProblem
 from hellbender.train.deepspeed import deepspeed_config
 from hellbender.train.distributed import runs_on_cpu_processes
@@ -18,26 +18,34 @@ from hellbender.train.fsdp import check_fsdp_plugin_arguments, fsdp_arguments
 from hellbender.train.lr_schedule import scheduler_arguments
 from hellbender.train.schedule import Schedule
 
-TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "swanlab": "swanlab"}
+# trackers a key of their own turns on -> that key and how to turn it off, named when the package is missing
+TURNED_ON_BY = {
+    "wandb": ("wandb_project", "remove `wandb_project`"),
+    "swanlab": ("use_swanlab", "set `use_swanlab: false`"),
+}
 
 
 def report_targets(cfg: HellbenderConfig) -> list[str]:
     targets = cfg.report_targets
     for target in targets:
         if importlib.util.find_spec(TRACKER_PACKAGES[target]) is None:
-            asked = (
-                "`wandb_project` is set" if target == "wandb" and cfg.wandb_project else f"`report_to` names {target}"
-            )
+            key, undo = TURNED_ON_BY.get(target, ("", "remove it from `report_to`"))
+            asked = f"`{key}` is set" if key and getattr(cfg, key) else f"`report_to` names {target}"
             raise EnvironmentProblem(
                 f"{asked}, but the `{TRACKER_PACKAGES[target]}` package is not installed. Install it (`pip install "
-                f"{TRACKER_PACKAGES[target]}`), or remove it from `report_to` (and remove `wandb_project`)."
+                f"{TRACKER_PACKAGES[target]}`), or {undo}."
             )
     return targets
 
 
 def tracker_environment(cfg: HellbenderConfig) -> dict[str, str]:
-    """The environment variables through which wandb and transformers' W&B callback read the `wandb_*` keys."""
-    return {variable: str(getattr(cfg, key)) for key, variable in WANDB_ENVIRONMENT.items() if getattr(cfg, key)}
+    """The environment variables through which the trackers and transformers' callbacks for them read the
+    `wandb_*` and `swanlab_*` keys."""
+    keys = dict(WANDB_ENVIRONMENT)
+    if cfg.use_swanlab:
+        keys.update(SWANLAB_ENVIRONMENT)
+    return {variable: str(getattr(cfg, key)) for key, variable in keys.items() if getattr(cfg, key)}
 
 
 def accelerator_arguments(cfg: HellbenderConfig) -> dict[str, Any] | None:
@@ -89,7 +97,7 @@ def training_arguments(
         eval_steps=schedule.eval_steps,
         ddp_find_unused_parameters=cfg.ddp_find_unused_parameters,
         seed=cfg.seed,
-        run_name=cfg.wandb_name,
+        run_name=run_name(cfg),
         data_seed=cfg.seed,
         report_to=report_targets(cfg) or "none",
         remove_unused_columns=False,
