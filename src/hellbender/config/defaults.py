@@ -165,6 +165,8 @@ ENTRY_UNSET_MEANS: dict[str, str] = {
     "message_property_mappings": "not a `chat_template` dataset",
     "roles_to_train": "not a `chat_template` dataset",
     "train_on_eos": "not a `chat_template` dataset",
+    "field_thinking": "not a `chat_template` dataset",
+    "template_thinking_key": "not a `chat_template` dataset",
     "chat_template": "not a `chat_template` dataset",
     "train_on_inputs": "not a dataset with prompts (`chat_template`, `alpaca`)",
     "text_column": "not a raw-text dataset (`completion`, `multimodal_pretrain`)",
@@ -178,6 +180,8 @@ KEYS_FILLED_FOR_TYPE: dict[str, tuple[str, ...]] = {
         "roles_to_train",
         "train_on_eos",
         "chat_template",
+        "field_thinking",
+        "template_thinking_key",
     ),
     "alpaca": ("train_on_inputs",),
     "completion": ("text_column",),
@@ -198,6 +202,9 @@ def entry_with_defaults(entry: DatasetEntry, cfg: HellbenderConfig) -> DatasetEn
         updates["message_property_mappings"] = mappings
         updates["roles_to_train"] = entry.roles_to_train or ["assistant"]
         updates["train_on_eos"] = entry.train_on_eos or "turn"
+        # Axolotl's default: a message's `reasoning_content` reaches the template under that name.
+        updates["field_thinking"] = entry.field_thinking or "reasoning_content"
+        updates["template_thinking_key"] = entry.template_thinking_key or "reasoning_content"
         updates["chat_template"] = entry.chat_template or cfg.chat_template
         if updates["chat_template"] == "jinja" and entry.chat_template_jinja is None:
             updates["chat_template_jinja"] = cfg.chat_template_jinja
