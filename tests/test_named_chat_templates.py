@@ -724,24 +724,43 @@ def test_llama3_labels_are_exactly_the_assistant_tokens():
     assert out["labels"] == expected
 
 
+THINKING_MARKERS = ("<think>", "</think>")
+
+
 @pytest.mark.parametrize(
-    ("name", "markers"),
+    ("name", "trained"),
     [
-        ("qwen3_5", ("<think>", "</think>")),
-        ("nemotron_h", ("<think>", "</think>")),
-        ("exaone4", ("[|system|]", "[|user|]", "[|assistant|]", "[|endofturn|]", "<think>", "</think>")),
+        # Qwen3 / Qwen3.5 move the block into their own (`<think>\n` ... `\n</think>\n\n`); the opening is the
+        # template's, what follows the reasoning up to the answer is trained with it.
+        ("qwen3", "Four.<|im_end|>add\n</think>\n\nSix.<|im_end|>"),
+        ("qwen3_5", "Four.<|im_end|>add\n</think>\n\nSix.<|im_end|>"),
+        # Nemotron writes the content as it is: the reasoning keeps its own newlines.
+        ("nemotron_h", "Four.<|im_end|>\nadd\n</think>\n\nSix.<|im_end|>"),
     ],
 )
-def test_a_thinking_template_refuses_a_row_whose_last_answer_writes_its_own_think_block(name, markers):
+def test_a_think_block_written_in_the_last_answer_is_trained_where_the_template_puts_it(name, trained):
     messages = [*CONVERSATION[:4], {"role": "assistant", "content": "<think>\nadd\n</think>\n\nSix."}]
-    with pytest.raises(RowError, match="does not render message contents verbatim"):
-        prepare(name, markers, messages)
+    tok, out = prepare(name, THINKING_MARKERS, messages)
+    rendered = tok.apply_chat_template(messages, chat_template=NAMED_TEMPLATES[name].jinja, tokenize=False)
+    assert rendered.endswith("<|im_start|>assistant\n<think>\nadd\n</think>\n\nSix.<|im_end|>\n")
+    assert out["input_ids"] == tok(rendered, add_special_tokens=False)["input_ids"]
+    assert trained_text(tok, out["labels"]) == trained
 
 
-def test_a_template_that_drops_a_written_think_block_is_refused_for_the_row():
+def test_a_think_block_the_template_drops_from_an_earlier_answer_is_not_trained():
+    # Qwen3 keeps reasoning only after the last user query, as at inference; the earlier answer trains without it.
     messages = [*CONVERSATION[:2], {"role": "assistant", "content": "<think>add</think>Four."}, *CONVERSATION[3:]]
-    with pytest.raises(RowError, match="does not render message contents verbatim"):
-        prepare("qwen3", ("<think>", "</think>"), messages)
+    tok, out = prepare("qwen3", THINKING_MARKERS, messages)
+    assert "add" not in tok.decode(out["input_ids"])
+    assert trained_text(tok, out["labels"]) == "Four.<|im_end|>Six, of course.<|im_end|>"
+
+
+def test_a_template_that_never_renders_a_written_think_block_is_refused():
+    # EXAONE 4 drops think blocks from every answer unless `skip_think` is false: the reasoning would vanish.
+    markers = ("[|system|]", "[|user|]", "[|assistant|]", "[|endofturn|]", *THINKING_MARKERS)
+    messages = [*CONVERSATION[:4], {"role": "assistant", "content": "<think>\nadd\n</think>\n\nSix."}]
+    with pytest.raises(ConfigError, match="drops the `<think>` block"):
+        prepare("exaone4", markers, messages)
 
 
 # --- choosing a template -----------------------------------------------------------------------------------

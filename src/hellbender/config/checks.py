@@ -9,11 +9,13 @@ from hellbender.chat_templates import TEMPLATE_NAMES, is_known_template, known_n
 from hellbender.config.data import CHAT_ROLES
 from hellbender.config.deepspeed import deepspeed_problems
 from hellbender.config.mistral_common import mistral_common_problems
+from hellbender.config.model import is_hub_kernel
+from hellbender.config.model_quantization import model_quantization_problems
 from hellbender.config.model_sources import local_source_problem
 from hellbender.config.plugins import plugin_problems
 from hellbender.config.schema import HellbenderConfig
-from hellbender.config.training_checks import training_conflicts
 from hellbender.config.tracking import swanlab_notices, swanlab_problems
+from hellbender.config.training_checks import training_conflicts
 
 
 def find_conflicts(cfg: HellbenderConfig) -> list[str]:
@@ -99,7 +101,9 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
         problems.append(f"`sdp_attention: true` contradicts `attn_implementation: {attn}`; keep one.")
     if cfg.flash_attention and cfg.sdp_attention:
         problems.append("`flash_attention` and `sdp_attention` are both true; keep one.")
-    if cfg.sample_packing and attn not in (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3"):
+    packs = (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3")
+    # A hub kernel packs as flash attention does; whether this kernel is one is known once it is loaded (hub_kernels.py).
+    if cfg.sample_packing and attn not in packs and not is_hub_kernel(attn):
         problems.append(
             f"`sample_packing` is not supported yet with `attn_implementation: {attn}`; use sdpa, eager or flash "
             "attention, which keep packed documents from attending to each other."
@@ -126,6 +130,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     problems += swanlab_problems(cfg)
     problems += _roles_to_train_problems(cfg)
     problems += mistral_common_problems(cfg)
+    problems += model_quantization_problems(cfg)
     problems += _multimodal_conflicts(cfg)
     problems += _distributed_conflicts(cfg)
     if cfg.chat_template == "jinja" and not cfg.chat_template_jinja:

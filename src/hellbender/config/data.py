@@ -85,11 +85,31 @@ class DatasetEntry(ImageEntryKeys):
     drop_system_message: bool = Field(
         False, description="`chat_template`: leave each conversation's system messages out (not rendered, not trained)."
     )
+    field_thinking: str | None = Field(
+        None,
+        description="`chat_template`: the message key holding an assistant's reasoning (default `reasoning_content`); "
+        "it is given to the template under `template_thinking_key` and trained with its message.",
+    )
+    template_thinking_key: str | None = Field(
+        None,
+        description="`chat_template`: the name the chat template reads a message's reasoning under (default "
+        "`reasoning_content`, as Qwen3's template; gpt-oss's template reads `thinking`).",
+    )
     chat_template: str | None = Field(
         None, description="Per-dataset chat template (same values as the top-level `chat_template`)."
     )
     chat_template_jinja: str | None = Field(None, description="Per-dataset Jinja template for `chat_template: jinja`.")
     train_on_inputs: bool | None = Field(None, description="Per-dataset override of the top-level `train_on_inputs`.")
+
+    @field_validator("template_thinking_key")
+    @classmethod
+    def _thinking_key_is_not_a_message_key(cls, value: str | None) -> str | None:
+        if value in ("role", "content"):
+            raise ValueError(
+                f"`{value}` is the template's name for a message's {value}; name the key the template reads the "
+                "reasoning under (gpt-oss: `thinking`, Qwen3: `reasoning_content`)"
+            )
+        return value
 
     @field_validator("type", mode="before")
     @classmethod

@@ -46,6 +46,8 @@ UNSET_MEANS: dict[str, str] = {
     "peft": "LoRA's usual start (B = 0)",
     "bnb_config_kwargs": "NF4 with double quantization (QLoRA's settings)",
     "experts_implementation": "transformers' choice (`grouped_mm` where the model supports it)",
+    "model_quantization_config": "the checkpoint loads as its config.json says",
+    "model_quantization_config_kwargs": "no arguments for `model_quantization_config`",
     "low_cpu_mem_usage": "what transformers always does (no second copy of the weights)",
     "experimental_skip_move_to_device": "placement by accelerate and transformers",
     "adapter": "full fine-tuning",
@@ -183,6 +185,8 @@ ENTRY_UNSET_MEANS: dict[str, str] = {
     "message_property_mappings": "not a `chat_template` dataset",
     "roles_to_train": "not a `chat_template` dataset",
     "train_on_eos": "not a `chat_template` dataset",
+    "field_thinking": "not a `chat_template` dataset",
+    "template_thinking_key": "not a `chat_template` dataset",
     "chat_template": "not a `chat_template` dataset",
     "train_on_inputs": "not a dataset with prompts (`chat_template`, `alpaca`)",
     "text_column": "not a raw-text dataset (`completion`, `multimodal_pretrain`)",
@@ -196,6 +200,8 @@ KEYS_FILLED_FOR_TYPE: dict[str, tuple[str, ...]] = {
         "roles_to_train",
         "train_on_eos",
         "chat_template",
+        "field_thinking",
+        "template_thinking_key",
     ),
     "alpaca": ("train_on_inputs",),
     "completion": ("text_column",),
@@ -216,6 +222,9 @@ def entry_with_defaults(entry: DatasetEntry, cfg: HellbenderConfig) -> DatasetEn
         updates["message_property_mappings"] = mappings
         updates["roles_to_train"] = entry.roles_to_train or ["assistant"]
         updates["train_on_eos"] = entry.train_on_eos or "turn"
+        # Axolotl's default: a message's `reasoning_content` reaches the template under that name.
+        updates["field_thinking"] = entry.field_thinking or "reasoning_content"
+        updates["template_thinking_key"] = entry.template_thinking_key or "reasoning_content"
         updates["chat_template"] = entry.chat_template or cfg.chat_template
         if updates["chat_template"] == "jinja" and entry.chat_template_jinja is None:
             updates["chat_template_jinja"] = cfg.chat_template_jinja

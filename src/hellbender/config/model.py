@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"]
+AttnBackend = Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"]
+# An attention kernel from the Hugging Face hub, loaded by transformers through the `kernels` package: `owner/repo`,
+# optionally `@revision` and `:function` (transformers' own pattern for `attn_implementation`).
+HUB_KERNEL = re.compile(r"^[^/:@|\s]+/[^/:@|\s]+(?:@[^/:@|\s]+)?(?::[^/:@|\s]+)?$")
+
+
+def is_hub_kernel(attn_implementation: str | None) -> bool:
+    return attn_implementation is not None and HUB_KERNEL.match(attn_implementation) is not None
 
 
 class BnbSettings(BaseModel):
@@ -74,8 +82,12 @@ class ModelSettings(BaseModel):
     )
     fp16: bool = Field(False, description="Train in float16 mixed precision.")
     tf32: bool = Field(False, description="Allow TF32 matrix multiplies on Ampere and newer GPUs.")
-    attn_implementation: AttnImplementation | None = Field(
-        None, description="Attention backend; default `sdpa`. `flash_attention: true` is accepted as a synonym."
+    attn_implementation: str | None = Field(
+        None,
+        description="Attention backend: `eager`, `sdpa` (default), `flash_attention_2`, `flash_attention_3`, "
+        "`flex_attention`, or a hub kernel `owner/repo` (also `owner/repo@revision`, `owner/repo:function`, e.g. "
+        "`kernels-community/vllm-flash-attn3`), which transformers loads with the `kernels` package. "
+        "`flash_attention: true` is accepted as a synonym of `flash_attention_2`.",
     )
     flash_attention: bool = Field(False, description="Synonym for `attn_implementation: flash_attention_2`.")
     sdp_attention: bool = Field(False, description="Synonym for `attn_implementation: sdpa`.")
@@ -92,6 +104,17 @@ class ModelSettings(BaseModel):
         None,
         description="QLoRA's 4-bit quantization settings (bitsandbytes' names): `bnb_4bit_quant_type` (`nf4`, "
         "default, or `fp4`) and `bnb_4bit_use_double_quant` (default true).",
+    )
+    model_quantization_config: str | None = Field(
+        None,
+        description="A checkpoint stored quantized, loaded dequantized to the run's precision: `Mxfp4Config` (MXFP4 "
+        "weights, e.g. gpt-oss's experts) or `FineGrainedFP8Config` (block-wise FP8 weights), transformers' class of "
+        "that name; needs `model_quantization_config_kwargs: {dequantize: true}`.",
+    )
+    model_quantization_config_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="Arguments of `model_quantization_config`'s class (its transformers names); `dequantize: true` "
+        "is required, as hellbender cannot train MXFP4 or FP8 weights.",
     )
     reinit_weights: bool = Field(
         False,
@@ -128,6 +151,35 @@ class ModelSettings(BaseModel):
                 "for the slow one. Remove it, or set it to true"
             )
         return value
+
+    @field_validator("attn_implementation")
+    @classmethod
+    def _attention_is_a_backend_or_a_hub_kernel(cls, name: str | None) -> str | None:
+        if name is None or name in get_args(AttnBackend) or is_hub_kernel(name):
+            return name
+        backends = ", ".join(f"`{n}`" for n in get_args(AttnBackend))
+        raise ValueError(
+            f"`{name}` is neither an attention backend ({backends}) nor a hub kernel `owner/repo` (optionally "
+            "`owner/repo@revision` or `owner/repo:function`, e.g. `kernels-community/vllm-flash-attn3`)"
+        )
+
+    @field_validator("model_quantization_config")
+    @classmethod
+    def _quantization_config_is_offered(cls, name: str | None) -> str | None:
+        from hellbender.config.model_quantization import DEQUANTIZED_CONFIGS
+
+        if name is None or name in DEQUANTIZED_CONFIGS:
+            return name
+        import transformers
+
+        offered = ", ".join(f"`{n}`" for n in DEQUANTIZED_CONFIGS)
+        if name.endswith("Config") and hasattr(transformers, name):
+            raise ValueError(
+                f"`{name}` is a transformers quantization config hellbender does not load (it takes {offered}, "
+                "checkpoints stored quantized that load dequantized for training); for an adapter on a quantized "
+                "base use `adapter: qlora` or `load_in_8bit: true` (bitsandbytes)"
+            )
+        raise ValueError(f"`{name}` is not a quantization config hellbender knows; it takes {offered}")
 
     @field_validator("experts_implementation")
     @classmethod

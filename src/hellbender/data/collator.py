@@ -4,7 +4,9 @@ Packed rows carry `seq_lens`. Position ids restart at every document. Attention 
 with SDPA or eager attention, restarting position ids does not stop a document attending to the one before
 it, so the collator builds a 4-D block-diagonal causal mask: boolean for SDPA (True = attend), additive
 float for eager attention, which adds the mask to the scores. Flash attention instead reads the document
-boundaries from the restarting position ids (transformers' packed-sequence support) and gets no mask.
+boundaries from the restarting position ids (transformers' packed-sequence support) and gets no mask; so do
+flash-attention kernels from the hub (`attn_implementation: owner/repo`), which transformers calls through the same
+wrapper (`models/hub_kernels.py` refuses packing with a hub kernel it does not wrap that way).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hellbender.config.model import is_hub_kernel
 from hellbender.data.formats.base import IGNORE_INDEX
 
 # Attention backends that isolate packed documents from position ids alone.
@@ -65,7 +68,7 @@ class CausalLMCollator:
             # Padding after the last document: its own block, positions counting on from zero.
             position_ids[i, start:] = torch.arange(longest - start)
         out["position_ids"] = position_ids
-        if self.attn_implementation in POSITION_ID_PACKING_BACKENDS:
+        if self.attn_implementation in POSITION_ID_PACKING_BACKENDS or is_hub_kernel(self.attn_implementation):
             return out
         mask = block_diagonal_causal_mask(doc_ids)
         if self.attn_implementation == "eager":

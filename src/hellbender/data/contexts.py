@@ -105,6 +105,8 @@ def format_context(
         train_on_eos=entry.train_on_eos,
         eot_ids=eot_token_ids(cfg.eot_tokens, tokenizer, where) if entry.type == "chat_template" else frozenset(),
         drop_system_message=bool(entry.drop_system_message),
+        thinking_field=entry.field_thinking if entry.type == "chat_template" else None,
+        thinking_key=entry.template_thinking_key if entry.type == "chat_template" else None,
         text_field=entry.text_column,
         vision=vision_context(entry, cfg, processor, where)
         if processor is not None and entry.type in VISION_TYPES

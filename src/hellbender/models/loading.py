@@ -9,9 +9,11 @@ from typing import Any, Literal
 
 from hellbender.chat_templates import resolve_chat_template
 from hellbender.config import HellbenderConfig
+from hellbender.config.model import is_hub_kernel
 from hellbender.config.model_sources import local_source_problem
 from hellbender.config.precision import torch_dtype
 from hellbender.errors import ConfigError, EnvironmentProblem
+from hellbender.models.hub_kernels import check_hub_kernel_packing, require_kernels_package
 from hellbender.models.mistral_tokenizer import load_mistral_common_tokenizer
 from hellbender.models.tiny import is_tiny_model, tiny_model_dir
 
@@ -184,6 +186,26 @@ def bitsandbytes_config(cfg: HellbenderConfig):
     )
 
 
+def dequantizing_config(cfg: HellbenderConfig, config: Any, source: str) -> Any:
+    """transformers' `model_quantization_config` class built from `model_quantization_config_kwargs`, for a checkpoint
+    whose config.json says it is stored that way; validation has made sure it dequantizes while loading."""
+    from hellbender.config.model_quantization import DEQUANTIZED_CONFIGS, quantization_config_class
+
+    name = cfg.model_quantization_config
+    stored = getattr(config, "quantization_config", None)
+    method = stored.get("quant_method") if isinstance(stored, dict) else getattr(stored, "quant_method", None)
+    method = getattr(method, "value", method)
+    expected = DEQUANTIZED_CONFIGS[name][0]
+    if method != expected:
+        found = f"`quant_method: {method}`" if method else "no `quantization_config`"
+        raise ConfigError(
+            f"`model_quantization_config: {name}` dequantizes a checkpoint stored as `quant_method: {expected}`, but "
+            f"`{source}` has {found} in its config.json. Remove `model_quantization_config` (and its kwargs) for this "
+            "model: an unquantized checkpoint loads as it is."
+        )
+    return quantization_config_class(name)(**(cfg.model_quantization_config_kwargs or {}))
+
+
 def check_new_embeddings_are_trained(cfg: HellbenderConfig, model: Any, added: int) -> None:
     """Tokens added by `tokens` / `special_tokens` get new embedding rows that start random: an adapter must train the
     embeddings and the output head in full, or the model learns nothing about those tokens."""
@@ -260,14 +282,18 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
     key = "`base_model`" if source is None else "the trained model's directory"
     source = resolve_model_path(cfg.base_model) if source is None else str(source)
     quant = quantization_config(cfg)
+    require_kernels_package(cfg)
     cls = _transformers_class(cfg.model_type, "model_type")
     try:
         if cfg.reinit_weights and key == "`base_model`":
             model = _random_model(cfg, cls, source)
         else:
+            config = model_config(cfg, source)
+            if cfg.model_quantization_config and key == "`base_model`":  # a trained model is saved dequantized
+                quant = dequantizing_config(cfg, config, source)
             model = cls.from_pretrained(
                 source,
-                config=model_config(cfg, source),
+                config=config,
                 dtype=torch_dtype(cfg),
                 attn_implementation=cfg.attn_implementation,
                 quantization_config=quant,
@@ -281,6 +307,19 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
             "access; a local path must hold config.json and weights)."
         ) from None
     except ValueError as exc:
+        repo = (cfg.attn_implementation or "").split(":")[0].split("@")[0]
+        if is_hub_kernel(cfg.attn_implementation) and repo in str(exc):
+            raise EnvironmentProblem(
+                f"transformers could not use the hub kernel `attn_implementation: {cfg.attn_implementation}`: {exc} "
+                "(a kernel is downloaded from the hub on first use; offline, it must be in the hub cache)."
+            ) from None
+        if "does not support an attention implementation" in str(exc):  # gpt-oss has no SDPA (attention sinks)
+            raise ConfigError(
+                f"`attn_implementation: {cfg.attn_implementation}` cannot be used with this model: "
+                f"{str(exc).split('. ')[0]}. Choose another backend: `eager`, or flash attention (`flash_attention_2`, "
+                "`flash_attention_3`, or a hub kernel such as `kernels-community/vllm-flash-attn3` where the model "
+                "supports it)."
+            ) from None
         if cfg.experts_implementation is None:
             raise
         raise ConfigError(
@@ -291,6 +330,7 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
         raise EnvironmentProblem(
             f"Loading `{source}` with `attn_implementation: {cfg.attn_implementation}` failed: {exc}"
         ) from None
+    check_hub_kernel_packing(cfg, model)
     embeddings = model.get_input_embeddings().weight
     # Under DeepSpeed ZeRO-3 the local tensor is an empty shard; `ds_shape` is the whole matrix's shape.
     rows = getattr(embeddings, "ds_shape", embeddings.shape)[0]

@@ -55,6 +55,10 @@ class FormatContext:
     text_field: str | None
     # vision-language rows only
     vision: VisionContext | None
+    # chat_template: the message key holding an assistant's reasoning (`field_thinking`) and the name the template
+    # reads it under (`template_thinking_key`); None: messages carry no reasoning
+    thinking_field: str | None = None
+    thinking_key: str | None = None
 
 
 def require_eos(tokenizer: Any) -> int:

@@ -5,12 +5,19 @@ found by rendering the conversation with placeholders, and token offsets decide 
 trained turn. The template's own headers (`<|im_start|>assistant` and the like) are therefore never
 trained, whatever the model family, and no per-model token lists are needed. The end-of-turn token is the
 special token right after a turn's content; `train_on_eos` decides when it is trained.
+
+An assistant message may carry reasoning: the dataset's `field_thinking`, handed to the template under
+`template_thinking_key` (gpt-oss's template reads `thinking` and writes it in the analysis channel), or a
+`<think>...</think>` block written at the start of its content, which thinking templates (Qwen3) move into their own
+block. Reasoning is located like content and trained with its message, together with the template's markup between
+the reasoning and the answer (the model must learn to close its reasoning and open the answer).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hellbender.config.data import CHAT_ROLES
@@ -84,8 +91,21 @@ def read_messages(row: dict[str, Any], ctx: FormatContext, allow_parts: bool = F
             )
             raise RowError(f"message {i} content must be text, not {type(content).__name__}{hint}")
         if not (ctx.drop_system_message and role == "system"):
-            messages.append({"role": role, "content": content})
+            messages.append({"role": role, "content": content, **_reasoning_of(message, i, ctx)})
     return messages
+
+
+def _reasoning_of(message: dict[str, Any], i: int, ctx: FormatContext) -> dict[str, str]:
+    """The message's reasoning (`field_thinking`) under the template's name for it (`template_thinking_key`)."""
+    if not ctx.thinking_field or message.get(ctx.thinking_field) is None:
+        return {}
+    reasoning = message[ctx.thinking_field]
+    if not isinstance(reasoning, str):
+        raise RowError(
+            f"message {i} has `{ctx.thinking_field}` (its reasoning, `field_thinking`) of type "
+            f"{type(reasoning).__name__}; it must be text"
+        )
+    return {ctx.thinking_key: reasoning}
 
 
 def _read_part(part: Any, message: int) -> dict[str, Any]:
@@ -99,20 +119,26 @@ def _read_part(part: Any, message: int) -> dict[str, Any]:
     return {"type": "image", **{k: v for k, v in part.items() if k != "type" and v is not None}}
 
 
-Segment = tuple[int, str]  # (message index, text)
+@dataclass(frozen=True)
+class Segment:
+    """A piece of text the template renders: a message's string content, one text part of a list content, or the
+    message's reasoning (its `template_thinking_key`, or a think block split out of its content)."""
+
+    message: int
+    text: str
+    reasoning: bool = False
 
 
-def text_segments(messages: list[dict[str, Any]]) -> list[Segment]:
-    """Every piece of text the template renders, in message order: a string content is one segment, each
-    text part of a list content another."""
-    segments = []
-    for i, message in enumerate(messages):
-        content = message["content"]
-        if isinstance(content, str):
-            segments.append((i, content))
-        else:
-            segments += [(i, part["text"]) for part in content if part["type"] == "text"]
-    return segments
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def _think_block(content: str) -> tuple[int, int, int] | None:
+    """Where a think block written in `content` sits: (start of its text, end of its text, start of the answer)."""
+    close = content.find(THINK_CLOSE)
+    if close < 0:
+        return None
+    opened = content.rfind(THINK_OPEN, 0, close)
+    return (opened + len(THINK_OPEN) if opened >= 0 else 0), close, close + len(THINK_CLOSE)
 
 
 def _placeholder(k: int) -> str:
@@ -121,60 +147,119 @@ def _placeholder(k: int) -> str:
     return f"hbmsg{k}q"
 
 
-def _with_placeholders(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    k = 0
-    for message in messages:
+def layout(
+    messages: list[dict[str, Any]], thinking_key: str | None = None, split_think: bool = False
+) -> tuple[list[Segment], list[dict[str, Any]]]:
+    """Every text the template renders, in message order, and the conversation with each of those texts replaced by
+    a unique placeholder (built together so the two always agree). With `split_think`, a think block written in a
+    string content is two segments, its reasoning and the answer after it, with the tags kept in place so that a
+    template that moves the block still finds it."""
+    segments: list[Segment] = []
+    skeleton: list[dict[str, Any]] = []
+
+    def hole(message: int, text: str, reasoning: bool = False) -> str:
+        segments.append(Segment(message, text, reasoning))
+        return _placeholder(len(segments) - 1)
+
+    for i, message in enumerate(messages):
+        out = dict(message)
+        if thinking_key and isinstance(message.get(thinking_key), str):
+            out[thinking_key] = hole(i, message[thinking_key], reasoning=True)
         content = message["content"]
         if isinstance(content, str):
-            content, k = _placeholder(k), k + 1
+            block = _think_block(content) if split_think else None
+            if block is None:
+                out["content"] = hole(i, content)
+            else:
+                begin, end, answer = block
+                reasoning = hole(i, content[begin:end], reasoning=True)
+                out["content"] = content[:begin] + reasoning + content[end:answer] + hole(i, content[answer:])
         else:
-            parts = []
-            for part in content:
-                if part["type"] == "text":
-                    part, k = {"type": "text", "text": _placeholder(k)}, k + 1
-                parts.append(part)
-            content = parts
-        out.append({**message, "content": content})
-    return out
+            out["content"] = [
+                {"type": "text", "text": hole(i, part["text"])} if part["type"] == "text" else part for part in content
+            ]
+        skeleton.append(out)
+    return segments, skeleton
 
 
 Render = Callable[[list[dict[str, Any]]], str]
 
 
-def render_with_spans(render: Render, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int] | None]]:
-    """The rendered conversation and the character span of each text segment (see `text_segments`) in it.
+Located = list[tuple[Segment, tuple[int, int] | None]]
+
+
+def render_with_spans(
+    render: Render, messages: list[dict[str, Any]], thinking_key: str | None = None
+) -> tuple[str, Located]:
+    """The rendered conversation, and each text segment (see `layout`) with its character span in it.
 
     The conversation is rendered a second time with every text replaced by a unique placeholder; where the
     placeholders land is exactly where the template puts each text, whatever markup it adds around it (so
     an answer such as "assistant" or "end" is never confused with the template's own text). The real
     rendering must equal the placeholder rendering with the texts put back (verbatim, or stripped for
-    templates that trim); a template that rewrites content is refused rather than guessed at. Segments the
-    template does not render get a span of None.
+    templates that trim); a template that rewrites content is refused rather than guessed at. A think block
+    written in a content is first taken as part of the content, and split out only when the template rewrites it
+    (thinking templates move it into their own block). Segments the template does not render get a span of None.
     """
-    segments = text_segments(messages)
     text = render(messages)
-    skeleton = render(_with_placeholders(messages))
-    found = sorted((at, k) for k in range(len(segments)) if (at := skeleton.find(_placeholder(k))) >= 0)
-    for strip in (False, True):
-        pieces: list[str] = []
-        spans: list[tuple[int, int] | None] = [None] * len(segments)
-        length, cursor = 0, 0
-        for at, k in found:
-            content = segments[k][1].strip() if strip else segments[k][1]
-            pieces.append(skeleton[cursor:at])
-            length += at - cursor
-            spans[k] = (length, length + len(content))
-            pieces.append(content)
-            length += len(content)
-            cursor = at + len(_placeholder(k))
-        pieces.append(skeleton[cursor:])
-        if "".join(pieces) == text:
-            return text, spans
+    think_blocks = any(isinstance(m["content"], str) and THINK_CLOSE in m["content"] for m in messages)
+    for split_think in (False, True) if think_blocks else (False,):
+        segments, placeholders = layout(messages, thinking_key, split_think)
+        skeleton = render(placeholders)
+        found = sorted((at, k) for k in range(len(segments)) if (at := skeleton.find(_placeholder(k))) >= 0)
+        for strip in (False, True):
+            pieces: list[str] = []
+            spans: list[tuple[int, int] | None] = [None] * len(segments)
+            length, cursor = 0, 0
+            for at, k in found:
+                content = segments[k].text.strip() if strip else segments[k].text
+                pieces.append(skeleton[cursor:at])
+                length += at - cursor
+                spans[k] = (length, length + len(content))
+                pieces.append(content)
+                length += len(content)
+                cursor = at + len(_placeholder(k))
+            pieces.append(skeleton[cursor:])
+            if "".join(pieces) == text:
+                located = list(zip(segments, spans, strict=True))
+                _check_reasoning_rendered(render, messages, located, thinking_key, split_think)
+                return text, located
     raise RowError(
         "the chat template does not render message contents verbatim (it rewrites or reorders them), so the "
         "trained tokens cannot be located exactly; use a template that inserts each message's content as is "
         "(`chat_template: chatml` or your own `chat_template_jinja`), or pre-tokenize the rows"
+    )
+
+
+def _check_reasoning_rendered(
+    render: Render, messages: list[dict[str, Any]], located: Located, thinking_key: str | None, split_think: bool
+) -> None:
+    """Refuse reasoning that the template never renders. Templates may leave out the reasoning of earlier turns
+    (gpt-oss and Qwen3 keep only the last answer's), so a row none of whose reasoning is rendered is checked again
+    ending at its last message with reasoning: if the template leaves it out there too, it never renders it."""
+    reasoning = [seg for seg, _ in located if seg.reasoning and seg.text.strip()]
+    if not reasoning or any(span is not None for seg, span in located if seg.reasoning):
+        return
+    last = max(seg.message for seg in reasoning)
+    segments, placeholders = layout(messages[: last + 1], thinking_key, split_think)
+    try:
+        skeleton = render(placeholders)
+    except (RowError, ConfigError):
+        return  # the shortened conversation is not one this template takes; the full row rendered fine
+    if any(_placeholder(k) in skeleton for k, seg in enumerate(segments) if seg.reasoning and seg.message == last):
+        return
+    if split_think:
+        raise ConfigError(
+            "The chat template drops the `<think>` block written at the start of assistant contents, even in a "
+            "conversation's last message, so that reasoning would be left out of training silently. Choose a "
+            "template that keeps it (`qwen3`, `chatml`), or remove the think blocks from the data."
+        )
+    raise ConfigError(
+        f"The chat template never renders an assistant message's reasoning (given to it as `{thinking_key}`, set "
+        "by `template_thinking_key`), not even in a conversation's last message, so the reasoning in the data would "
+        "be left out of training silently. Set `template_thinking_key` to the name the template reads (gpt-oss's "
+        "template reads `thinking`, Qwen3's `reasoning_content`), choose a template that renders reasoning, or "
+        "remove the reasoning from the data (`field_thinking` names the message key it is read from)."
     )
 
 
@@ -209,7 +294,7 @@ def special_ids(tokenizer: Any) -> set[int]:
 
 def conversation_labels(
     text: str,
-    spans: list[tuple[int, int] | None],
+    located: Located,
     messages: list[dict[str, Any]],
     ids: list[int],
     offsets: list[tuple[int, int]],
@@ -217,38 +302,40 @@ def conversation_labels(
     ctx: FormatContext,
     image_ids: frozenset[int] = frozenset(),
 ) -> list[int]:
-    """Labels for the tokens of a rendered conversation: the trained roles' text, plus each turn's
-    end-of-turn token as `train_on_eos` says; everything else is IGNORE_INDEX. `image_ids` are image
-    placeholders, which may sit between a message's last text and its end-of-turn token.
+    """Labels for the tokens of a rendered conversation: the trained roles' text (a message's reasoning, the
+    template's markup between it and the answer, and the answer), plus each turn's end-of-turn token as
+    `train_on_eos` says; everything else is IGNORE_INDEX. `image_ids` are image placeholders, which may sit
+    between a message's last text and its end-of-turn token.
 
     The end-of-turn token is the first special token after a message's text, or with `eot_tokens` the first of
-    those (other special tokens before it are passed over)."""
-    segments = text_segments(messages)
+    those or the EOS token (other special tokens before it are passed over)."""
     trained = [m["role"] in ctx.roles_to_train for m in messages]
-    for k, span in enumerate(spans):
-        i, seg_text = segments[k]
-        if span is None and trained[i] and seg_text:
+    for seg, span in located:
+        # A template may leave out reasoning (of earlier turns) by design; `render_with_spans` checks the rest.
+        if span is None and trained[seg.message] and seg.text and not seg.reasoning:
+            i = seg.message
             raise RowError(f"the chat template leaves out message {i} ({messages[i]['role']}), which is to be trained")
-    rendered = [k for k, span in enumerate(spans) if span is not None]
-    last_segment = {segments[k][0]: k for k in rendered}  # message -> its last rendered segment
-    last_trained = max((i for i in last_segment if trained[i]), default=-1)
+    pieces: dict[int, list[tuple[tuple[int, int], Segment]]] = {}  # message -> its rendered segments, in text order
+    for seg, span in sorted(((s, p) for s, p in located if p is not None), key=lambda item: item[1]):
+        pieces.setdefault(seg.message, []).append((span, seg))
+    last_trained = max((i for i in pieces if trained[i]), default=-1)
     starts = [s for s, _ in offsets]
     ends = [e for _, e in offsets]
     labels = [IGNORE_INDEX] * len(ids)
-    for k in rendered:
-        i = segments[k][0]
-        start, end = spans[k]
-        # Tokens that overlap the text are trained (" The" may start on the space before the content).
-        token = bisect.bisect_right(ends, start)
-        while start < end and token < len(ids) and starts[token] < end:
-            if trained[i]:
-                labels[token] = ids[token]
-            token += 1
-        if last_segment[i] != k:
-            continue
+    markers = (ctx.eot_ids | {ctx.tokenizer.eos_token_id}) if ctx.eot_ids else special
+    for i, rendered in pieces.items():
+        token = 0
+        for n, ((start, end), seg) in enumerate(rendered):
+            if seg.reasoning and n + 1 < len(rendered):
+                end = rendered[n + 1][0][0]  # on to the answer: the markup that closes the reasoning is trained too
+            # Tokens that overlap the text are trained (" The" may start on the space before the content).
+            token = bisect.bisect_right(ends, start)
+            while start < end and token < len(ids) and starts[token] < end:
+                if trained[i] and ids[token] not in image_ids:
+                    labels[token] = ids[token]
+                token += 1
         # The end-of-turn marker: a special token right after the message's last text, with only whitespace or
         # the message's trailing images between (with `eot_tokens`: other special tokens too).
-        markers = ctx.eot_ids or special
         while token < len(ids) and (
             ids[token] in image_ids
             or (ctx.eot_ids and ids[token] in special and ids[token] not in markers)
@@ -267,9 +354,11 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]
     if ctx.train_on_inputs:
         ids = tok(render(messages), add_special_tokens=False)["input_ids"]
         return {"input_ids": ids, "labels": list(ids)}
-    text, spans = render_with_spans(render, messages)
+    text, located = render_with_spans(render, messages, ctx.thinking_key)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    labels = conversation_labels(text, spans, messages, enc["input_ids"], enc["offset_mapping"], special_ids(tok), ctx)
+    labels = conversation_labels(
+        text, located, messages, enc["input_ids"], enc["offset_mapping"], special_ids(tok), ctx
+    )
     return {"input_ids": enc["input_ids"], "labels": labels}
 
 

@@ -59,6 +59,12 @@ def _encode(encoders: dict[str, Any], messages: list[dict[str, Any]]) -> list[in
 def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]]:
     tokenizer = ctx.tokenizer
     messages = read_messages(row, ctx)
+    if ctx.thinking_key and any(ctx.thinking_key in m for m in messages):
+        raise RowError(
+            f"the row's messages carry reasoning (`{ctx.thinking_field}`, `field_thinking`), and mistral-common "
+            "encodes conversations without it, so it would be left out silently; write it into the content the "
+            "way the model's format does, or remove it from the data"
+        )
     encoders = _encoders(tokenizer)
     ids = _encode(encoders, messages)
     if ctx.train_on_inputs:

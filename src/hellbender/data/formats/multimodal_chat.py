@@ -96,14 +96,14 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
         except Exception as exc:  # jinja raises many kinds for bad conversations
             raise template_failure(exc) from None
 
-    text, spans = render_with_spans(render, messages)
+    text, located = render_with_spans(render, messages, ctx.thinking_key)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"]
     if ctx.train_on_inputs:
         labels = list(ids)
     else:
         labels = conversation_labels(
-            text, spans, messages, ids, enc["offset_mapping"], special_ids(tok), ctx, vision.image_ids
+            text, located, messages, ids, enc["offset_mapping"], special_ids(tok), ctx, vision.image_ids
         )
     placeholders = sum(1 for i in ids if i == vision.placeholder_id)
     if placeholders != len(images):
