@@ -84,6 +84,7 @@ def compare_norms(dtype: torch.dtype, device: str, weight_dtype: torch.dtype | N
         names = ("output", "input_grad", "gate_grad", "weight_grad")
         results[label] = {
             "dtypes_match": [a.dtype == b.dtype for a, b in zip(ours, eager, strict=True)],
+            "output_scale": eager[0].abs().max().item(),
             "fused_vs_module": {n: _max_difference(a, b) for n, a, b in zip(names, ours, eager, strict=True)},
             "fused_error": {n: _relative(a, e) for n, a, e in zip(names, ours, exact, strict=True)},
             "module_error": {n: _relative(a, e) for n, a, e in zip(names, eager, exact, strict=True)},
@@ -138,7 +139,7 @@ def loss_and_grads(model: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return output.logits.detach(), output.loss.detach(), grads
 
 
-def compare_models() -> dict[str, Any]:
+def compare_models(device: str = "cpu") -> dict[str, Any]:
     """Each tiny model's logits, loss and parameter gradients before and after `fuse_gated_norms`, and what the fusing
     changed on its modules (and on a second model of the same class, built before it and left alone)."""
     from hellbender.models.gated_norms import fuse_gated_norms
@@ -146,8 +147,8 @@ def compare_models() -> dict[str, Any]:
     results = {}
     for label, model in tiny_models().items():
         bystander = type(model)(model.config).train()
-        model.train()  # the Mamba2 mixers take their training path (mamba-ssm is absent: the module's norm)
-        logits, loss, grads = loss_and_grads(model, IDS)
+        model.to(device).train()  # the Mamba2 mixers take their training path (mamba-ssm is absent: the module's norm)
+        logits, loss, grads = loss_and_grads(model, IDS.to(device))
         before = {name: dict(vars(module)) for name, module in model.named_modules()}
         fused = fuse_gated_norms(model)
         changed = sorted(
@@ -156,7 +157,7 @@ def compare_models() -> dict[str, Any]:
             for key in set(before[name]) | set(vars(module))
             if before[name].get(key) is not vars(module).get(key)
         )
-        fused_logits, fused_loss, fused_grads = loss_and_grads(model, IDS)
+        fused_logits, fused_loss, fused_grads = loss_and_grads(model, IDS.to(device))
         gated = sorted(n for n, m in model.named_modules() if type(m).__name__.endswith("RMSNormGated"))
         results[label] = {
             "fused": fused,
