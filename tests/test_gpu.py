@@ -356,3 +356,30 @@ def test_loftq_starts_the_adapter_closer_to_the_original_weights_than_plain_quan
     with_adapter = layer.base_layer.weight.float() + lora_b @ lora_a
     assert torch.allclose(layer.base_layer.weight.float(), plain)  # the base holds the quantized weights
     assert (original - with_adapter).norm() < 0.8 * (original - plain).norm()
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+def test_fused_gated_norm_matches_the_modules_in_bf16(weight_dtype):
+    """`liger_rms_norm_gated`'s Triton kernel against Qwen3.5's, Qwen3.5-MoE's and Nemotron-H's gated-norm modules on
+    bf16 inputs (weights in bf16, or float32 as with mixed precision): same output dtype, outputs within a few bf16
+    ulps, and outputs and gradients about as close to the exact (float64) answer as the module's own."""
+    from tests.gated_norm_checks import compare_norms
+
+    for family, result in compare_norms(torch.bfloat16, "cuda", weight_dtype=weight_dtype).items():
+        assert result["dtypes_match"] == [True] * 4, family
+        # a few bf16 ulps of the largest output (roundings of intermediate values may land one ulp apart)
+        assert result["fused_vs_module"]["output"] <= result["output_scale"] * 2**-6, (family, result)
+        for name, error in result["fused_error"].items():
+            assert error < 1.5 * result["module_error"][name] + 1e-3, (family, name, result)
+
+
+def test_fused_gated_norm_keeps_tiny_models_logits_and_gradients():
+    """The key on a tiny Qwen3.5 and a tiny Nemotron-H on CUDA in float32: only the gated norms change, and the
+    logits, loss and gradients are the unfused model's."""
+    from tests.gated_norm_checks import compare_models
+
+    for family, result in compare_models(device="cuda").items():
+        assert result["fused"] == result["gated_norms"] and result["fused"], (family, result)
+        assert result["changed"] == [f"{name}.forward" for name in result["gated_norms"]], (family, result)
+        assert result["logits_difference"] < 1e-4 * max(1.0, result["logits_scale"]), (family, result)
+        assert result["worst_grad_difference"] < 1e-4, (family, result)

@@ -12,6 +12,11 @@ class KernelSettings(BaseModel):
 
     liger_rope: bool = Field(False, description="Liger's fused rotary embedding (needs `liger-kernel` and CUDA).")
     liger_rms_norm: bool = Field(False, description="Liger's fused RMSNorm.")
+    liger_rms_norm_gated: bool = Field(
+        False,
+        description="hellbender's fused RMSNorm + SiLU gate (a Triton kernel; needs CUDA) for the gated norms of "
+        "Qwen3.5's linear-attention layers and Nemotron-H's Mamba2 mixers; refused for a model without them.",
+    )
     liger_glu_activation: bool = Field(False, description="Liger's fused SwiGLU / GeGLU MLP activation.")
     liger_layer_norm: bool = Field(False, description="Liger's fused LayerNorm (families that have one).")
     liger_fused_linear_cross_entropy: bool = Field(

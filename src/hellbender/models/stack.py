@@ -13,6 +13,7 @@ from hellbender.errors import ConfigError
 from hellbender.models.activation_checkpointing import enable_activation_checkpointing
 from hellbender.models.adapters import apply_adapter, loftq_arguments
 from hellbender.models.fixes import prepare_for_training
+from hellbender.models.gated_norms import apply_gated_norm_kernel
 from hellbender.models.kernels import apply_liger_kernels
 from hellbender.models.loading import load_model
 from hellbender.models.tiled_mlp import tile_mlps
@@ -31,6 +32,8 @@ def build_trainable_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
 
     model = load_base_model(cfg, tokenizer)
     apply_liger_kernels(cfg, model)  # before the adapter, so LoRA wraps the projections the fused modules call
+    if fused := apply_gated_norm_kernel(cfg, model):
+        logger.info("liger_rms_norm_gated: %d gated RMSNorms run the fused kernel", len(fused))
     set_seed(cfg.seed)  # the adapter's initial weights must not depend on what loading drew from the RNG
     model = apply_adapter(cfg, model)
     if cfg.tiled_mlp:  # after Liger and the adapter: tiles whatever forward the MLPs have by now
