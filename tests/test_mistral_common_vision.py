@@ -29,7 +29,7 @@ from hellbender.data.prepare import prepare_datasets  # noqa: E402
 from hellbender.errors import ConfigError, DataError  # noqa: E402
 from hellbender.models.loading import load_tokenizer_and_processor  # noqa: E402
 from tests.helpers import SHAPES_DATA, cli_train, logged_losses, vlm_config  # noqa: E402
-from tests.test_mistral_common import BOS, EOS, END_INST, INST, N_SPECIAL, SPECIALS, b, write_tekken  # noqa: E402
+from tests.test_mistral_common import BOS, END_INST, EOS, INST, N_SPECIAL, SPECIALS, b, write_tekken  # noqa: E402
 
 IGNORE = -100
 IMG, IMG_BREAK, IMG_END = (SPECIALS.index(t) for t in ("[IMG]", "[IMG_BREAK]", "[IMG_END]"))
@@ -211,7 +211,7 @@ def test_an_image_outside_a_user_turn_is_a_row_error(tmp_path, tiny_mistral3):
 # --- batches and the model ----------------------------------------------------------------------------------------
 
 
-def _rows_and_batch(tmp_path: Path, model: Path):
+def _rows_and_batch(tmp_path: Path, model: Path, **overrides):
     sizes = [(20, 12), (9, 30), (32, 32)]
     lines = []
     for i, size in enumerate(sizes):
@@ -220,7 +220,9 @@ def _rows_and_batch(tmp_path: Path, model: Path):
         lines.append({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": f"c{i}"}]})
     data = tmp_path / "data" / "rows.jsonl"
     data.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    cfg = validate_config(raw_config(tmp_path, model, datasets=[{"path": str(data), "type": "chat_template"}]))
+    cfg = validate_config(
+        raw_config(tmp_path, model, datasets=[{"path": str(data), "type": "chat_template"}], **overrides)
+    )
     tokenizer, processor = load_tokenizer_and_processor(cfg)
     rows = list(prepare_datasets(cfg, tokenizer, processor).train)
     return cfg, processor, rows, build_collator(cfg, tokenizer, processor)(rows)
@@ -263,6 +265,27 @@ def test_a_changed_image_is_caught_at_batch_time(tmp_path, tiny_mistral3):
     Image.new("RGB", (32, 8)).save(tmp_path / "data" / "0.png")  # other size: other image tokens
     with pytest.raises(DataError, match="encodes the images of a prepared row into other image tokens"):
         build_collator(cfg, processor.tokenizer, processor)(rows)
+
+
+def test_cached_images_give_the_same_batch_without_the_files(tmp_path, tiny_mistral3):
+    cfg, processor, rows, batch = _rows_and_batch(tmp_path, tiny_mistral3, cache_images=True)
+    for image in (tmp_path / "data").glob("*.png"):
+        image.unlink()
+    again = build_collator(cfg, processor.tokenizer, processor)(rows)
+    assert again["pixel_values"].equal(batch["pixel_values"]) and again["image_sizes"].equal(batch["image_sizes"])
+
+
+def test_skip_prepare_dataset_is_refused_for_conversations(tmp_path, tiny_mistral3):
+    message = error_of(raw_config(tmp_path, tiny_mistral3, skip_prepare_dataset=True))
+    assert "`skip_prepare_dataset: true` needs every `datasets:` entry to be `type: multimodal_pretrain`" in message
+
+
+def test_infer_refuses_a_mistral_common_vision_run(tmp_path, tiny_mistral3):
+    from hellbender.errors import UserError
+    from hellbender.use.inference import Generator
+
+    with pytest.raises(UserError, match="not supported yet"):
+        Generator(validate_config(raw_config(tmp_path, tiny_mistral3)))
 
 
 def test_a_tiny_mistral3_trains_on_mistral_common_image_rows(tmp_path, tiny_mistral3):

@@ -85,7 +85,9 @@ def _vision_problems(cfg: HellbenderConfig, key: str) -> list[str]:
     relies on a transformers processor expanding an image token in rendered text cannot apply."""
     problems = []
     if cfg.processor_type != "AutoProcessor":
-        audio = " (audio models such as Voxtral are not supported yet)" if "voxtral" in cfg.processor_type.lower() else ""
+        audio = (
+            " (audio models such as Voxtral are not supported yet)" if "voxtral" in cfg.processor_type.lower() else ""
+        )
         problems.append(
             f"`processor_type: {cfg.processor_type}` would be ignored with {key}: mistral-common's own image encoder "
             f"processes the images{audio}. Use `processor_type: AutoProcessor` to train a Mistral vision model on "
@@ -97,7 +99,9 @@ def _vision_problems(cfg: HellbenderConfig, key: str) -> list[str]:
             f"OpenCV is not installed. Install it with {INSTALL_HINT} (mistral-common[image])."
         )
     entries = cfg.datasets + cfg.test_datasets + cfg.pretraining_dataset
-    raw = sorted({e.path for e in entries if e.type == "multimodal_pretrain"} | {e.path for e in cfg.pretraining_dataset})
+    raw = sorted(
+        {e.path for e in entries if e.type == "multimodal_pretrain"} | {e.path for e in cfg.pretraining_dataset}
+    )
     if raw:
         problems.append(
             f"Dataset {', '.join(f'`{p}`' for p in raw)}: raw image+text (`multimodal_pretrain`, "

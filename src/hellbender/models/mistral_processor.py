@@ -55,6 +55,10 @@ class MistralCommonProcessor:
         }
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> Any:
+        """The tokenizer's rendering (text parts only), which `merge-lora` uses to find the end-of-turn token."""
+        return self.tokenizer.apply_chat_template(conversation, **kwargs)
+
     def save_pretrained(self, directory: str, **kwargs: Any) -> Any:
         """The tokenizer file holds the image settings too, so saving the tokenizer saves everything."""
         return self.tokenizer.save_pretrained(directory, **kwargs)
