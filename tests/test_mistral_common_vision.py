@@ -275,11 +275,6 @@ def test_cached_images_give_the_same_batch_without_the_files(tmp_path, tiny_mist
     assert again["pixel_values"].equal(batch["pixel_values"]) and again["image_sizes"].equal(batch["image_sizes"])
 
 
-def test_skip_prepare_dataset_is_refused_for_conversations(tmp_path, tiny_mistral3):
-    message = error_of(raw_config(tmp_path, tiny_mistral3, skip_prepare_dataset=True))
-    assert "`skip_prepare_dataset: true` needs every `datasets:` entry to be `type: multimodal_pretrain`" in message
-
-
 def test_infer_refuses_a_mistral_common_vision_run(tmp_path, tiny_mistral3):
     from hellbender.errors import UserError
     from hellbender.use.inference import Generator

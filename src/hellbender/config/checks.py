@@ -241,13 +241,6 @@ def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`excess_length_strategy: truncate` could cut through an image's tokens; with `processor_type` use "
             "`drop` (the default) or `raise`."
         )
-    if cfg.skip_prepare_dataset and any(e.type != "multimodal_pretrain" for e in cfg.datasets):
-        # Checked for every vision config: conversations have no pre-tokenized layout to use as is.
-        problems.append(
-            "`skip_prepare_dataset: true` needs every `datasets:` entry to be `type: multimodal_pretrain` "
-            "(already-tokenized rows). `type: chat_template` conversations are always prepared: tokenized once and "
-            "cached, their images processed at batch time. Remove `skip_prepare_dataset`."
-        )
     if mm_pretrain:
         problems += _multimodal_pretrain_conflicts(cfg)
     return problems
@@ -271,6 +264,8 @@ def _multimodal_pretrain_conflicts(cfg: HellbenderConfig) -> list[str]:
         problems.append(
             "`chat_template` does not apply to `multimodal_pretrain` (raw image+text, no chat turns); remove it."
         )
+    if cfg.skip_prepare_dataset and any(e.type != "multimodal_pretrain" for e in cfg.datasets):
+        problems.append("`skip_prepare_dataset: true` needs every `datasets:` entry to be `type: multimodal_pretrain`.")
     return problems
 
 

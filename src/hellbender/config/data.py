@@ -185,6 +185,5 @@ class DataSettings(BaseModel):
     skip_prepare_dataset: bool = Field(
         False,
         description="Use already-tokenized `multimodal_pretrain` rows (`_mm_text`, `images`, `input_ids`, "
-        "`attention_mask`, `labels`) as they are; the processor expands their images at batch time. "
-        "Conversations (`type: chat_template`) are always prepared.",
+        "`attention_mask`, `labels`) as they are; the processor expands their images at batch time.",
     )

@@ -6,6 +6,7 @@ are found at the token level: each assistant turn's own tokens are the differenc
 encoded up to that turn and up to the message before it. Every assistant turn ends with EOS, and EOS never comes
 from text, so each turn is then found in the full encoding just before the next EOS. Where the tokens do not
 line up (a format that moves earlier messages once later ones follow) the row is refused, never guessed at.
+Vision rows (`mistral_multimodal_chat`) are encoded the same way, their user turns carrying opened images.
 """
 
 from __future__ import annotations
