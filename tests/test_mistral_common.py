@@ -122,7 +122,7 @@ def test_without_mistral_common_validation_says_how_to_install_it(tmp_path, monk
         ({"special_tokens": {"pad_token": "<pad>"}}, "cannot be combined with `special_tokens`"),
         ({"tokenizer_type": "LlamaTokenizer"}, "`tokenizer_type: LlamaTokenizer` would be ignored"),
         ({"eot_tokens": ["<end_of_turn>"]}, "`eot_tokens` cannot apply"),
-        ({"processor_type": "AutoProcessor"}, "with `processor_type` is not supported yet"),
+        ({"processor_type": "PixtralProcessor"}, "`processor_type: PixtralProcessor` would be ignored"),
         (
             {"datasets": [{"path": "c.jsonl", "type": "chat_template", "roles_to_train": ["user", "assistant"]}]},
             "`datasets[0].roles_to_train` names `user`",

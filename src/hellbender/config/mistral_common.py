@@ -76,9 +76,42 @@ def mistral_common_problems(cfg: HellbenderConfig) -> list[str]:
                     "every token."
                 )
     if cfg.is_multimodal:
+        problems += _vision_problems(cfg, key)
+    return problems
+
+
+def _vision_problems(cfg: HellbenderConfig, key: str) -> list[str]:
+    """With `processor_type`, mistral-common encodes the images too (its image encoder, which needs OpenCV); what
+    relies on a transformers processor expanding an image token in rendered text cannot apply."""
+    problems = []
+    if cfg.processor_type != "AutoProcessor":
+        audio = (
+            " (audio models such as Voxtral are not supported yet)" if "voxtral" in cfg.processor_type.lower() else ""
+        )
         problems.append(
-            f"{key} with `processor_type` is not supported yet: images would be encoded by mistral-common's own "
-            "image encoder, which hellbender does not drive. Remove `tokenizer_use_mistral_common` to train the "
-            "vision-language model with its processor and Jinja chat template (Mistral 3 / Pixtral repos ship one)."
+            f"`processor_type: {cfg.processor_type}` would be ignored with {key}: mistral-common's own image encoder "
+            f"processes the images{audio}. Use `processor_type: AutoProcessor` to train a Mistral vision model on "
+            "image+text conversations."
+        )
+    if _installed_version() is not None and util.find_spec("cv2") is None:
+        problems.append(
+            f"{key} with `processor_type` encodes images with mistral-common, which resizes them with OpenCV, and "
+            f"OpenCV is not installed. Install it with {INSTALL_HINT} (mistral-common[image])."
+        )
+    entries = cfg.datasets + cfg.test_datasets + cfg.pretraining_dataset
+    raw = sorted(
+        {e.path for e in entries if e.type == "multimodal_pretrain"} | {e.path for e in cfg.pretraining_dataset}
+    )
+    if raw:
+        problems.append(
+            f"Dataset {', '.join(f'`{p}`' for p in raw)}: raw image+text (`multimodal_pretrain`, "
+            f"`pretraining_dataset`) cannot be encoded with {key}, which encodes conversations only. Give the data "
+            "as `type: chat_template` conversations, or remove `tokenizer_use_mistral_common`."
+        )
+    tokens = sorted({e.path for e in entries if e.image_token})
+    if tokens:
+        problems.append(
+            f"Dataset {', '.join(f'`{p}`' for p in tokens)}: `image_token` cannot apply with {key}: mistral-common "
+            "places its own `[IMG]` tokens for each image part. Remove `image_token`."
         )
     return problems

@@ -57,7 +57,9 @@ class ModelSettings(BaseModel):
         False,
         description="Load the tokenizer with Mistral's own `mistral-common` library (its `tekken.json` or "
         "`tokenizer.model.v*` file) instead of `tokenizer.json`, and let it encode `chat_template` conversations "
-        "(no Jinja template); assistant turns and their EOS are trained. Needs `pip install 'hellbender[mistral]'`.",
+        "(no Jinja template); assistant turns and their EOS are trained. With `processor_type`, it encodes the "
+        "images too (Mistral 3 / Pixtral: its image tokens and preprocessing). Needs `pip install "
+        "'hellbender[mistral]'`.",
     )
     special_tokens: dict[str, str] = Field(
         default_factory=dict,

@@ -30,13 +30,7 @@ class MultimodalCollator:
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         texts = [row["text"] for row in rows]
-        try:
-            images = [self._images(row) for row in rows]
-        except ImageProblem as exc:
-            raise DataError(
-                f"An image of a prepared row can no longer be used: {exc}. The images changed since the data was "
-                "prepared; restore them, or delete the prepared data (`dataset_prepared_path`) and run again."
-            ) from None
+        images = [prepared_images(row, self.policy) for row in rows]
         has_images = any(images)
         batch = self.processor(
             text=texts,
@@ -69,11 +63,6 @@ class MultimodalCollator:
             out[STREAM_ROW_KEY] = torch.tensor([row[STREAM_ROW_KEY] for row in rows])
         return out
 
-    def _images(self, row: dict[str, Any]) -> list[Any]:
-        if row.get("pixels"):  # stored in the prepared data (`cache_images`)
-            return unpack_pixels(row["pixels"])
-        return [open_image(Path(p), self.policy) for p in row["images"]]
-
     def _labels_for_user_tokens(self, row: dict[str, Any], ids: list[int]) -> list[int]:
         try:
             labels = align_labels(list(row["input_ids"]), list(row["labels"]), ids)
@@ -83,3 +72,16 @@ class MultimodalCollator:
                 "must be the processor tokenizer's tokens of `_mm_text`."
             ) from None
         return [IGNORE_INDEX if token in self.vision_ids else label for token, label in zip(ids, labels, strict=True)]
+
+
+def prepared_images(row: dict[str, Any], policy: ImagePolicy) -> list[Any]:
+    """The images of a prepared row, decoded again (or as stored, with `cache_images`)."""
+    if row.get("pixels"):
+        return unpack_pixels(row["pixels"])
+    try:
+        return [open_image(Path(p), policy) for p in row["images"]]
+    except ImageProblem as exc:
+        raise DataError(
+            f"An image of a prepared row can no longer be used: {exc}. The images changed since the data was "
+            "prepared; restore them, or delete the prepared data (`dataset_prepared_path`) and run again."
+        ) from None

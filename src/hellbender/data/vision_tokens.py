@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any
 
+from hellbender.data.formats.mistral_chat import is_mistral_common
 from hellbender.errors import ConfigError
 
 # Processor attributes that name tokens belonging to images or videos (placeholders, soft tokens, markers).
@@ -36,10 +37,11 @@ TILE_MARKER = re.compile(r"^<(row_\d+_col_\d+|tile_\d+|global-img|image_\d+)>$")
 def vision_token_ids(processor: Any, extra_tokens: list[str]) -> set[int]:
     """Ids of every token that belongs to an image: never trained, whatever the conversation says."""
     tokenizer = processor.tokenizer
+    if is_mistral_common(tokenizer):  # its image encoder names them; the vocabulary has no image attributes
+        return set(processor.image_token_ids) | _named_ids(tokenizer, extra_tokens)
     names = [getattr(processor, attr, None) for attr in VISION_TOKEN_ATTRIBUTES]
     names += [getattr(tokenizer, attr, None) for attr in VISION_TOKEN_ATTRIBUTES]
     names += [tok for tok in tokenizer.get_vocab() if TILE_MARKER.match(tok)]
-    names += list(extra_tokens)
     ids = set()
     for name in names:
         if isinstance(name, str) and name:
@@ -50,6 +52,12 @@ def vision_token_ids(processor: Any, extra_tokens: list[str]) -> set[int]:
         value = getattr(processor, attr, None)
         if isinstance(value, int):
             ids.add(value)
+    return ids | _named_ids(tokenizer, extra_tokens)
+
+
+def _named_ids(tokenizer: Any, extra_tokens: list[str]) -> set[int]:
+    """The ids of `vision_tokens_to_mask`, each of which must be a token of the tokenizer."""
+    ids = {tokenizer.convert_tokens_to_ids(t) for t in extra_tokens}
     missing = [t for t in extra_tokens if tokenizer.convert_tokens_to_ids(t) in (None, tokenizer.unk_token_id)]
     if missing:
         raise ConfigError(f"`vision_tokens_to_mask`: {', '.join(missing)} not in the tokenizer's vocabulary.")
@@ -60,6 +68,8 @@ def image_placeholder_id(processor: Any, override: str | None = None) -> int:
     """The token that marks one image in the text, which the processor expands: the processor's image token
     (every family hellbender knows), or a dataset's `image_token`, which must be a special token."""
     tokenizer = processor.tokenizer
+    if is_mistral_common(tokenizer):  # validation refuses a dataset's `image_token` with mistral-common
+        return processor.image_token_id
     if override is not None:
         token_id = tokenizer.convert_tokens_to_ids(override)
         special = {tok.content for tok in tokenizer.added_tokens_decoder.values() if tok.special}
@@ -79,6 +89,8 @@ def image_placeholder_id(processor: Any, override: str | None = None) -> int:
 def processor_fingerprint(processor: Any) -> str:
     """Everything about the processor that changes prepared rows: image processor settings, chat template,
     the image tokens (the tokenizer is fingerprinted separately)."""
+    if is_mistral_common(processor.tokenizer):  # no transformers image processor: its image encoder's settings
+        return processor.fingerprint()
     h = hashlib.sha256()
     h.update(type(processor).__name__.encode())
     h.update(json.dumps(processor.image_processor.to_dict(), sort_keys=True, default=str).encode())

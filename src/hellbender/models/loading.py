@@ -70,6 +70,11 @@ def load_tokenizer_and_processor(cfg: HellbenderConfig) -> tuple[Any, Any | None
     """The tokenizer, and for vision-language models (`processor_type`) the processor that holds it."""
     if not cfg.is_multimodal:
         return load_tokenizer(cfg), None
+    if cfg.tokenizer_use_mistral_common:  # mistral-common encodes the images too, with its own image encoder
+        from hellbender.models.mistral_processor import load_mistral_common_processor
+
+        tokenizer = load_tokenizer(cfg)
+        return tokenizer, load_mistral_common_processor(tokenizer, _tokenizer_source(cfg)[0])
     from hellbender.models.processor import load_processor
 
     processor = load_processor(cfg, resolve_model_path(*_tokenizer_source(cfg)))

@@ -93,6 +93,13 @@ class Generator:
     def __init__(self, cfg: HellbenderConfig, model_dir: str | Path | None = None) -> None:
         from hellbender.models.loading import load_tokenizer_and_processor
 
+        if cfg.tokenizer_use_mistral_common and cfg.is_multimodal:
+            raise UserError(
+                "Generating with a Mistral vision model under `tokenizer_use_mistral_common` is not supported yet: "
+                "its prompts and images would be encoded by mistral-common, which `infer` does not drive. Load the "
+                "trained output (it holds the model and its `tekken.json`) with vLLM or transformers and "
+                "mistral-common directly."
+            )
         self.cfg = cfg
         self.trained = find_trained(cfg, model_dir, "--model")
         self.tokenizer, self.processor = load_tokenizer_and_processor(cfg)

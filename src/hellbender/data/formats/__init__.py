@@ -14,6 +14,7 @@ from hellbender.data.formats import (
     chat_template,
     completion,
     mistral_chat,
+    mistral_multimodal_chat,
     multimodal_chat,
     multimodal_pretrain,
     pretokenized,
@@ -30,12 +31,19 @@ def _chat_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]]:
     return chat_template.tokenize_row(row, ctx)
 
 
+def _multimodal_chat_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
+    # With mistral-common, its own image encoder places the image tokens; otherwise the processor expands them.
+    if mistral_chat.is_mistral_common(ctx.tokenizer):
+        return mistral_multimodal_chat.tokenize_row(row, ctx)
+    return multimodal_chat.tokenize_row(row, ctx)
+
+
 FORMATTERS: dict[str, Formatter] = {
     "alpaca": alpaca.tokenize_row,
     "chat_template": _chat_row,
     "completion": completion.tokenize_row,
     "pretokenized": pretokenized.tokenize_row,
-    "multimodal_chat": multimodal_chat.tokenize_row,
+    "multimodal_chat": _multimodal_chat_row,
     "multimodal_pretrain": multimodal_pretrain.tokenize_row,
 }
 # Columns vision-language formats add beside input_ids / labels, with the value a dropped row gets.

@@ -6,6 +6,7 @@ are found at the token level: each assistant turn's own tokens are the differenc
 encoded up to that turn and up to the message before it. Every assistant turn ends with EOS, and EOS never comes
 from text, so each turn is then found in the full encoding just before the next EOS. Where the tokens do not
 line up (a format that moves earlier messages once later ones follow) the row is refused, never guessed at.
+Vision rows (`mistral_multimodal_chat`) are encoded the same way, their user turns carrying opened images.
 """
 
 from __future__ import annotations
@@ -38,7 +39,28 @@ def _encoders(tokenizer: Any) -> dict[str, Any]:
     }
 
 
-def _encode(encoders: dict[str, Any], messages: list[dict[str, Any]]) -> list[int]:
+def _message(message: dict[str, Any]) -> Any:
+    """One message as mistral-common's own message object. A content of parts (vision-language rows) keeps its text
+    and its opened images in order; the image encoder turns each image into its tokens and pixels."""
+    from mistral_common.protocol.instruct.chunk import ImageChunk, TextChunk
+    from mistral_common.protocol.instruct.converters import convert_openai_messages
+    from mistral_common.protocol.instruct.messages import UserMessage
+
+    content = message["content"]
+    if not isinstance(content, list):
+        return convert_openai_messages([message])[0]
+    if message["role"] != "user":
+        if any(part["type"] == "image" for part in content):
+            raise RowError(f"a `{message['role']}` message holds an image; mistral-common takes images in user turns")
+        return convert_openai_messages([{**message, "content": "".join(part["text"] for part in content)}])[0]
+    return UserMessage(
+        content=[ImageChunk(image=p["image"]) if p["type"] == "image" else TextChunk(text=p["text"]) for p in content]
+    )
+
+
+def _encode(encoders: dict[str, Any], messages: list[dict[str, Any]]) -> Any:
+    """mistral-common's encoding of `messages`: its `tokens`, and the `images` (C x H x W pixel arrays) of the
+    image parts, which must be opened PIL images."""
     from mistral_common.exceptions import MistralCommonException
     from mistral_common.protocol.instruct.request import ChatCompletionRequest
     from mistral_common.protocol.instruct.validator import ValidationMode
@@ -46,9 +68,9 @@ def _encode(encoders: dict[str, Any], messages: list[dict[str, Any]]) -> list[in
 
     mode = ValidationMode.finetuning if messages and messages[-1]["role"] == "assistant" else ValidationMode.test
     try:
-        request = ChatCompletionRequest.from_openai(messages=messages)
-        return list(encoders[mode].encode_chat_completion(request).tokens)
-    except (MistralCommonException, ValidationError, ValueError) as exc:
+        request = ChatCompletionRequest(messages=[_message(m) for m in messages])
+        return encoders[mode].encode_chat_completion(request)
+    except (MistralCommonException, ValidationError, ValueError, AssertionError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RowError(
             f"mistral-common refuses this conversation: {reason} (it expects an optional system message, then user "
@@ -57,8 +79,14 @@ def _encode(encoders: dict[str, Any], messages: list[dict[str, Any]]) -> list[in
 
 
 def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]]:
+    ids, labels, _ = encode_conversation(read_messages(row, ctx), ctx)
+    return {"input_ids": ids, "labels": labels}
+
+
+def encode_conversation(messages: list[dict[str, Any]], ctx: FormatContext) -> tuple[list[int], list[int], list[Any]]:
+    """The conversation's token ids, its labels (assistant turns and their EOS as `roles_to_train`, `train_on_eos`
+    and `train_on_inputs` say) and the pixel arrays of its images, in order."""
     tokenizer = ctx.tokenizer
-    messages = read_messages(row, ctx)
     if ctx.thinking_key and any(ctx.thinking_key in m for m in messages):
         raise RowError(
             f"the row's messages carry reasoning (`{ctx.thinking_field}`, `field_thinking`), and mistral-common "
@@ -66,17 +94,18 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]
             "way the model's format does, or remove it from the data"
         )
     encoders = _encoders(tokenizer)
-    ids = _encode(encoders, messages)
+    encoded = _encode(encoders, messages)
+    ids, images = list(encoded.tokens), list(encoded.images)
     if ctx.train_on_inputs:
-        return {"input_ids": ids, "labels": list(ids)}
+        return ids, list(ids), images
     eos = tokenizer.eos_token_id
     assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     trained = "assistant" in ctx.roles_to_train
     labels = [IGNORE_INDEX] * len(ids)
     cursor = 0
     for i in assistants:
-        prompt = _encode(encoders, messages[:i])
-        turn = _encode(encoders, messages[: i + 1])
+        prompt = list(_encode(encoders, messages[:i]).tokens)
+        turn = list(_encode(encoders, messages[: i + 1]).tokens)
         own = turn[len(prompt) :]
         end = ids.index(eos, cursor) if eos in ids[cursor:] else -1
         start = end + 1 - len(own)
@@ -91,4 +120,4 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]
         if _train_eos(ctx.train_on_eos, trained, trained and i == assistants[-1]):
             labels[end] = eos
         cursor = end + 1
-    return {"input_ids": ids, "labels": labels}
+    return ids, labels, images

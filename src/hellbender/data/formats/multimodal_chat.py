@@ -75,9 +75,10 @@ def align_labels(source_ids: list[int], source_labels: list[int], target_ids: li
     return labels
 
 
-def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
+def conversation_with_images(row: dict[str, Any], ctx: FormatContext) -> tuple[list[dict[str, Any]], list, list]:
+    """The row's messages (an image column's images placed in the first user message), the local paths of its
+    images in order, and the images opened (bad ones refused, or the row dropped with `skip_bad_images`)."""
     vision = ctx.vision
-    processor, tok = vision.processor, ctx.tokenizer
     messages = read_messages(row, ctx, allow_parts=True)
     column = row.get(vision.image_column)
     if column:
@@ -89,6 +90,13 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
         if vision.skip_bad_images:
             raise RowDropped(exc.reason) from None
         raise RowError(f"{exc}. Fix the file, or set `skip_bad_images: true` to drop such rows") from None
+    return messages, paths, images
+
+
+def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
+    vision = ctx.vision
+    processor, tok = vision.processor, ctx.tokenizer
+    messages, paths, images = conversation_with_images(row, ctx)
 
     def render(msgs: list[dict[str, Any]]) -> str:
         try:
