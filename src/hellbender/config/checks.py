@@ -7,6 +7,7 @@ from pathlib import Path
 
 from hellbender.chat_templates import TEMPLATE_NAMES, is_known_template, known_names_text, not_shipped_reason
 from hellbender.config.data import CHAT_ROLES
+from hellbender.config.data_order import data_order_problems
 from hellbender.config.deepspeed import deepspeed_problems
 from hellbender.config.mistral_common import mistral_common_problems
 from hellbender.config.plugins import plugin_problems
@@ -110,6 +111,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
             )
     problems += plugin_problems(cfg.plugins)
     problems += _roles_to_train_problems(cfg)
+    problems += data_order_problems(cfg)
     problems += mistral_common_problems(cfg)
     problems += _multimodal_conflicts(cfg)
     problems += _distributed_conflicts(cfg)
