@@ -96,12 +96,18 @@ def check_keys(
     return problems
 
 
+# A name this close to an unknown key is a slip of a letter or two: suggested whatever the value.
+_SLIP = 0.8
+
+
 def _suggestions(key: str, value: Any, model: type[BaseModel], names: list[str]) -> list[str]:
-    """The closest of `names` to a mistyped `key` that could hold its value (`test_value: true` is not a misspelt
-    `test_datasets`, which holds a list)."""
-    return [name for name in difflib.get_close_matches(key, names, n=3, cutoff=0.6) if _could_hold(model, name, value)][
-        :1
-    ]
+    """The closest of `names` to a mistyped `key`. A name less close is suggested only if it could hold the value
+    (`test_value: true` is not a misspelt `test_datasets`, which holds a list)."""
+    return [
+        name
+        for name in difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+        if difflib.SequenceMatcher(None, key, name).ratio() >= _SLIP or _could_hold(model, name, value)
+    ][:1]
 
 
 def _could_hold(model: type[BaseModel], name: str, value: Any) -> bool:
