@@ -7,6 +7,7 @@ from pathlib import Path
 
 from hellbender.chat_templates import TEMPLATE_NAMES, is_known_template, known_names_text, not_shipped_reason
 from hellbender.config.data import CHAT_ROLES
+from hellbender.config.data_order import data_order_problems
 from hellbender.config.deepspeed import deepspeed_problems
 from hellbender.config.mistral_common import mistral_common_problems
 from hellbender.config.model import is_hub_kernel
@@ -129,6 +130,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     problems += plugin_problems(cfg.plugins)
     problems += swanlab_problems(cfg)
     problems += _roles_to_train_problems(cfg)
+    problems += data_order_problems(cfg)
     problems += mistral_common_problems(cfg)
     problems += model_quantization_problems(cfg)
     problems += _multimodal_conflicts(cfg)

@@ -206,7 +206,40 @@ class DataSettings(BaseModel):
         description="`chat_template`: the tokens that end a turn, for `train_on_eos` (each must be one token of the "
         "tokenizer). Default: the first special token the template writes after a turn's text.",
     )
-    shuffle_merged_datasets: bool = Field(True, description="Shuffle the rows of all datasets together.")
+    shuffle_merged_datasets: bool | None = Field(
+        None,
+        description="Shuffle the rows of all datasets together (once, when the data is prepared). Default: on, off "
+        "with `curriculum_sampling`; when off, `val_set_size` holds rows out without reordering the rest.",
+    )
+    dataset_exact_deduplication: bool = Field(
+        False,
+        description="Drop tokenized rows identical to an earlier one (same tokens and labels), within the training "
+        "rows (before `val_set_size` holds rows out, so held-out rows never repeat a training row) and within "
+        "`test_datasets`; the first of each is kept. Rows of `test_datasets` that also appear in `datasets` are kept.",
+    )
+    min_sample_len: int = Field(
+        2,
+        ge=1,
+        description="Drop (and count) rows of fewer tokens than this (a row of exactly this many is kept). The "
+        "default 2 drops nothing more: a shorter row has no token to train anyway.",
+    )
+    group_by_length: bool = Field(
+        False,
+        description="Draw training batches of similar row lengths (transformers' length-grouped sampler: "
+        "shuffled each epoch, then sorted by length within groups of up to 50 optimizer steps' rows), so less of each "
+        "batch is padding. Not with `sample_packing` (packed bins have no lengths to group).",
+    )
+    sample_packing_sequentially: bool | None = Field(
+        None,
+        description="Pack rows into bins in dataset order (each row goes into the current bin, or starts the next "
+        "one when it does not fit) instead of the best fit, which sorts rows by length. Default: on with "
+        "`curriculum_sampling`, off otherwise.",
+    )
+    curriculum_sampling: bool = Field(
+        False,
+        description="Train on the rows (or packed bins) in dataset order, every epoch, instead of shuffled: the "
+        "merged rows are not shuffled and the batches are drawn in order.",
+    )
     skip_prepare_dataset: bool = Field(
         False,
         description="Use already-tokenized `multimodal_pretrain` rows (`_mm_text`, `images`, `input_ids`, "

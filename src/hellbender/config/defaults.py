@@ -148,6 +148,12 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
     streams_text = bool(cfg.pretraining_dataset) and cfg.streaming is not False and not cfg.is_multimodal
     default("sample_packing", streams_text)
     default("eval_sample_packing", updates.get("sample_packing", cfg.sample_packing))
+    # Curriculum order survives only unshuffled rows packed in order.
+    default("shuffle_merged_datasets", not cfg.curriculum_sampling)
+    default(
+        "sample_packing_sequentially",
+        cfg.curriculum_sampling and bool(updates.get("sample_packing", cfg.sample_packing)),
+    )
     cfg = _updated(cfg, updates)
     entries: dict[str, Any] = {
         key: [entry_with_defaults(e, cfg) for e in getattr(cfg, key)] for key in ("datasets", "test_datasets")

@@ -8,7 +8,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from hellbender.config.schema import DatasetEntry, HellbenderConfig, PretrainingDatasetEntry
 from hellbender.config.unsupported import (
@@ -93,8 +93,8 @@ def check_keys(
         elif misplaced := _misplaced(key, model):
             problems.append(f"{where}{misplaced}")
         else:
-            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6) or difflib.get_close_matches(
-                key, sorted(axolotl_keys), n=1, cutoff=0.6
+            close = _suggestions(key, value, model, sorted(known)) or _suggestions(
+                key, value, model, sorted(axolotl_keys)
             )
             hint = (
                 f" Did you mean `{close[0]}`?" if close else " See `hellbender schema` or docs/config.md for every key."
@@ -125,6 +125,31 @@ def _not_axolotl(key: str, value: Any, raw: dict[str, Any]) -> str:
     if key == "eta_min" and floor is not None and rate and 0 <= floor <= rate:
         hint = f" Here that is `cosine_min_lr_ratio: {floor / rate:.4g}` ({floor:g} / `learning_rate` {rate:g})."
     return f"`{key}` is not a key of hellbender, nor of Axolotl: it is {NOT_AXOLOTL_KEYS[key]}.{hint} Remove `{key}`."
+
+
+# A name this close to an unknown key is a slip of a letter or two: suggested whatever the value.
+_SLIP = 0.8
+
+
+def _suggestions(key: str, value: Any, model: type[BaseModel], names: list[str]) -> list[str]:
+    """The closest of `names` to a mistyped `key`. A name less close is suggested only if it could hold the value
+    (`test_value: true` is not a misspelt `test_datasets`, which holds a list)."""
+    return [
+        name
+        for name in difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+        if difflib.SequenceMatcher(None, key, name).ratio() >= _SLIP or _could_hold(model, name, value)
+    ][:1]
+
+
+def _could_hold(model: type[BaseModel], name: str, value: Any) -> bool:
+    field = model.model_fields.get(name)
+    if field is None or value is None:
+        return True
+    try:
+        TypeAdapter(field.annotation).validate_python(value)
+    except ValidationError:
+        return False
+    return True
 
 
 def _misplaced(key: str, model: type[BaseModel]) -> str | None:

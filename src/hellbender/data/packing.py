@@ -1,7 +1,9 @@
 """Sample packing: several tokenized rows share one `sequence_len` bin.
 
 Bins are filled best-fit-decreasing (the longest rows first, each into the fullest bin it still fits), which
-wastes few tokens and is deterministic, so packed data can be cached and resumed exactly. Each packed row
+wastes few tokens, or, with `sample_packing_sequentially`, in row order (each row into the current bin, or the
+next one when it does not fit), which keeps the rows' order at the cost of emptier bins. Both are deterministic,
+so packed data can be cached and resumed exactly. Each packed row
 keeps `seq_lens`, the length of every document in it: the collator uses them to restart position ids and
 to keep attention inside each document.
 """
@@ -36,6 +38,23 @@ def pack_lengths(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+def pack_lengths_in_order(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Group row indices into bins whose total length is at most `capacity`, keeping their order (next fit): every
+    bin holds consecutive rows, and bin k's rows all come before bin k+1's."""
+    bins: list[list[int]] = []
+    remaining = 0
+    for i, n in enumerate(lengths):
+        if n > capacity:
+            raise ValueError(f"row {i} has {n} tokens, more than the bin capacity {capacity}")
+        if bins and n <= remaining:
+            bins[-1].append(i)
+            remaining -= n
+        else:
+            bins.append([i])
+            remaining = capacity - n
+    return bins
+
+
 def concat_documents(input_ids: Sequence[list[int]], labels: Sequence[list[int]]) -> dict[str, list]:
     """One packed row from documents in order.
 
@@ -50,11 +69,12 @@ def concat_documents(input_ids: Sequence[list[int]], labels: Sequence[list[int]]
     return {"input_ids": ids, "labels": labs, "seq_lens": [len(x) for x in input_ids]}
 
 
-def pack_dataset(ds, capacity: int, num_proc: int | None = None):
-    """Pack a tokenized `datasets.Dataset` (with a `length` column) into bins of at most `capacity` tokens."""
+def pack_dataset(ds, capacity: int, num_proc: int | None = None, in_order: bool = False):
+    """Pack a tokenized `datasets.Dataset` (with a `length` column) into bins of at most `capacity` tokens; with
+    `in_order`, keeping the rows' order (`pack_lengths_in_order`)."""
     import datasets
 
-    bins = pack_lengths(ds["length"], capacity)
+    bins = (pack_lengths_in_order if in_order else pack_lengths)(ds["length"], capacity)
 
     def gather(batch: dict[str, list]) -> dict[str, list]:
         out: dict[str, list] = {"input_ids": [], "labels": [], "seq_lens": []}

@@ -16,6 +16,7 @@ from hellbender.chat_templates import named_template_text
 from hellbender.config import DatasetEntry, HellbenderConfig
 from hellbender.data import cache
 from hellbender.data.contexts import format_context
+from hellbender.data.dedup import drop_exact_duplicates
 from hellbender.data.packing import pack_dataset
 from hellbender.data.progress import quiet_progress
 from hellbender.data.sources import first_non_utf8_line, is_url, load_rows, local_data_files, looks_local
@@ -75,6 +76,7 @@ def tokenize_entries(
                 cfg.excess_length_strategy,
                 where,
                 _worker_processes(cfg),
+                min_len=cfg.min_sample_len,
             )
         except UnicodeDecodeError:
             # Arrow reads bytes that are not UTF-8 into text columns; they fail only when a row is decoded.
@@ -129,11 +131,14 @@ def _cache_parts(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> dict[
     settings = [
         "sequence_len",
         "excess_length_strategy",
+        "min_sample_len",
+        "dataset_exact_deduplication",
         "train_on_inputs",
         "chat_template",
         "chat_template_jinja",
         "sample_packing",
         "eval_sample_packing",
+        "sample_packing_sequentially",
         "val_set_size",
         "seed",
         "shuffle_merged_datasets",
@@ -165,6 +170,8 @@ def _build(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> tuple[Any |
     entries = training_entries(cfg)
     if entries:
         train, train_stats = tokenize_entries(entries, cfg, tokenizer, processor, training_entry_names(cfg))
+        if cfg.dataset_exact_deduplication:  # before the split: held-out rows never repeat a training row
+            train = drop_exact_duplicates(train, train_stats, _worker_processes(cfg))
         if train_stats.rows_kept == 0:
             raise DataError(
                 f"Every training row was dropped ({_reasons(train_stats)}); nothing is left to train on. "
@@ -177,6 +184,8 @@ def _build(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> tuple[Any |
     if cfg.test_datasets:
         names = [f"test_datasets[{i}]" for i in range(len(cfg.test_datasets))]
         eval_ds, eval_stats = tokenize_entries(cfg.test_datasets, cfg, tokenizer, processor, names)
+        if cfg.dataset_exact_deduplication:
+            eval_ds = drop_exact_duplicates(eval_ds, eval_stats, _worker_processes(cfg))
     elif cfg.val_set_size > 0 and train is not None:
         size = cfg.val_set_size if cfg.val_set_size < 1 else int(cfg.val_set_size)
         # The evaluation rows as `train_test_split` counts them (a fraction rounds up), so that a split that would
@@ -187,8 +196,7 @@ def _build(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> tuple[Any |
                 f"`val_set_size: {cfg.val_set_size}` leaves no training rows out of {len(train)}: lower "
                 "`val_set_size` (a fraction below 1, or a row count below the number of rows), or add training rows."
             )
-        split = train.train_test_split(test_size=size, seed=cfg.seed, shuffle=True)
-        train, eval_ds = split["train"], split["test"]
+        train, eval_ds = _hold_out(train, size, eval_rows, cfg)
     stats = {
         "train": train_stats.to_dict() if train_stats else None,
         "eval": eval_stats.to_dict() if eval_stats else None,
@@ -196,18 +204,34 @@ def _build(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> tuple[Any |
         "eval_rows": len(eval_ds) if eval_ds is not None else 0,
         "packed_bins": None,
     }
+    in_order = bool(cfg.sample_packing_sequentially)
     if cfg.sample_packing and train is not None:
-        train = pack_dataset(train, cfg.sequence_len, _worker_processes(cfg))
+        train = pack_dataset(train, cfg.sequence_len, _worker_processes(cfg), in_order=in_order)
         stats["packed_bins"] = len(train)
     if cfg.eval_sample_packing and eval_ds is not None:
-        eval_ds = pack_dataset(eval_ds, cfg.sequence_len, _worker_processes(cfg))
+        eval_ds = pack_dataset(eval_ds, cfg.sequence_len, _worker_processes(cfg), in_order=in_order)
     return train, eval_ds, stats
+
+
+def _hold_out(train: Any, size: float | int, eval_rows: int, cfg: HellbenderConfig) -> tuple[Any, Any]:
+    """(training rows, held-out evaluation rows), a random `eval_rows` of them held out. Rows that were not shuffled
+    (`shuffle_merged_datasets: false`, as with `curriculum_sampling`) keep their order on both sides."""
+    if cfg.shuffle_merged_datasets:
+        split = train.train_test_split(test_size=size, seed=cfg.seed, shuffle=True)
+        return split["train"], split["test"]
+    import numpy as np
+
+    held = np.zeros(len(train), dtype=bool)
+    held[np.random.default_rng(cfg.seed).choice(len(train), size=eval_rows, replace=False)] = True
+    return train.select(np.flatnonzero(~held)), train.select(np.flatnonzero(held))
 
 
 # What to change for each reason a row is dropped (see `tokenize` and the vision formats).
 DROP_HINTS = {
     "longer than sequence_len": "raise `sequence_len`, or set `excess_length_strategy: truncate`",
     "empty": "check that the text column holds text (`field` / `text_column`, default `text`)",
+    "shorter than min_sample_len": "lower `min_sample_len`",
+    "duplicate": "set `dataset_exact_deduplication: false` to keep repeated rows",
     "no trainable tokens": "check `roles_to_train` (the roles whose turns are trained, default `[assistant]`), "
     "`train_on_inputs` and `train_on_eos`",
 }

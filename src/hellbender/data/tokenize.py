@@ -14,6 +14,8 @@ from hellbender.errors import DataError
 DROP_TOO_LONG = "longer than sequence_len"
 DROP_EMPTY = "empty"
 DROP_NO_TRAINABLE = "no trainable tokens"
+DROP_TOO_SHORT = "shorter than min_sample_len"
+DROP_DUPLICATE = "duplicate"
 
 
 @dataclass
@@ -32,6 +34,13 @@ class TokenizeStats:
         self.dropped.update(other.dropped)
         self.tokens += other.tokens
         self.trainable_tokens += other.trainable_tokens
+
+    def drop(self, reason: str, rows: int, tokens: int, trainable_tokens: int) -> None:
+        """Count kept rows dropped by a later step (e.g. deduplication)."""
+        self.dropped[reason] += rows
+        self.rows_kept -= rows
+        self.tokens -= tokens
+        self.trainable_tokens -= trainable_tokens
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,8 +94,18 @@ def output_features(extra: dict[str, Any]):
     return datasets.Features({**features, **{key: vision[key] for key in extra}})
 
 
-def tokenize_dataset(ds, fmt: str, ctx: FormatContext, max_len: int, strategy: str, where: str, num_proc: int | None):
-    """Tokenize every row with format `fmt`; returns the kept rows (input_ids, labels, length) and stats."""
+def tokenize_dataset(
+    ds,
+    fmt: str,
+    ctx: FormatContext,
+    max_len: int,
+    strategy: str,
+    where: str,
+    num_proc: int | None,
+    min_len: int = 1,
+):
+    """Tokenize every row with format `fmt`; returns the kept rows (input_ids, labels, length) and stats. Rows of
+    fewer than `min_len` tokens (counted before any truncation) are dropped."""
     formatter = FORMATTERS[fmt]
     extra = EXTRA_COLUMNS.get(fmt, {})
 
@@ -99,6 +118,7 @@ def tokenize_dataset(ds, fmt: str, ctx: FormatContext, max_len: int, strategy: s
         except RowDropped as exc:
             out, reason = {"input_ids": [], "labels": []}, str(exc)
         ids, labels = out["input_ids"], out["labels"]
+        full_length = len(ids)
         if not reason and not ids:
             reason = DROP_EMPTY
         elif not reason:
@@ -112,6 +132,8 @@ def tokenize_dataset(ds, fmt: str, ctx: FormatContext, max_len: int, strategy: s
         trainable = sum(1 for label in labels[1:] if label != IGNORE_INDEX)
         if not reason and trainable == 0:
             reason = DROP_NO_TRAINABLE
+        if not reason and full_length < min_len:
+            reason = DROP_TOO_SHORT
         extras = {key: out.get(key, default) for key, default in extra.items()}
         return {
             "input_ids": ids,

@@ -16,6 +16,7 @@ from hellbender.train.deepspeed import deepspeed_config
 from hellbender.train.distributed import runs_on_cpu_processes
 from hellbender.train.fsdp import check_fsdp_plugin_arguments, fsdp_arguments
 from hellbender.train.lr_schedule import scheduler_arguments
+from hellbender.train.sampling import sampling_strategy
 from hellbender.train.schedule import Schedule
 
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "swanlab": "swanlab"}
@@ -99,6 +100,7 @@ def training_arguments(
         seed=cfg.seed,
         run_name=run_name(cfg),
         data_seed=cfg.seed,
+        train_sampling_strategy=sampling_strategy(cfg),
         report_to=report_targets(cfg) or "none",
         remove_unused_columns=False,
         ignore_data_skip=cfg.ignore_data_skip or data_resumes_itself,

@@ -19,6 +19,7 @@ from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.models.activation_checkpointing import side_channel_of
 from hellbender.storage import FINAL_MANIFEST, move_files_into, write_manifest
 from hellbender.train.console import StepLines
+from hellbender.train.sampling import EpochSeededLengthGroupedSampler
 from hellbender.train.tokens import StreamPosition, TokenCounter
 
 FINAL_STAGING = ".final-model-staging"
@@ -82,6 +83,14 @@ class HellbenderTrainer(Trainer):
         if channel is not None:  # backward is done: nothing routed around a checkpoint outlives the step
             channel.clear()
         return loss
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if self.args.train_sampling_strategy == "group_by_length" and "length" in getattr(dataset, "column_names", ()):
+            return EpochSeededLengthGroupedSampler(
+                self.args.train_batch_size * self.args.gradient_accumulation_steps, dataset["length"], self.args.seed
+            )
+        return super()._get_train_sampler(train_dataset)
 
     def token_counter(self) -> TokenCounter:
         return self._callback(TokenCounter)
