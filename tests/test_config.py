@@ -121,6 +121,17 @@ def test_process_reward_data_is_refused_as_planned():
     assert "In `datasets[0]`: `step_separator` is not supported yet: it belongs to preference tuning" in message
 
 
+def test_skip_prepare_dataset_on_conversations_is_read_as_preparing_them(caplog):
+    raw = cfg_dict(skip_prepare_dataset=True, datasets=[{"path": "a.jsonl", "type": "chat_template"}])
+    with caplog.at_level(logging.WARNING, logger="hellbender"):
+        cfg = validate_config(raw)
+    assert cfg.skip_prepare_dataset is False
+    assert "`skip_prepare_dataset: true` asks Axolotl to tokenize conversations batch by batch" in caplog.text
+    # on other rows it keeps its meaning (already-tokenized multimodal rows) and its checks
+    message = config_error(cfg_dict(skip_prepare_dataset=True, datasets=[{"path": "a.jsonl", "type": "alpaca"}]))
+    assert "skip_prepare_dataset" in message
+
+
 def test_a_key_that_describes_what_hellbender_does_is_accepted_only_with_that_value():
     assert validate_config(cfg_dict(save_safetensors=True)).model_dump() == validate_config(cfg_dict()).model_dump()
     assert "`save_safetensors: false` cannot be honoured: transformers 5 always writes safetensors" in config_error(

@@ -243,5 +243,7 @@ class DataSettings(BaseModel):
     skip_prepare_dataset: bool = Field(
         False,
         description="Use already-tokenized `multimodal_pretrain` rows (`_mm_text`, `images`, `input_ids`, "
-        "`attention_mask`, `labels`) as they are; the processor expands their images at batch time.",
+        "`attention_mask`, `labels`) as they are; the processor expands their images at batch time. On "
+        "`chat_template` datasets (Axolotl: tokenize each batch as it is drawn) it changes nothing: conversations "
+        "are prepared once before training, with the same tokens and labels.",
     )

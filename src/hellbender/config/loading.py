@@ -17,6 +17,7 @@ from hellbender.config.deepspeed import use_deepspeed_preset
 from hellbender.config.defaults import apply_derived_defaults, machine_defaults
 from hellbender.config.fsdp1 import translate_fsdp1
 from hellbender.config.keys import ENTRY_MODELS, is_cloud_launch_file, key_problems
+from hellbender.config.lazy_preparation import read_skip_prepare_dataset
 from hellbender.config.machine import Machine
 from hellbender.config.overrides import apply_overrides
 from hellbender.config.schema import HellbenderConfig
@@ -39,7 +40,8 @@ def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
     listed is left out)."""
     problems: list[str] = []
     notices: list[str] = []
-    for translate in (read_older_spellings, read_strategies, translate_fsdp1):  # Axolotl's words, in hellbender's
+    # Axolotl's words, in hellbender's
+    for translate in (read_older_spellings, read_strategies, translate_fsdp1, read_skip_prepare_dataset):
         more_problems, more_notices = translate(raw)
         problems, notices = problems + more_problems, notices + more_notices
     cloud_launch_file = is_cloud_launch_file(raw)
