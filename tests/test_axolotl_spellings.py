@@ -427,10 +427,11 @@ def test_added_tokens_grow_the_embeddings_to_a_multiple_of_32(tmp_path):
     assert rows % 32 == 0
 
 
-def test_activation_offloading_is_offloaded_checkpointing(tmp_path):
+@pytest.mark.parametrize("mode", [True, "legacy", "hidden_states"])
+def test_activation_offloading_is_offloaded_checkpointing(tmp_path, mode):
     same_config(
         tmp_path,
-        {"gradient_checkpointing": True, "activation_offloading": True},
+        {"gradient_checkpointing": True, "activation_offloading": mode},
         {"gradient_checkpointing": "offload"},
     )
     with pytest.raises(ConfigError, match=r"`activation_offloading: disk` is not offered"):

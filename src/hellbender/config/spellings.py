@@ -149,29 +149,43 @@ def _warmup_fraction(raw: dict[str, Any], problems: list[str], notices: list[str
     )
 
 
+# Axolotl's offloading modes that keep checkpointed activations in host memory, and how hellbender's one way of doing
+# that (the layers' saved inputs in pinned memory, copied on a side stream) relates to each.
+_HOST_OFFLOADING = {
+    True: "",
+    "legacy": " (Axolotl's older offloading, which copies synchronously; hellbender copies the same activations on a "
+    "side stream)",
+    "hidden_states": " (the checkpointed layers' inputs kept in host memory, which is what it does)",
+}
+
+
 def _activation_offloading(raw: dict[str, Any], problems: list[str], notices: list[str]) -> None:
-    """Axolotl's `activation_offloading: true` is hellbender's `gradient_checkpointing: offload`."""
+    """Axolotl's `activation_offloading: true` (or `legacy` / `hidden_states`) is hellbender's
+    `gradient_checkpointing: offload`."""
     value = raw.get("activation_offloading")
     if value is None or value is False:
         raw.pop("activation_offloading", None)
         return
-    if value is not True:
+    if not isinstance(value, (bool, str)) or value not in _HOST_OFFLOADING:
         problems.append(
-            f"`activation_offloading: {value}` is not offered: hellbender offloads checkpointed activations to host "
-            "memory only (`activation_offloading: true`, or `gradient_checkpointing: offload`)."
+            f"`activation_offloading: {yaml_word(value)}` is not offered: hellbender offloads checkpointed activations "
+            "to host memory only (`activation_offloading: true`, `legacy` or `hidden_states`, or "
+            "`gradient_checkpointing: offload`)."
         )
         raw.pop("activation_offloading")
         return
     if raw.get("gradient_checkpointing") not in (None, True, "offload"):
         problems.append(
-            "`activation_offloading: true` offloads the activations of checkpointed layers, and "
+            f"`activation_offloading: {yaml_word(value)}` offloads the activations of checkpointed layers, and "
             f"`gradient_checkpointing` is {raw['gradient_checkpointing']!r}: set it to true (or remove one of them)."
         )
         raw.pop("activation_offloading")
         return
     raw.pop("activation_offloading")
     raw["gradient_checkpointing"] = "offload"
-    notices.append("`activation_offloading: true` is read as `gradient_checkpointing: offload`.")
+    notices.append(
+        f"`activation_offloading: {yaml_word(value)}` is read as `gradient_checkpointing: offload`{_HOST_OFFLOADING[value]}."
+    )
 
 
 def _move(raw: dict[str, Any], old: str, new: str, where: str, problems: list[str], notices: list[str]) -> None:
