@@ -553,3 +553,13 @@ def test_bnb_config_kwargs_are_read_with_qlora(tmp_path):
         base_config(tmp_path, adapter="qlora", bnb_config_kwargs={"bnb_4bit_quant_type": "fp4"}, bf16=True)
     )
     assert cfg.bnb_settings.bnb_4bit_quant_type == "fp4" and cfg.bnb_settings.bnb_4bit_use_double_quant
+
+
+@pytest.mark.parametrize(
+    ("patch", "liger_key"), [("flash_attn_fuse_mlp", "liger_glu_activation"), ("flash_attn_rms_norm", "liger_rms_norm")]
+)
+def test_axolotls_fused_module_patches_are_ligers_kernels(tmp_path, patch, liger_key):
+    same_config(tmp_path, {patch: True}, {liger_key: True})
+    same_config(tmp_path, {patch: False}, {})
+    with pytest.raises(ConfigError, match=rf"`{patch}: true` asks for Liger's .* \(`{liger_key}`\), which is set"):
+        validate_config(base_config(tmp_path, **{patch: True, liger_key: False}))

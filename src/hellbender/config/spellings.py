@@ -15,6 +15,11 @@ TOP_LEVEL: dict[str, str] = {
     "bfloat16": "bf16",  # no mixed precision: hellbender's `bf16` trains the bfloat16 weights as loaded
     "float16": "fp16",
 }
+# Axolotl's fused-module patches -> the Liger kernel that fuses the same computation (speed only, never the result)
+FUSED_PATCHES: dict[str, tuple[str, str]] = {
+    "flash_attn_fuse_mlp": ("liger_glu_activation", "fused SwiGLU MLP"),
+    "flash_attn_rms_norm": ("liger_rms_norm", "fused RMSNorm"),
+}
 # Keys where 0 means what leaving the key out means (Axolotl reads them as unset when false-y).
 ZERO_MEANS_UNSET = ("evals_per_epoch", "saves_per_epoch", "cosine_constant_lr_ratio")
 # older dataset-entry key -> the key of `message_property_mappings` it sets
@@ -49,6 +54,7 @@ def read_older_spellings(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
         if raw.get(key) == 0 and raw[key] is not False:
             del raw[key]
             notices.append(f"`{key}: 0` is read as unset (as in Axolotl): the default schedule applies.")
+    _fused_patches(raw, problems, notices)
     _warmup_fraction(raw, problems, notices)
     _activation_offloading(raw, problems, notices)
     _base_model_config(raw, problems, notices)
@@ -186,6 +192,23 @@ def _activation_offloading(raw: dict[str, Any], problems: list[str], notices: li
     notices.append(
         f"`activation_offloading: {yaml_word(value)}` is read as `gradient_checkpointing: offload`{_HOST_OFFLOADING[value]}."
     )
+
+
+def _fused_patches(raw: dict[str, Any], problems: list[str], notices: list[str]) -> None:
+    for patch, (liger_key, what) in FUSED_PATCHES.items():
+        value = raw.pop(patch, None)
+        if not value:
+            continue
+        if raw.get(liger_key) is False:
+            problems.append(
+                f"`{patch}: true` asks for Liger's {what} (`{liger_key}`), which is set to false; keep one."
+            )
+            continue
+        raw[liger_key] = True
+        notices.append(
+            f"`{patch}: true` (Axolotl's {what} patch) is read as `{liger_key}: true`: Liger's {what} computes the "
+            "same, faster."
+        )
 
 
 def _move(raw: dict[str, Any], old: str, new: str, where: str, problems: list[str], notices: list[str]) -> None:

@@ -53,8 +53,6 @@ NOT_OFFERED: dict[str, str] = {
     "fp8": "FP8 training is not offered; train in bf16",
     "use_pose": "PoSE (skipping positions to imitate long context) is not offered",
     "s2_attention": "shifted-sparse attention is not offered (Axolotl no longer offers it either)",
-    "flash_attn_fuse_mlp": _ATTENTION_PATCHES,
-    "flash_attn_rms_norm": _ATTENTION_PATCHES,
     "flash_attn_cross_entropy": _ATTENTION_PATCHES,
     "xformers_attention": _ATTENTION_PATCHES,
     "sage_attention": _ATTENTION_PATCHES,
