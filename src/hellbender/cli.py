@@ -116,6 +116,9 @@ def train(
 
     def action() -> None:
         cfg = load_config(config, set_)
+        from hellbender.train.deepspeed import require_deepspeed_package
+
+        require_deepspeed_package(cfg)  # before any process is launched or any data prepared
         if cfg.hub_model_id:  # before any process is launched; each process checks again as it starts
             from hellbender.errors import EnvironmentProblem
             from hellbender.train.hub import hub_problem
@@ -366,6 +369,10 @@ def validate(
 
     def action() -> None:
         cfg = load_config(config, set_)
+        from hellbender.config.deepspeed import deepspeed_notices
+
+        for notice in deepspeed_notices(cfg):  # `train` stops on it instead
+            logging.getLogger("hellbender").warning(notice)
         resolved = dump_config(cfg, this_machine())
         if output is not None:
             output.write_text(resolved)

@@ -57,9 +57,19 @@ def deepspeed_problems(cfg: HellbenderConfig) -> list[str]:
         )
         problems += _replaced_choices(cfg, settings)
         problems += _quantized_base_problems(cfg, settings)
-    if not deepspeed_installed():
-        problems.append(not_installed_message(cfg.deepspeed))
     return problems
+
+
+def deepspeed_notices(cfg: HellbenderConfig) -> list[str]:
+    """The package is a property of the machine, not of the config (which may be validated on a laptop and trained
+    on a GPU server): validation says it is missing here, and `train` stops on it before any work."""
+    if cfg.deepspeed and not deepspeed_installed():
+        return [
+            not_installed_message(cfg.deepspeed).replace(
+                "is not installed.", "is not installed here; `train` needs it."
+            )
+        ]
+    return []
 
 
 def preset_dir() -> Path:

@@ -24,14 +24,19 @@ from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.train.distributed import world_size
 
 
+def require_deepspeed_package(cfg: HellbenderConfig) -> None:
+    """Stop a run that asks for DeepSpeed on a machine without it (validation only says so)."""
+    if cfg.deepspeed and not deepspeed_installed():
+        raise EnvironmentProblem(not_installed_message(cfg.deepspeed))
+
+
 def deepspeed_config(cfg: HellbenderConfig) -> str | None:
     """The checked path of the DeepSpeed JSON config for `TrainingArguments(deepspeed=...)`, or None without
     `deepspeed:`. Checked again at run time, where the precision `bf16: auto` picks and the number of processes
     are known."""
     if not cfg.deepspeed:
         return None
-    if not deepspeed_installed():
-        raise EnvironmentProblem(not_installed_message(cfg.deepspeed))
+    require_deepspeed_package(cfg)
     settings = read_deepspeed_json(cfg.deepspeed)
     bf16, fp16 = precision_at_run_time(cfg)
     problems = settings_problems(cfg.deepspeed, settings) + contradictions(cfg, settings, bf16, fp16, world_size())
