@@ -14,6 +14,7 @@ TOP_LEVEL: dict[str, str] = {
     "model_config": "overrides_of_model_config",
     "bfloat16": "bf16",  # no mixed precision: hellbender's `bf16` trains the bfloat16 weights as loaded
     "float16": "fp16",
+    "pretrain_multipack_buffer_size": "streaming_multipack_buffer_size",
 }
 # Keys where 0 means what leaving the key out means (Axolotl reads them as unset when false-y).
 ZERO_MEANS_UNSET = ("evals_per_epoch", "saves_per_epoch")
