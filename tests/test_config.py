@@ -224,8 +224,27 @@ CONFLICTS = [
         "`val_set_size` cannot split a streamed `pretraining_dataset`",
         id="stream-val-set-size",
     ),
+    pytest.param({"streaming": True}, "a `datasets:` stream (`streaming: true`) has no known length", id="stream-sft"),
     pytest.param(
-        {"streaming": True}, "`streaming: true` applies to `pretraining_dataset:`", id="streaming-no-pretraining"
+        {"streaming": True, "max_steps": 5, "val_set_size": 0.1},
+        "`val_set_size` cannot split a `datasets:` stream",
+        id="stream-sft-val-set-size",
+    ),
+    pytest.param(
+        {"streaming": True, "max_steps": 5, "processor_type": "AutoProcessor"},
+        "image+text chat rows of a vision-language model are not streamed yet",
+        id="stream-sft-vlm",
+    ),
+    pytest.param({"streaming_multipack_buffer_size": 64}, "but nothing is streamed here", id="buffer-without-stream"),
+    pytest.param(
+        {"streaming": True, "max_steps": 5, "shuffle_merged_datasets": False, "streaming_multipack_buffer_size": 64},
+        "would do nothing: the stream is not shuffled",
+        id="buffer-unused",
+    ),
+    pytest.param(
+        {"streaming": True, "max_steps": 5, "pretrain_multipack_attn": False},
+        "`pretrain_multipack_attn: false` lets the documents packed",
+        id="multipack-attn-sft",
     ),
     pytest.param(
         {"save_steps": 10, "saves_per_epoch": 2}, "`save_steps` and `saves_per_epoch` are both set", id="saves"

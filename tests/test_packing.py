@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hellbender.data.collator import CausalLMCollator
-from hellbender.data.packing import concat_documents, pack_lengths, pack_stream
+from hellbender.data.packing import concat_documents, pack_buffered, pack_lengths, pack_stream
 
 IGNORE = -100
 PAD = 1
@@ -135,6 +135,71 @@ def test_pack_stream_invariants_on_random_documents():
 
 def test_pack_stream_empty_input_yields_nothing():
     assert list(pack_stream(iter([]), 8)) == []
+
+
+def test_pack_stream_without_separate_documents_makes_each_bin_one_sequence():
+    """`pretrain_multipack_attn: false`: one attention block per bin, and a document's first token is predicted from
+    the end of the one before it (only the bin's first label, never a target, is masked)."""
+    docs = [doc(100, 2), doc(200, 2), doc(300, 12), doc(400, 1)]
+    bins = list(pack_stream(iter(docs), 5, separate_documents=False))
+    assert [b["input_ids"] for b in bins] == [b["input_ids"] for b in pack_stream(iter(docs), 5)]
+    assert [b["seq_lens"] for b in bins] == [[5], [5], [5], [2]]
+    assert [b["labels"] for b in bins] == [
+        [IGNORE, 101, 200, 201, 300],
+        [IGNORE, 302, 303, 304, 305],
+        [IGNORE, 307, 308, 309, 310],
+        [IGNORE, 400],
+    ]
+
+
+def test_pack_buffered_packs_each_buffer_on_its_own_and_keeps_every_row_whole():
+    rng = random.Random(3)
+    rows = [doc(1000 * i, rng.randint(1, 9)) for i in range(40)]
+    for row in rows[::3]:
+        row["labels"][:2] = [IGNORE] * len(row["labels"][:2])  # a masked prompt
+    bins = list(pack_buffered(iter(rows), 16, 8, random.Random(0)))
+    assert bins == list(pack_buffered(iter(rows), 16, 8, random.Random(0)))  # the same for the same seed
+    by_start = {row["input_ids"][0]: i for i, row in enumerate(rows)}
+    seen = []
+    for b in bins:
+        assert len(b["input_ids"]) <= 16
+        members, start = [], 0
+        for n in b["seq_lens"]:
+            row = rows[by_start[b["input_ids"][start]]]
+            assert b["input_ids"][start : start + n] == row["input_ids"]
+            assert b["labels"][start : start + n] == [IGNORE] + row["labels"][1:]
+            members.append(by_start[row["input_ids"][0]])
+            start += n
+        assert len({i // 8 for i in members}) == 1  # all of one buffer of 8 rows
+        seen += members
+    assert sorted(seen) == list(range(40))
+    # Buffers are served in stream order (within one, the bins come in the seeded random order).
+    buffer_of_bin = [by_start[b["input_ids"][0]] // 8 for b in bins]
+    assert buffer_of_bin == sorted(buffer_of_bin)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "flash_attention_2"])
+def test_a_bin_packed_as_one_sequence_scores_like_the_concatenated_text(tiny_model_path, attn):
+    """`pretrain_multipack_attn: false` asks for plain causal attention over the whole bin: the collated bin gives
+    every token the loss the concatenated documents get as one unmasked row."""
+    from transformers import AutoModelForCausalLM
+
+    from hellbender.data.collator import REAL_TOKENS_KEY
+
+    docs = random_docs()
+    (joined,) = list(pack_stream(iter(docs), 40, separate_documents=False))
+    batch = CausalLMCollator(pad_token_id=PAD, attn_implementation=attn)([joined])
+    batch.pop(REAL_TOKENS_KEY)
+    labels = batch.pop("labels")
+    assert batch["position_ids"].tolist() == [list(range(40))]
+    # flash attention is not installed on CPU: its batch (positions only) is scored with SDPA, as one sequence.
+    model_attn = "sdpa" if attn == "flash_attention_2" else attn
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation=model_attn, dtype=torch.float32)
+    with torch.no_grad():
+        packed = model.eval()(**batch).logits
+        plain = model(input_ids=torch.tensor([joined["input_ids"]])).logits
+    torch.testing.assert_close(packed, plain, atol=1e-5, rtol=1e-5)
+    assert (labels[0, 1:] != IGNORE).all()  # every token after the first is trained, across documents
 
 
 # --- collator -----------------------------------------------------------------------------------------------

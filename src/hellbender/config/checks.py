@@ -15,6 +15,7 @@ from hellbender.config.model_quantization import model_quantization_problems
 from hellbender.config.model_sources import local_source_problem
 from hellbender.config.plugins import plugin_problems
 from hellbender.config.schema import HellbenderConfig
+from hellbender.config.streaming_checks import streaming_problems
 from hellbender.config.tracking import swanlab_notices, swanlab_problems
 from hellbender.config.training_checks import training_conflicts
 
@@ -26,26 +27,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
         problems.append("No training data: add a `datasets:` list (or `pretraining_dataset:` for streamed raw text).")
     if cfg.bf16 is True and cfg.fp16:
         problems.append("`bf16: true` and `fp16: true` are both set; choose one mixed-precision mode.")
-    if cfg.uses_streaming and cfg.max_steps is None:
-        problems.append(
-            "`max_steps` is missing: a streamed `pretraining_dataset` has no known length, so the number of "
-            "steps must be given. Add e.g. `max_steps: 1000`."
-        )
-    if cfg.uses_streaming and cfg.val_set_size > 0:
-        problems.append("`val_set_size` cannot split a streamed `pretraining_dataset`; use `test_datasets:` instead.")
-    if cfg.uses_streaming and cfg.datasets:
-        problems.append(
-            "Mixing `datasets:` with a streamed `pretraining_dataset:` is not supported yet. Train them in separate "
-            "runs, or set `streaming: false` to prepare the pretraining text like the other datasets."
-        )
-    if cfg.uses_streaming and cfg.sample_packing is False and not cfg.is_multimodal:
-        problems.append(
-            "`sample_packing: false` cannot be honoured with a streamed `pretraining_dataset`: streamed raw text is "
-            "always packed into full `sequence_len` bins (a long document continues in the next bin). Remove the key, "
-            "or set `streaming: false` to prepare the text as rows of their own."
-        )
-    if cfg.streaming and not cfg.pretraining_dataset:
-        problems.append("`streaming: true` applies to `pretraining_dataset:` entries, but none are given.")
+    problems += streaming_problems(cfg)
     for key in ("hub_strategy", "hub_revision"):
         if getattr(cfg, key) is not None and not cfg.hub_model_id:
             problems.append(

@@ -161,7 +161,20 @@ class DataSettings(BaseModel):
     )
     streaming: bool | None = Field(
         None,
-        description="Stream `pretraining_dataset` instead of preparing it; default true for `pretraining_dataset`.",
+        description="Stream the training rows instead of preparing them (needs `max_steps`): `pretraining_dataset` "
+        "(default true there), or with `true` the `datasets:` rows, tokenized and masked as they are read.",
+    )
+    streaming_multipack_buffer_size: int = Field(
+        10_000,
+        gt=0,
+        description="Streamed data: rows held in the buffer that shuffles the stream (with `shuffle_merged_datasets`), "
+        "and streamed `datasets:` rows gathered and packed together with `sample_packing` "
+        "(`pretrain_multipack_buffer_size`, the older spelling, is read as this).",
+    )
+    pretrain_multipack_attn: bool = Field(
+        True,
+        description="Streamed `pretraining_dataset` text: keep each packed document's attention to itself (`true`); "
+        "`false` lets a bin's tokens attend to every earlier token of the bin, across documents, as one sequence.",
     )
     val_set_size: float = Field(
         0.0, ge=0, description="Hold out this fraction (< 1) or number of rows (>= 1) of `datasets` for evaluation."
@@ -208,8 +221,9 @@ class DataSettings(BaseModel):
     )
     shuffle_merged_datasets: bool | None = Field(
         None,
-        description="Shuffle the rows of all datasets together (once, when the data is prepared). Default: on, off "
-        "with `curriculum_sampling`; when off, `val_set_size` holds rows out without reordering the rest.",
+        description="Shuffle the rows of all datasets together (once, when the data is prepared; streamed data: "
+        "through a buffer of `streaming_multipack_buffer_size` rows, reshuffled on each pass). Default: on, off with "
+        "`curriculum_sampling`; when off, `val_set_size` holds rows out without reordering the rest.",
     )
     dataset_exact_deduplication: bool = Field(
         False,

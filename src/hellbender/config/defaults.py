@@ -145,7 +145,7 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
         for key, value in TORCH_COMPILE_DEFAULTS.items():
             default(key, value)
     # Streamed raw text is always packed into full bins; streamed image+text rows are not packed.
-    streams_text = bool(cfg.pretraining_dataset) and cfg.streaming is not False and not cfg.is_multimodal
+    streams_text = cfg.streams_pretraining and not cfg.is_multimodal
     default("sample_packing", streams_text)
     default("eval_sample_packing", updates.get("sample_packing", cfg.sample_packing))
     # Curriculum order survives only unshuffled rows packed in order.

@@ -32,8 +32,19 @@ class HellbenderConfig(
     combinations of keys and fills derived defaults."""
 
     @property
-    def uses_streaming(self) -> bool:
+    def streams_pretraining(self) -> bool:
+        """`pretraining_dataset` entries are streamed (the default for them)."""
         return bool(self.pretraining_dataset) and self.streaming is not False
+
+    @property
+    def streams_datasets(self) -> bool:
+        """`streaming: true` with `datasets:` only: supervised rows are streamed."""
+        return self.streaming is True and bool(self.datasets) and not self.pretraining_dataset
+
+    @property
+    def uses_streaming(self) -> bool:
+        """The training rows are streamed (either kind): the run's length comes from `max_steps`."""
+        return self.streams_pretraining or self.streams_datasets
 
     @property
     def is_multimodal(self) -> bool:

@@ -11,7 +11,10 @@ to keep attention inside each document.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import itertools
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.progress import quiet_progress
@@ -90,12 +93,14 @@ def pack_dataset(ds, capacity: int, num_proc: int | None = None, in_order: bool 
         return index.map(gather, batched=True, remove_columns=["rows"], num_proc=num_proc, desc="Packing")
 
 
-def pack_stream(documents, capacity: int):
+def pack_stream(documents: Iterable[dict[str, list[int]]], capacity: int, separate_documents: bool = True):
     """Pack an iterator of `{"input_ids", "labels"}` documents, in order, into full bins.
 
     For streamed pretraining: every bin is filled to `capacity` (a document that does not fit continues in
-    the next bin), so no position is padding except in the very last bin. Each piece of a document is its
-    own attention block, and its first label is masked like any document start.
+    the next bin), so no position is padding except in the very last bin. With `separate_documents`, each piece
+    of a document is its own attention block and its first label is masked like any document start; without,
+    the whole bin is one causal sequence (`pretrain_multipack_attn: false`): a document's first token is
+    predicted from the end of the one before it, as in plain concatenated pretraining.
     """
     ids: list[int] = []
     labs: list[int] = []
@@ -105,12 +110,26 @@ def pack_stream(documents, capacity: int):
         start = 0
         while start < len(doc_ids):
             take = min(capacity - len(ids), len(doc_ids) - start)
+            first = doc_labels[start] if ids and not separate_documents else IGNORE_INDEX
             ids += doc_ids[start : start + take]
-            labs += [IGNORE_INDEX] + list(doc_labels[start + 1 : start + take])
+            labs += [first] + list(doc_labels[start + 1 : start + take])
             lens.append(take)
             start += take
             if len(ids) == capacity:
-                yield {"input_ids": ids, "labels": labs, "seq_lens": lens}
+                yield {"input_ids": ids, "labels": labs, "seq_lens": lens if separate_documents else [capacity]}
                 ids, labs, lens = [], [], []
     if ids:
-        yield {"input_ids": ids, "labels": labs, "seq_lens": lens}
+        yield {"input_ids": ids, "labels": labs, "seq_lens": lens if separate_documents else [len(ids)]}
+
+
+def pack_buffered(rows: Iterable[dict[str, Any]], capacity: int, buffer_size: int, rng: random.Random):
+    """Pack streamed rows `buffer_size` at a time: each buffer is packed best-fit decreasing like prepared rows
+    (a row is never split: its prompt and answer stay in one bin) and its bins are served in `rng`'s order, as
+    the prepared path's sampler serves them. A larger buffer fills bins better; a smaller one keeps less in
+    memory and starts training sooner."""
+    rows = iter(rows)
+    while buffer := list(itertools.islice(rows, buffer_size)):
+        bins = pack_lengths([len(row["input_ids"]) for row in buffer], capacity)
+        rng.shuffle(bins)
+        for members in bins:
+            yield concat_documents([buffer[i]["input_ids"] for i in members], [buffer[i]["labels"] for i in members])

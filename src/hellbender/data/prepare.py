@@ -39,7 +39,7 @@ def _worker_processes(cfg: HellbenderConfig) -> int | None:
     return cfg.dataset_num_proc if cfg.dataset_num_proc > 1 else None
 
 
-def _row_format(entry: DatasetEntry, columns: list[str], multimodal: bool, where: str) -> str:
+def row_format(entry: DatasetEntry, columns: list[str], multimodal: bool, where: str) -> str:
     if entry.type == "chat_template" and multimodal:
         return "multimodal_chat"
     kind = entry.type or "pretokenized"
@@ -66,7 +66,7 @@ def tokenize_entries(
         rows = load_rows(entry, where=where)
         if len(rows) == 0:
             raise DataError(f"{where} has no rows. Check the file or the `split`.")
-        fmt = _row_format(entry, rows.column_names, processor is not None, where)
+        fmt = row_format(entry, rows.column_names, processor is not None, where)
         try:
             kept, entry_stats = tokenize_dataset(
                 rows,
@@ -102,10 +102,8 @@ def training_entries(cfg: HellbenderConfig) -> list[DatasetEntry]:
     """`datasets:` plus any `pretraining_dataset:` entries that are prepared rather than streamed (raw text as
     `completion`, raw image+text as `multimodal_pretrain`). None when the training rows are streamed or used
     as they are (`skip_prepare_dataset`)."""
-    if cfg.skip_prepare_dataset:
+    if cfg.skip_prepare_dataset or cfg.uses_streaming:
         return []
-    if cfg.uses_streaming:
-        return list(cfg.datasets)
     prepared = [
         DatasetEntry(
             **e.model_dump(exclude={"type", "text_column"}),
@@ -119,12 +117,10 @@ def training_entries(cfg: HellbenderConfig) -> list[DatasetEntry]:
 
 def training_entry_names(cfg: HellbenderConfig) -> list[str]:
     """Where each of `training_entries` sits in the config (`datasets[0]`, `pretraining_dataset[1]`)."""
-    if cfg.skip_prepare_dataset:
+    if cfg.skip_prepare_dataset or cfg.uses_streaming:
         return []
     names = [f"datasets[{i}]" for i in range(len(cfg.datasets))]
-    if not cfg.uses_streaming:
-        names += [f"pretraining_dataset[{i}]" for i in range(len(cfg.pretraining_dataset))]
-    return names
+    return names + [f"pretraining_dataset[{i}]" for i in range(len(cfg.pretraining_dataset))]
 
 
 def _cache_parts(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> dict[str, Any]:

@@ -120,6 +120,14 @@ def load_rows(entry: Any, streaming: bool = False, where: str | None = None):
     return ds
 
 
+def stream_rows(entry: Any, where: str, seed: int, shuffle_buffer: int | None):
+    """The rows of `entry`, read lazily. With `shuffle_buffer`, shuffled with `seed`: the order of the files, and
+    the rows through a buffer of that many (each row read leaves the buffer at a random place), so a pass is
+    the same for the same seed, and a resumed run replays it exactly."""
+    rows = load_rows(entry, streaming=True, where=where)
+    return rows.shuffle(seed=seed, buffer_size=shuffle_buffer) if shuffle_buffer else rows
+
+
 def local_data_files(entry: Any, where: str) -> list[str]:
     """The files of a local dataset entry: `path` itself, or the `data_files` patterns inside the directory `path`.
 

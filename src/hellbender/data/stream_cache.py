@@ -25,6 +25,9 @@ STREAM_SETTINGS = (
     "max_image_pixels",
     "vision_tokens_to_mask",
     "seed",
+    # The rows are keyed by position, and the shuffle decides which row sits where.
+    "shuffle_merged_datasets",
+    "streaming_multipack_buffer_size",
 )
 CACHED_KEYS = ("input_ids", "labels", "images", "text")
 

@@ -1,15 +1,18 @@
-"""Streamed continued pretraining (`pretraining_dataset:` with `streaming: true`); the run's length comes
-from `max_steps`.
+"""Streamed training data; the run's length comes from `max_steps`, and every stream cycles through its data
+(pass p shuffled with `seed + p`) until then, so the Trainer sees one endless epoch.
 
-Raw text: documents are read lazily, tokenized with EOS appended, and packed in order into full
-`sequence_len` bins (long documents continue in the next bin).
+Raw text (`pretraining_dataset:`): documents are read lazily, tokenized with EOS appended, and packed in order
+into full `sequence_len` bins (long documents continue in the next bin). A resumed run replays the stream up to
+its position (the Trainer skips the batches already trained on), which is exact because every pass is the
+same for the same seed.
+
+Supervised rows (`datasets:` with `streaming: true`): see `streaming_sft`.
 
 Raw image+text (`multimodal_pretrain`): each row is encoded like a prepared row (images checked, tokens
 expanded), cached under `dataset_prepared_path` (see `stream_cache`), and carries its position in the stream,
 `stream_row`. The trainer records how many rows it has
 trained on in every checkpoint, so a resumed run starts at the next unseen row: the rows before it are read
-and skipped without opening, decoding or processing a single image. The stream cycles through the data
-until `max_steps`.
+and skipped without opening, decoding or processing a single image.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ from hellbender.config import DatasetEntry, HellbenderConfig, PretrainingDataset
 from hellbender.data.contexts import format_context
 from hellbender.data.formats import FORMATTERS, RowDropped, RowError
 from hellbender.data.packing import pack_stream
-from hellbender.data.sources import load_rows
+from hellbender.data.sources import load_rows, stream_rows
 from hellbender.data.stream_cache import StreamCache, stream_cache_dir
+from hellbender.data.streaming_sft import StreamingSFTDataset, open_sft_streams
 from hellbender.errors import DataError
 
-SHUFFLE_BUFFER = 10_000
 STREAM_ROW_KEY = "stream_row"
 
 
@@ -36,27 +39,26 @@ def _where(i: int, entry: PretrainingDatasetEntry) -> str:
     return f"Dataset pretraining_dataset[{i}] `{entry.path}`"
 
 
-def _shuffled_rows(entry: PretrainingDatasetEntry, seed: int, where: str):
-    return load_rows(entry, streaming=True, where=where).shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
+def shuffle_buffer(cfg: HellbenderConfig) -> int | None:
+    """The shuffle buffer of every stream: `streaming_multipack_buffer_size` rows, none without shuffling."""
+    return cfg.streaming_multipack_buffer_size if cfg.shuffle_merged_datasets else None
 
 
 class StreamingPretrainDataset(torch.utils.data.IterableDataset):
-    """Raw text, packed into full bins."""
+    """Raw text, packed into full bins, cycling without end."""
 
-    def __init__(self, entries: list[PretrainingDatasetEntry], tokenizer: Any, sequence_len: int, seed: int) -> None:
-        self.entries = entries
+    def __init__(self, cfg: HellbenderConfig, tokenizer: Any) -> None:
+        self.entries = cfg.pretraining_dataset
         self.tokenizer = tokenizer
-        self.sequence_len = sequence_len
-        self.seed = seed
-        self.epoch = 0
+        self.sequence_len = cfg.sequence_len
+        self.seed = cfg.seed
+        self.buffer = shuffle_buffer(cfg)
+        self.separate_documents = cfg.pretrain_multipack_attn
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def _documents(self) -> Iterator[dict[str, list[int]]]:
+    def _documents_of_pass(self, epoch: int) -> Iterator[dict[str, list[int]]]:
         eos = self.tokenizer.eos_token_id
         for i, entry in enumerate(self.entries):
-            for number, row in enumerate(_shuffled_rows(entry, self.seed + self.epoch, _where(i, entry))):
+            for number, row in enumerate(stream_rows(entry, _where(i, entry), self.seed + epoch, self.buffer)):
                 if entry.text_column not in row:
                     raise DataError(
                         f"pretraining_dataset[{i}] `{entry.path}`, row {number}: column `{entry.text_column}` is "
@@ -68,8 +70,20 @@ class StreamingPretrainDataset(torch.utils.data.IterableDataset):
                 ids = self.tokenizer(text, add_special_tokens=True)["input_ids"] + [eos]
                 yield {"input_ids": ids, "labels": ids}
 
+    def _documents(self) -> Iterator[dict[str, list[int]]]:
+        for epoch in count():
+            empty = True
+            for document in self._documents_of_pass(epoch):
+                empty = False
+                yield document
+            if empty:
+                raise DataError(
+                    "Every document of the streamed `pretraining_dataset` is empty; nothing is left to train on. "
+                    "Check `text_column` (default `text`)."
+                )
+
     def __iter__(self) -> Iterator[dict[str, list[int]]]:
-        return pack_stream(self._documents(), self.sequence_len)
+        return pack_stream(self._documents(), self.sequence_len, self.separate_documents)
 
 
 class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
@@ -84,6 +98,7 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
             for e in self.entries
         ]
         self.seed = cfg.seed
+        self.buffer = shuffle_buffer(cfg)
         self.start_row = start_row  # rows already trained on (from the checkpoint being resumed)
         self.cache = StreamCache(stream_cache_dir(cfg, tokenizer, processor))
 
@@ -91,7 +106,7 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
         """(pass, entry index, row number within the entry, row), forever: pass p shuffles with seed + p."""
         for epoch in count():
             for i, entry in enumerate(self.entries):
-                for number, row in enumerate(_shuffled_rows(entry, self.seed + epoch, _where(i, entry))):
+                for number, row in enumerate(stream_rows(entry, _where(i, entry), self.seed + epoch, self.buffer)):
                     yield epoch, i, number, row
 
     def _encode(self, i: int, number: int, row: dict[str, Any], position: int) -> dict[str, Any] | None:
@@ -125,6 +140,8 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
 
 
 def streaming_dataset(cfg: HellbenderConfig, tokenizer: Any, processor: Any = None, start_row: int = 0):
+    if cfg.streams_datasets:
+        return StreamingSFTDataset(cfg, tokenizer, open_sft_streams(cfg, tokenizer))
     if tokenizer.eos_token_id is None:
         raise DataError("The tokenizer has no EOS token to end documents with; set `special_tokens: {eos_token: ...}`.")
     # Rows are read lazily, at the first training step; open every source now, so that a missing, empty or
@@ -133,4 +150,4 @@ def streaming_dataset(cfg: HellbenderConfig, tokenizer: Any, processor: Any = No
         load_rows(entry, streaming=True, where=_where(i, entry))
     if processor is not None:
         return StreamingMultimodalDataset(cfg, tokenizer, processor, start_row)
-    return StreamingPretrainDataset(cfg.pretraining_dataset, tokenizer, cfg.sequence_len, cfg.seed)
+    return StreamingPretrainDataset(cfg, tokenizer)

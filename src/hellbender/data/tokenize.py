@@ -94,6 +94,54 @@ def output_features(extra: dict[str, Any]):
     return datasets.Features({**features, **{key: vision[key] for key in extra}})
 
 
+def encode_row(
+    row: dict[str, Any],
+    index: int,
+    formatter: Any,
+    ctx: FormatContext,
+    max_len: int,
+    strategy: str,
+    where: str,
+    min_len: int = 1,
+) -> dict[str, Any]:
+    """One row as training uses it: the formatter's output (extra columns included) with `input_ids` and `labels`
+    fitted to `max_len`, their `length`, the `trainable` token count and a `drop_reason` ('' for a kept row; rows of
+    fewer than `min_len` tokens, counted before any truncation, are dropped). Prepared and streamed rows both go
+    through here, so they are tokenized and masked alike."""
+    reason = ""
+    try:
+        out = formatter(row, ctx)
+    except RowError as exc:
+        raise DataError(f"{where}, row {index}: {exc}.") from None
+    except RowDropped as exc:
+        out, reason = {"input_ids": [], "labels": []}, str(exc)
+    ids, labels = out["input_ids"], out["labels"]
+    full_length = len(ids)
+    if not reason and not ids:
+        reason = DROP_EMPTY
+    elif not reason:
+        ids, labels, reason = fit_length(ids, labels, max_len, strategy)
+        if reason and strategy == "raise":
+            raise DataError(
+                f"{where}, row {index}: {len(ids)} tokens, more than `sequence_len: {max_len}`. Raise "
+                "`sequence_len`, shorten the row, or set `excess_length_strategy: drop` or `truncate`."
+            )
+    # The model predicts labels[1:] from the tokens before them; labels[0] is never a target.
+    trainable = sum(1 for label in labels[1:] if label != IGNORE_INDEX)
+    if not reason and trainable == 0:
+        reason = DROP_NO_TRAINABLE
+    if not reason and full_length < min_len:
+        reason = DROP_TOO_SHORT
+    return {
+        **out,
+        "input_ids": ids,
+        "labels": labels,
+        "length": len(ids),
+        "trainable": trainable,
+        "drop_reason": reason,
+    }
+
+
 def tokenize_dataset(
     ds,
     fmt: str,
@@ -108,40 +156,13 @@ def tokenize_dataset(
     fewer than `min_len` tokens (counted before any truncation) are dropped."""
     formatter = FORMATTERS[fmt]
     extra = EXTRA_COLUMNS.get(fmt, {})
+    kept_keys = ("input_ids", "labels", "length", "trainable", "drop_reason")
 
     def encode(row: dict[str, Any], index: int) -> dict[str, Any]:
-        reason = ""
-        try:
-            out = formatter(row, ctx)
-        except RowError as exc:
-            raise DataError(f"{where}, row {index}: {exc}.") from None
-        except RowDropped as exc:
-            out, reason = {"input_ids": [], "labels": []}, str(exc)
-        ids, labels = out["input_ids"], out["labels"]
-        full_length = len(ids)
-        if not reason and not ids:
-            reason = DROP_EMPTY
-        elif not reason:
-            ids, labels, reason = fit_length(ids, labels, max_len, strategy)
-            if reason and strategy == "raise":
-                raise DataError(
-                    f"{where}, row {index}: {len(ids)} tokens, more than `sequence_len: {max_len}`. Raise "
-                    "`sequence_len`, shorten the row, or set `excess_length_strategy: drop` or `truncate`."
-                )
-        # The model predicts labels[1:] from the tokens before them; labels[0] is never a target.
-        trainable = sum(1 for label in labels[1:] if label != IGNORE_INDEX)
-        if not reason and trainable == 0:
-            reason = DROP_NO_TRAINABLE
-        if not reason and full_length < min_len:
-            reason = DROP_TOO_SHORT
-        extras = {key: out.get(key, default) for key, default in extra.items()}
+        encoded = encode_row(row, index, formatter, ctx, max_len, strategy, where, min_len)
         return {
-            "input_ids": ids,
-            "labels": labels,
-            "length": len(ids),
-            "trainable": trainable,
-            "drop_reason": reason,
-            **extras,
+            **{key: encoded[key] for key in kept_keys},
+            **{key: encoded.get(key, default) for key, default in extra.items()},
         }
 
     encoded = ds.map(

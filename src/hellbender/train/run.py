@@ -89,7 +89,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
                 layers_left_unchecked(skeleton, cfg.gradient_checkpointing_layers)
         # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so
         # the Trainer must not replay the stream to skip batches itself (whatever `ignore_data_skip` says).
-        streams_images = cfg.uses_streaming and processor is not None
+        streams_images = cfg.streams_pretraining and processor is not None
         train_data, eval_data, data_stats = _training_data(cfg, tokenizer, processor, resume_from, streams_images)
     _deepspeed_at_load = deepspeed_before_loading(cfg)  # ZeRO-3 partitions weights as they load; kept alive
     model = build_trainable_model(cfg, tokenizer)
