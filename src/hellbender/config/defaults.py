@@ -42,6 +42,7 @@ UNSET_MEANS: dict[str, str] = {
     "revision_of_model": "the default branch of `base_model`",
     "bnb_config_kwargs": "NF4 with double quantization (QLoRA's settings)",
     "experts_implementation": "transformers' choice (`grouped_mm` where the model supports it)",
+    "flex_attn_compile_kwargs": "transformers compiles flex attention with torch.compile's defaults",
     "low_cpu_mem_usage": "what transformers always does (no second copy of the weights)",
     "experimental_skip_move_to_device": "placement by accelerate and transformers",
     "adapter": "full fine-tuning",
