@@ -29,9 +29,11 @@ REAL_TOKENS_KEY = "num_real_tokens"
 
 def forward_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
     """What a training or evaluation forward adds to a collated batch. A packed batch without an attention mask
-    (flash and flex attention) is isolated by document only if transformers sees no KV cache: with one (the
-    default for most models' `use_cache`), its mask builder skips the packed-sequence detection and documents
-    attend to each other (measured with flex attention: logits 0.6 off the documents run alone)."""
+    (flash and flex attention) is isolated by document only if transformers sees no KV cache: with one (most models'
+    `use_cache` default), its mask builder skips the packed-sequence detection and documents attend to each other
+    (measured with flex attention: logits 0.6 off the documents run alone). The Trainer turns `use_cache` off on the
+    model's top-level config only, which a composite model's inner text model does not read, so the forward is
+    told directly."""
     if "position_ids" in batch and "attention_mask" not in batch:
         return {"use_cache": False}
     return {}
