@@ -323,3 +323,33 @@ def test_tiled_mlp_matches_the_untiled_loss_and_gradients_in_bf16_autocast(tmp_p
     for name, grad in expected.items():
         rel = (got[name].float() - grad.float()).norm() / grad.float().norm().clamp_min(1e-12)
         assert rel < 3e-2, (name, float(rel))
+
+
+@pytest.mark.parametrize(
+    "flex_settings",
+    [
+        pytest.param({}, id="transformers-compile"),
+        pytest.param(
+            {
+                "flex_attn_compile_kwargs": {"dynamic": False, "mode": "max-autotune-no-cudagraphs"},
+                "pad_to_sequence_len": True,
+            },
+            id="compile-kwargs",
+        ),
+        pytest.param({"gradient_checkpointing": True}, id="activation-checkpointing"),
+    ],
+)
+def test_packing_with_flex_attention_trains_to_the_sdpa_losses(tmp_path, flex_settings):
+    """Packed rows with flex attention (documents kept apart by the block mask transformers builds from the
+    restarting position ids) train to the losses of packed rows with SDPA (a block-diagonal mask), in float32."""
+    common = dict(adapter="lora", lora_target_linear=True, lora_dropout=0.0, sample_packing=True, max_steps=6)
+    sdpa = validate_config(base_config(tmp_path / "sdpa", attn_implementation="sdpa", **common))
+    flex = validate_config(
+        base_config(tmp_path / "flex", attn_implementation="flex_attention", **common, **flex_settings)
+    )
+    train(sdpa)
+    train(flex)
+    expected, got = logged_losses(sdpa.output_dir), logged_losses(flex.output_dir)
+    assert expected.keys() == got.keys() == set(range(1, 7))
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], rel=2e-3), (step, got, expected)
