@@ -279,9 +279,35 @@ CONFLICTS = [
         id="flash+sdp",
     ),
     pytest.param(
-        {"sample_packing": True, "attn_implementation": "flex_attention"},
-        "`sample_packing` is not supported yet with `attn_implementation: flex_attention`",
-        id="packing-flex",
+        {"flex_attn_compile_kwargs": {"dynamic": False}},
+        "`flex_attn_compile_kwargs` sets how flex attention is compiled, but `attn_implementation` is not "
+        "`flex_attention`",
+        id="flex-kwargs-without-flex",
+    ),
+    pytest.param(
+        {
+            "attn_implementation": "flex_attention",
+            "flex_attn_compile_kwargs": {"dynamic": False},
+            "torch_compile": True,
+        },
+        "`flex_attn_compile_kwargs` cannot be honoured with `torch_compile: true`",
+        id="flex-kwargs-in-compiled-model",
+    ),
+    pytest.param(
+        {"attn_implementation": "flex_attention", "flex_attn_compile_kwargs": {"mode": "fastest"}},
+        "`flex_attn_compile_kwargs`: `mode` must be one of `default`, `reduce-overhead`, `max-autotune`, "
+        "`max-autotune-no-cudagraphs`",
+        id="flex-kwargs-mode",
+    ),
+    pytest.param(
+        {"attn_implementation": "flex_attention", "flex_attn_compile_kwargs": {"dynamc": False}},
+        "`flex_attn_compile_kwargs`: `dynamc` is not a keyword argument of torch.compile",
+        id="flex-kwargs-unknown",
+    ),
+    pytest.param(
+        {"attn_implementation": "flex_attention", "flex_attn_compile_kwargs": {"disable": True}},
+        "`flex_attn_compile_kwargs`: `disable` is not accepted: uncompiled flex attention",
+        id="flex-kwargs-disable",
     ),
     pytest.param(
         {"chat_template": "llama_3"},
@@ -333,6 +359,12 @@ def test_conflicts_are_reported_together():
         {"adapter": "qlora", "load_in_4bit": True},
         {"flash_attention": True, "attn_implementation": "flash_attention_2"},
         {"sample_packing": True, "attn_implementation": "eager"},
+        {"sample_packing": True, "attn_implementation": "flex_attention"},
+        {
+            "sample_packing": True,
+            "attn_implementation": "flex_attention",
+            "flex_attn_compile_kwargs": {"dynamic": False, "mode": "max-autotune-no-cudagraphs"},
+        },
         {"chat_template": "chatml"},
         {"chat_template": "jinja", "chat_template_jinja": "{{ messages }}"},
     ],

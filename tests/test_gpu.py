@@ -383,3 +383,33 @@ def test_fused_gated_norm_keeps_tiny_models_logits_and_gradients():
         assert result["changed"] == [f"{name}.forward" for name in result["gated_norms"]], (family, result)
         assert result["logits_difference"] < 1e-4 * max(1.0, result["logits_scale"]), (family, result)
         assert result["worst_grad_difference"] < 1e-4, (family, result)
+
+
+@pytest.mark.parametrize(
+    "flex_settings",
+    [
+        pytest.param({}, id="transformers-compile"),
+        pytest.param(
+            {
+                "flex_attn_compile_kwargs": {"dynamic": False, "mode": "max-autotune-no-cudagraphs"},
+                "pad_to_sequence_len": True,
+            },
+            id="compile-kwargs",
+        ),
+        pytest.param({"gradient_checkpointing": True}, id="activation-checkpointing"),
+    ],
+)
+def test_packing_with_flex_attention_trains_to_the_sdpa_losses(tmp_path, flex_settings):
+    """Packed rows with flex attention (documents kept apart by the block mask transformers builds from the
+    restarting position ids) train to the losses of packed rows with SDPA (a block-diagonal mask), in float32."""
+    common = dict(adapter="lora", lora_target_linear=True, lora_dropout=0.0, sample_packing=True, max_steps=6)
+    sdpa = validate_config(base_config(tmp_path / "sdpa", attn_implementation="sdpa", **common))
+    flex = validate_config(
+        base_config(tmp_path / "flex", attn_implementation="flex_attention", **common, **flex_settings)
+    )
+    train(sdpa)
+    train(flex)
+    expected, got = logged_losses(sdpa.output_dir), logged_losses(flex.output_dir)
+    assert expected.keys() == got.keys() == set(range(1, 7))
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], rel=2e-3), (step, got, expected)

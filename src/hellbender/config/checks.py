@@ -84,13 +84,14 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
         problems.append(f"`sdp_attention: true` contradicts `attn_implementation: {attn}`; keep one.")
     if cfg.flash_attention and cfg.sdp_attention:
         problems.append("`flash_attention` and `sdp_attention` are both true; keep one.")
-    packs = (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3")
+    packs = (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
     # A hub kernel packs as flash attention does; whether this kernel is one is known once it is loaded (hub_kernels.py).
     if cfg.sample_packing and attn not in packs and not is_hub_kernel(attn):
         problems.append(
-            f"`sample_packing` is not supported yet with `attn_implementation: {attn}`; use sdpa, eager or flash "
-            "attention, which keep packed documents from attending to each other."
+            f"`sample_packing` is not supported yet with `attn_implementation: {attn}`; use sdpa, eager, flash or "
+            "flex attention, which keep packed documents from attending to each other."
         )
+    problems += _flex_compile_conflicts(cfg)
     for where, name in [("", cfg.chat_template)] + [
         (f"Dataset `{e.path}`: ", e.chat_template) for e in cfg.datasets + cfg.test_datasets
     ]:
@@ -127,6 +128,23 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     return problems
 
 
+def _flex_compile_conflicts(cfg: HellbenderConfig) -> list[str]:
+    if cfg.flex_attn_compile_kwargs is None:
+        return []
+    if cfg.attn_implementation != "flex_attention":
+        return [
+            "`flex_attn_compile_kwargs` sets how flex attention is compiled, but `attn_implementation` is not "
+            "`flex_attention`. Set `attn_implementation: flex_attention`, or remove `flex_attn_compile_kwargs`."
+        ]
+    if cfg.torch_compile:
+        return [
+            "`flex_attn_compile_kwargs` cannot be honoured with `torch_compile: true`: the whole model is compiled "
+            "then, flex attention inside it with the model's settings (`torch_compile_mode`, ...), and a compile "
+            "nested in another ignores its own arguments. Remove one of them."
+        ]
+    return []
+
+
 def find_notices(cfg: HellbenderConfig) -> list[str]:
     """Settings that ask for nothing in this config, said in one line each (they are not errors: Axolotl's example
     configs carry them routinely)."""
@@ -135,6 +153,14 @@ def find_notices(cfg: HellbenderConfig) -> list[str]:
         notices.append(
             "`eval_steps` / `evals_per_epoch` is set but there is no evaluation data (`val_set_size: 0`, no "
             "`test_datasets`), so nothing is evaluated; add one of them to evaluate."
+        )
+    flex_settings = cfg.flex_attn_compile_kwargs or {}
+    if flex_settings.get("dynamic") is False and not cfg.pad_to_sequence_len:
+        notices.append(
+            "`flex_attn_compile_kwargs: {dynamic: false}` compiles flex attention anew for every batch length, and "
+            "batches here are as long as their longest row; after torch's recompile limit (8 by default) it runs "
+            "uncompiled, slowly and with the whole score matrix in memory. Set `pad_to_sequence_len: true` (text "
+            "models) for one length, or remove `dynamic: false`."
         )
     if cfg.uses_fsdp2 and cfg.load_in_4bit and cfg.fsdp_settings.cpu_ram_efficient_loading:
         notices.append(

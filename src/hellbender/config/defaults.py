@@ -48,6 +48,7 @@ UNSET_MEANS: dict[str, str] = {
     "experts_implementation": "transformers' choice (`grouped_mm` where the model supports it)",
     "model_quantization_config": "the checkpoint loads as its config.json says",
     "model_quantization_config_kwargs": "no arguments for `model_quantization_config`",
+    "flex_attn_compile_kwargs": "transformers compiles flex attention with torch.compile's defaults",
     "low_cpu_mem_usage": "what transformers always does (no second copy of the weights)",
     "experimental_skip_move_to_device": "placement by accelerate and transformers",
     "adapter": "full fine-tuning",

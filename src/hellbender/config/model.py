@@ -26,6 +26,11 @@ class BnbSettings(BaseModel):
     bnb_4bit_use_double_quant: bool = Field(True, description="Quantize the quantization constants too.")
 
 
+# torch.compile's keyword arguments that `flex_attn_compile_kwargs` may set, and the modes torch knows.
+FLEX_COMPILE_KEYWORDS = ("dynamic", "mode", "fullgraph", "backend", "options")
+TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 class ModelSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
@@ -90,6 +95,13 @@ class ModelSettings(BaseModel):
         "`flex_attention`, or a hub kernel `owner/repo` (also `owner/repo@revision`, `owner/repo:function`, e.g. "
         "`kernels-community/vllm-flash-attn3`), which transformers loads with the `kernels` package. "
         "`flash_attention: true` is accepted as a synonym of `flash_attention_2`.",
+    )
+    flex_attn_compile_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="With `attn_implementation: flex_attention`: keyword arguments for `torch.compile` of the flex "
+        "attention kernel (`dynamic`, `mode`, `fullgraph`, `backend`, `options`), e.g. `{dynamic: false, mode: "
+        "max-autotune-no-cudagraphs}`. With `dynamic: false` every new batch length compiles anew: set "
+        "`pad_to_sequence_len: true`.",
     )
     flash_attention: bool = Field(False, description="Synonym for `attn_implementation: flash_attention_2`.")
     sdp_attention: bool = Field(False, description="Synonym for `attn_implementation: sdpa`.")
@@ -182,6 +194,35 @@ class ModelSettings(BaseModel):
                 "base use `adapter: qlora` or `load_in_8bit: true` (bitsandbytes)"
             )
         raise ValueError(f"`{name}` is not a quantization config hellbender knows; it takes {offered}")
+
+    @field_validator("flex_attn_compile_kwargs")
+    @classmethod
+    def _flex_compile_kwargs_are_torch_compile_arguments(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        if kwargs is None:
+            return kwargs
+        if "disable" in kwargs:
+            raise ValueError(
+                "`disable` is not accepted: uncompiled flex attention runs torch's reference implementation, which "
+                "holds the whole [batch, heads, seq, seq] score matrix; use `attn_implementation: sdpa` instead"
+            )
+        unknown = sorted(set(kwargs) - set(FLEX_COMPILE_KEYWORDS))
+        if unknown:
+            raise ValueError(
+                f"{', '.join(f'`{k}`' for k in unknown)} is not a keyword argument of torch.compile; the keys it takes "
+                f"are {', '.join(f'`{k}`' for k in FLEX_COMPILE_KEYWORDS)}"
+            )
+        if "mode" in kwargs and kwargs["mode"] not in TORCH_COMPILE_MODES:
+            raise ValueError(f"`mode` must be one of {', '.join(f'`{m}`' for m in TORCH_COMPILE_MODES)}")
+        if "mode" in kwargs and "options" in kwargs:
+            raise ValueError("torch.compile takes `mode` or `options`, not both; keep one")
+        for key in ("dynamic", "fullgraph"):
+            if key in kwargs and not isinstance(kwargs[key], bool | None):
+                raise ValueError(f"`{key}` must be true or false")
+        if "backend" in kwargs and not isinstance(kwargs["backend"], str):
+            raise ValueError("`backend` must be the name of a torch.compile backend, e.g. `inductor`")
+        if "options" in kwargs and not isinstance(kwargs["options"], dict):
+            raise ValueError("`options` must be a mapping of inductor settings")
+        return kwargs
 
     @field_validator("experts_implementation")
     @classmethod

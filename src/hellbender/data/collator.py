@@ -6,7 +6,11 @@ it, so the collator builds a 4-D block-diagonal causal mask: boolean for SDPA (T
 float for eager attention, which adds the mask to the scores. Flash attention instead reads the document
 boundaries from the restarting position ids (transformers' packed-sequence support) and gets no mask; so do
 flash-attention kernels from the hub (`attn_implementation: owner/repo`), which transformers calls through the same
-wrapper (`models/hub_kernels.py` refuses packing with a hub kernel it does not wrap that way).
+wrapper (`models/hub_kernels.py` refuses packing with a hub kernel it does not wrap that way). So does flex
+attention: transformers' mask builder finds the documents where position ids restart and builds a sparse block mask
+from them (never a dense [seq, seq] one), combined with each layer's own pattern (sliding window, chunks). It does so
+only when the batch has no attention mask and the forward builds no KV cache: the forward must get
+`use_cache=False` (`forward_kwargs`).
 """
 
 from __future__ import annotations
@@ -20,10 +24,22 @@ from hellbender.config.model import is_hub_kernel
 from hellbender.data.formats.base import IGNORE_INDEX
 
 # Attention backends that isolate packed documents from position ids alone.
-POSITION_ID_PACKING_BACKENDS = ("flash_attention_2", "flash_attention_3")
+POSITION_ID_PACKING_BACKENDS = ("flash_attention_2", "flash_attention_3", "flex_attention")
 # Key the trainer pops before the forward pass: real (non-padding) tokens per row. One value per row, not one
 # per batch, so that accelerate can concatenate and split it like every other batch entry.
 REAL_TOKENS_KEY = "num_real_tokens"
+
+
+def forward_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
+    """What a training or evaluation forward adds to a collated batch. A packed batch without an attention mask
+    (flash and flex attention) is isolated by document only if transformers sees no KV cache: with one (most models'
+    `use_cache` default), its mask builder skips the packed-sequence detection and documents attend to each other
+    (measured with flex attention: logits 0.6 off the documents run alone). The Trainer turns `use_cache` off on the
+    model's top-level config only, which a composite model's inner text model does not read, so the forward is
+    told directly."""
+    if "position_ids" in batch and "attention_mask" not in batch:
+        return {"use_cache": False}
+    return {}
 
 
 def block_diagonal_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,12 @@ logger = logging.getLogger("hellbender")
 
 def load_base_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None = None) -> Any:
     """The model of `base_model` (or the whole model saved in `source`), ready for its family's forward passes."""
-    return prepare_for_training(load_model(cfg, tokenizer, source), cfg.attn_implementation)
+    model = prepare_for_training(load_model(cfg, tokenizer, source), cfg.attn_implementation)
+    if cfg.flex_attn_compile_kwargs is not None:
+        from hellbender.models.flex_attention import use_compiled_flex
+
+        use_compiled_flex(model, cfg.flex_attn_compile_kwargs)
+    return model
 
 
 def build_trainable_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:

@@ -13,7 +13,7 @@ from transformers import Trainer
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.trainer_callback import ProgressCallback
 
-from hellbender.data.collator import REAL_TOKENS_KEY
+from hellbender.data.collator import REAL_TOKENS_KEY, forward_kwargs
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.models.activation_checkpointing import side_channel_of
@@ -129,6 +129,7 @@ class HellbenderTrainer(Trainer):
             self.token_counter().add(int(real_tokens.sum()), int(trained))
         if model.training and stream_rows is not None:
             self._callback(StreamPosition).advance(int(stream_rows.max()))
+        inputs.update(forward_kwargs(inputs))
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
