@@ -58,6 +58,7 @@ def mxfp4_checkpoint(tmp_path_factory):
     cfg.quantization_config = {"quant_method": "mxfp4"}
     cfg.save_pretrained(path)
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    build_tiny_tokenizer().save_pretrained(path)  # a model directory as a run reads it: model and tokenizer
     return path
 
 
