@@ -98,3 +98,43 @@ def test_the_launcher_passes_the_torchrun_flags_and_is_not_nested(monkeypatch):
     assert launch.needed and not Launch().needed
     monkeypatch.setenv("LOCAL_RANK", "0")  # already inside a launched process
     assert not launch.needed
+
+
+def test_a_lone_process_on_a_machine_of_several_gpus_is_given_the_first(monkeypatch):
+    """Without it, the Trainer splits every batch over the GPUs with nn.DataParallel (seen on two H200s: packed
+    rows' losses off by half again, vision rows' image tokens no longer matching their images)."""
+    import torch
+
+    from hellbender.train.distributed import one_gpu_for_one_process
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    notice = one_gpu_for_one_process()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "trains on GPU 3 only" in notice and "`--nproc 2`" in notice
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    one_gpu_for_one_process()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+    # a launched process already has its GPU; one GPU needs nothing
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert one_gpu_for_one_process() is None and os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert one_gpu_for_one_process() is None and os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_training_arguments_refuse_one_process_on_several_gpus(tmp_path, monkeypatch):
+    from transformers import TrainingArguments
+
+    from hellbender.config import validate_config
+    from hellbender.errors import EnvironmentProblem
+    from hellbender.train.arguments import training_arguments
+    from hellbender.train.schedule import plan_schedule
+
+    cfg = validate_config(base_config(tmp_path))
+    monkeypatch.setattr(TrainingArguments, "n_gpu", property(lambda self: 2))
+    with pytest.raises(EnvironmentProblem, match=r"This process sees 2 GPUs; hellbender trains one process per GPU"):
+        training_arguments(cfg, plan_schedule(cfg, 100, 1), has_eval=False)

@@ -97,6 +97,18 @@ def _setup_logging() -> None:
     logging.getLogger("hellbender").setLevel(logging.INFO)
 
 
+def _asks_for_ray(config: Path, set_: list[str] | None) -> bool:
+    """Whether the run goes through Ray, which hands out the machine's GPUs itself (read before validation)."""
+    from hellbender.config.overrides import apply_overrides
+    from hellbender.config.yaml_file import read_yaml
+    from hellbender.errors import UserError
+
+    try:
+        return apply_overrides(read_yaml(config), list(set_ or [])).get("use_ray") is True
+    except UserError:
+        return False  # validation reports it
+
+
 @app.command()
 def train(
     config: ConfigArg,
@@ -115,6 +127,11 @@ def train(
     launch = Launch(nproc, nnodes, node_rank, master_addr, master_port)
 
     def action() -> None:
+        restricted = None
+        if not launch.needed and not _asks_for_ray(config, set_):
+            from hellbender.train.distributed import one_gpu_for_one_process
+
+            restricted = one_gpu_for_one_process()  # before validation starts CUDA (it reads the GPU's bf16 support)
         cfg = load_config(config, set_)
         from hellbender.train.deepspeed import require_deepspeed_package
 
@@ -136,6 +153,8 @@ def train(
         else:
             from hellbender.train.run import train as run_training
         _setup_logging()
+        if restricted:
+            logging.getLogger("hellbender").warning(restricted)
         metrics = run_training(cfg)
         if metrics.get("exit_code"):  # stopped by a signal or the loss watchdog, after saving a checkpoint
             raise typer.Exit(metrics["exit_code"])
@@ -343,9 +362,15 @@ def evaluate(
     from hellbender.config import load_config
 
     def action() -> None:
+        from hellbender.train.distributed import one_gpu_for_one_process
+
+        restricted = one_gpu_for_one_process()  # before validation starts CUDA
         cfg = load_config(config, set_)
         _setup_logging()
         from hellbender.use.evaluate import evaluate as run_evaluation
+
+        if restricted:
+            logging.getLogger("hellbender").warning(restricted)
 
         results = run_evaluation(cfg, checkpoint, output)
         sys.stdout.write(json.dumps(results, indent=1) + "\n")  # not rich: it would wrap long lines inside the JSON

@@ -32,33 +32,39 @@ KEY = "liger_rms_norm_gated"
 @dataclass(frozen=True)
 class GatedNormKind:
     module: str  # transformers' modeling module that defines the class
-    name: str
+    names: tuple[str, ...]  # the class's name in the transformers releases hellbender meets, newest first
     family: str
     norm_before_gate: bool
     grouped: bool  # the RMS is taken over `module.group_size` channels rather than the whole last dim
 
 
 KINDS = (
-    GatedNormKind("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5RMSNormGated", "Qwen3.5", True, False),
+    GatedNormKind("transformers.models.qwen3_5.modeling_qwen3_5", ("Qwen3_5RMSNormGated",), "Qwen3.5", True, False),
     GatedNormKind(
-        "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeRMSNormGated", "Qwen3.5-MoE", True, False
+        "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", ("Qwen3_5MoeRMSNormGated",), "Qwen3.5-MoE", True, False
     ),
+    # transformers 5.17 calls Nemotron-H's `MambaRMSNormGated` (same computation), 5.24 `NemotronHRMSNormGated`
     GatedNormKind(
-        "transformers.models.nemotron_h.modeling_nemotron_h", "NemotronHRMSNormGated", "Nemotron-H", False, True
+        "transformers.models.nemotron_h.modeling_nemotron_h",
+        ("NemotronHRMSNormGated", "MambaRMSNormGated"),
+        "Nemotron-H",
+        False,
+        True,
     ),
 )
 
 
+def installed_class(kind: GatedNormKind) -> type | None:
+    """The installed transformers' class for `kind`, or None where this release lacks the family."""
+    try:
+        module = importlib.import_module(kind.module)
+    except ImportError:
+        return None
+    return next((c for c in (getattr(module, n, None) for n in kind.names) if isinstance(c, type)), None)
+
+
 def _classes() -> dict[type, GatedNormKind]:
-    found = {}
-    for kind in KINDS:
-        try:
-            cls = getattr(importlib.import_module(kind.module), kind.name, None)
-        except ImportError:  # a transformers release without this family
-            continue
-        if isinstance(cls, type):
-            found[cls] = kind
-    return found
+    return {cls: kind for kind in KINDS if (cls := installed_class(kind)) is not None}
 
 
 def _fused_forward(kind: GatedNormKind) -> Any:
@@ -96,7 +102,7 @@ def _check_contract(name: str, module: Any, kind: GatedNormKind) -> None:
         import transformers
 
         raise EnvironmentProblem(
-            f"`{KEY}`: `{name}` ({kind.name} of transformers {transformers.__version__}) has {', '.join(problems)}, "
+            f"`{KEY}`: `{name}` ({type(module).__name__} of transformers {transformers.__version__}) has {', '.join(problems)}, "
             f"which hellbender's fused kernel for {kind.family} relies on. Remove `{KEY}`, or use a transformers "
             "release hellbender supports."
         )

@@ -120,4 +120,10 @@ def training_arguments(
         **fsdp_arguments(cfg),
     )
     check_fsdp_plugin_arguments(cfg, getattr(args, "fsdp_plugin_args", None))
+    if args.n_gpu > 1:  # one process, several GPUs: the Trainer would split every batch with nn.DataParallel
+        raise EnvironmentProblem(
+            f"This process sees {args.n_gpu} GPUs; hellbender trains one process per GPU. Run `hellbender train` "
+            "(it keeps a lone process on one GPU), give this process one GPU with `CUDA_VISIBLE_DEVICES`, or launch "
+            f"one process per GPU (`hellbender train CONFIG --nproc {args.n_gpu}`)."
+        )
     return args

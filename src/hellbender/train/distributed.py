@@ -12,6 +12,27 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+def one_gpu_for_one_process() -> str | None:
+    """A process that no launcher started sees every GPU of the machine, and the transformers Trainer would then
+    wrap the model in `nn.DataParallel`, which splits each batch over the GPUs (packed rows' masks, images and their
+    tokens no longer line up, and the loss is averaged per GPU). Before CUDA starts, such a process is given the
+    first GPU only; returns the notice saying so, or None when there is nothing to restrict."""
+    if "WORLD_SIZE" in os.environ:
+        return None  # torchrun / `--nproc` / Ray gave this process its own GPU
+    import torch
+
+    count = torch.cuda.device_count()  # read from NVML: CUDA is not started, so the restriction still applies
+    if count < 2 or torch.cuda.is_initialized():
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = visible.split(",")[0].strip() if visible else "0"
+    os.environ["CUDA_VISIBLE_DEVICES"] = first
+    return (
+        f"This machine has {count} GPUs and one training process, which trains on GPU {first} only (one process per "
+        f"GPU: `--nproc {count}` trains on all of them with DDP)."
+    )
+
+
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
