@@ -155,7 +155,8 @@ def find_notices(cfg: HellbenderConfig) -> list[str]:
             "`test_datasets`), so nothing is evaluated; add one of them to evaluate."
         )
     flex_settings = cfg.flex_attn_compile_kwargs or {}
-    if flex_settings.get("dynamic") is False and not cfg.pad_to_sequence_len:
+    flex = cfg.attn_implementation == "flex_attention"
+    if flex and flex_settings.get("dynamic") is False and not cfg.pad_to_sequence_len:
         notices.append(
             "`flex_attn_compile_kwargs: {dynamic: false}` compiles flex attention anew for every batch length, and "
             "batches here are as long as their longest row; after torch's recompile limit (8 by default) it runs "
