@@ -12,7 +12,14 @@ from hellbender.config.keys import ENTRY_MODELS
 from hellbender.config.schema import HellbenderConfig
 
 _MISSING = object()
-_RANGE_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number")
+_SPECIFIC_ERRORS = (
+    "greater_than",
+    "greater_than_equal",
+    "less_than",
+    "less_than_equal",
+    "finite_number",
+    "value_error",
+)
 # List keys whose items are dataset entries: a wrong item gets a hint on how an entry is written.
 _ENTRY_LIST_HINT = ", each starting with `- path: ...` and its other keys indented below"
 
@@ -114,6 +121,11 @@ def _plain_message(err: dict[str, Any], path: tuple[Any, ...]) -> str:
     return err["msg"].removeprefix("Value error, ").rstrip(".")
 
 
+def _paragraph(loc: str, msg: str, value: Any) -> str:
+    colon = "" if msg.startswith(("must ", "is ", "holds ")) else ":"
+    return f"`{loc}`{colon} {msg} (got {_shown(value)})."
+
+
 def _close_choice(err: dict[str, Any]) -> str:
     """` Did you mean `x`?` for a word close to one of the words a key takes (`cosin` for `cosine`)."""
     if err["type"] != "literal_error" or not isinstance(err.get("input"), str):
@@ -145,16 +157,15 @@ def describe_validation_error(exc: ValidationError, raw: dict[str, Any]) -> list
                 value = _value_at(raw, path)
             except (KeyError, IndexError, TypeError):
                 value = _MISSING
-            # A value of the right type outside its range (`-1` for a count that may also be `auto`) is told so.
-            out_of_range = [err for _, err in errs if err["type"] in _RANGE_ERRORS]
-            if out_of_range:
-                problems.append(f"`{loc}`: {_plain_message(out_of_range[0], path)} (got {_shown(value)}).")
+            # A value of a member's type that the member refuses (`-1` for a count that may also be `auto`, an
+            # empty name where a list of names would do too) is told why, not what else the key takes.
+            specific = [err for _, err in errs if err["type"] in _SPECIFIC_ERRORS]
+            if specific:
+                problems.append(_paragraph(loc, _plain_message(specific[0], path), value))
                 continue
             accepted = ", or ".join(_describe_member(m) for m in members)
             problems.append(f"`{loc}` must be {accepted} (got {_shown(value)}).")
         else:
             for _, err in errs:
-                msg = _plain_message(err, path)
-                colon = "" if msg.startswith(("must ", "is ", "holds ")) else ":"
-                problems.append(f"`{loc}`{colon} {msg} (got {_shown(err.get('input'))}).{_close_choice(err)}")
+                problems.append(_paragraph(loc, _plain_message(err, path), err.get("input")) + _close_choice(err))
     return problems

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
 from typing import Annotated, Any
 
@@ -33,6 +34,18 @@ def _not_a_boolean(kind: str):
     return check
 
 
+def _a_finite_number(value: Any) -> Any:
+    """Said before any range check, which NaN fails too (it compares false to everything)."""
+    value = _not_a_boolean("a number")(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return value  # pydantic says what it should be
+    if not math.isfinite(number):
+        raise ValueError("must be a finite number (YAML's `.inf` and `.nan` are not)")
+    return value
+
+
 def _a_name(value: str) -> str:
     if not value.strip():
         raise ValueError("is empty: write the name it stands for, or leave the key out where it has a default")
@@ -52,7 +65,7 @@ def _a_path(value: str) -> str:
 
 
 Int = Annotated[int, BeforeValidator(_not_a_boolean("an integer")), Field(le=INT64_MAX)]
-Float = Annotated[float, BeforeValidator(_not_a_boolean("a number")), Field(allow_inf_nan=False)]
+Float = Annotated[float, BeforeValidator(_a_finite_number), Field(allow_inf_nan=False)]
 Name = Annotated[str, AfterValidator(_a_name)]
 PathText = Annotated[str, AfterValidator(_a_path)]
 
