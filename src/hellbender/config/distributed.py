@@ -112,7 +112,7 @@ class DistributedSettings(BaseModel):
         description="Under FSDP2, keep RMSNorm / LayerNorm parameters (and their computation) in float32 under their "
         "own mixed-precision policy while the rest runs in bf16/fp16.",
     )
-    fp32_norm_classes: list[Name] = Field(
+    fp32_norm_classes: list[str] = Field(
         default_factory=lambda: ["RMSNorm", "LayerNorm"],
         description="Which modules `fp32_norms` keeps in float32: a name without a dot matches the end of the class "
         "name (`RMSNorm` matches `LlamaRMSNorm`); a dotted name matches the full class path exactly.",
