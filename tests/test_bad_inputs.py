@@ -119,9 +119,22 @@ def load_cases() -> list[Case]:
 # ---------------------------------------------------------------- generated families
 
 
+def _base(annotation: Any) -> Any:
+    """The type under a shared value type (`Int` is an annotated `int`)."""
+    return typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
+
+
+def _annotations(annotation: Any) -> list[Any]:
+    """The members of a field's annotation (itself when it is not a union), shared value types included."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is getattr(__import__("types"), "UnionType", None):
+        return [a for a in typing.get_args(annotation) if a is not type(None)]
+    return [annotation]
+
+
 def _scalar_kind(annotation: Any) -> tuple[str, tuple[Any, ...]]:
     """('int' | 'float' | 'bool' | 'literal' | 'other', literal values) of a field's annotation, ignoring None."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    args = [_base(a) for a in typing.get_args(annotation) if a is not type(None)] or [_base(annotation)]
     literals = tuple(v for a in args if typing.get_origin(a) is typing.Literal for v in typing.get_args(a))
     plain = [a for a in args if typing.get_origin(a) is not typing.Literal]
     if literals and plain in ([], [bool]):
@@ -137,7 +150,7 @@ def _scalar_kind(annotation: Any) -> tuple[str, tuple[Any, ...]]:
 
 WRONG_VALUE = {"int": "many", "float": "lots", "bool": "sometimes", "literal": "bogus-choice"}
 # What pydantic says each kind should be, which the message must carry so the user knows what to write.
-WRONG_WORDS = {"int": "valid integer", "float": "valid number", "bool": "valid boolean"}
+WRONG_WORDS = {"int": "integer", "float": "number", "bool": "valid boolean"}
 
 
 def wrong_type_cases() -> list[Case]:
@@ -148,7 +161,7 @@ def wrong_type_cases() -> list[Case]:
         if kind == "other":
             continue
         value = WRONG_VALUE[kind]
-        words = [WRONG_WORDS[kind]] if kind != "literal" else [_shown(v) for v in literals]
+        words = [WRONG_WORDS[kind]] if kind != "literal" else [_shown(v).strip("'") for v in literals]
         cases.append(
             Case(
                 id=f"gen-wrong-type-{key}",
@@ -162,7 +175,7 @@ def wrong_type_cases() -> list[Case]:
         if kind == "other":
             continue
         value = WRONG_VALUE[kind]
-        words = [WRONG_WORDS[kind]] if kind != "literal" else [_shown(v) for v in literals]
+        words = [WRONG_WORDS[kind]] if kind != "literal" else [_shown(v).strip("'") for v in literals]
         cases.append(
             Case(
                 id=f"gen-wrong-type-datasets-{key}",
@@ -176,6 +189,101 @@ def wrong_type_cases() -> list[Case]:
 
 def _shown(value: Any) -> str:
     return json.dumps(value) if isinstance(value, bool) else f"'{value}'"
+
+
+def _entry_config(key: str, value: Any) -> dict[str, Any]:
+    return {"datasets": [{"path": "data/chat.jsonl", "type": "chat_template", key: value}]}
+
+
+def _keys_of(kinds: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """(key as the error names it, its kind, its name) for each top-level and dataset-entry key that holds a number
+    (`int`, `float`) or a name or path (`name`, `path`: the shared `Name` and `PathText` types) of one of `kinds`."""
+    found = []
+    for prefix, fields in (("", HellbenderConfig.model_fields), ("datasets.0.", DatasetEntry.model_fields)):
+        for key, info in fields.items():
+            members = _annotations(info.annotation)
+            # pydantic keeps a bare field's `Annotated` metadata on the field, and a union member's in the member
+            typed = [(info.annotation, info.metadata)] if len(members) == 1 and members[0] is info.annotation else []
+            typed += [(_base(m), typing.get_args(m)[1:]) for m in members if typing.get_origin(m) is typing.Annotated]
+            typed += [(m, ()) for m in members if typing.get_origin(m) is not typing.Annotated]
+            for base, metadata in typed:
+                kind = _value_kind(base, metadata)
+                if kind in kinds:
+                    found.append((f"{prefix}{key}", kind, key))
+                    break
+    return found
+
+
+def _value_kind(base: Any, metadata: Any) -> str | None:
+    validators = {getattr(getattr(m, "func", None), "__name__", "") for m in metadata}
+    if base in (int, float) and validators & {"check", "_a_finite_number"}:  # the shared `Int` / `Float`
+        return base.__name__
+    if base is str:
+        return "path" if "_a_path" in validators else "name" if "_a_name" in validators else None
+    if typing.get_origin(base) is list:
+        item = typing.get_args(base)[0]
+        return (
+            _value_kind(_base(item), typing.get_args(item)[1:]) if typing.get_origin(item) is typing.Annotated else None
+        )
+    return None
+
+
+def _set(shown_key: str, key: str, value: Any) -> dict[str, Any]:
+    return _entry_config(key, value) if shown_key.startswith("datasets.") else {key: value}
+
+
+def boolean_number_cases() -> list[Case]:
+    """`true` for every number key: pydantic's lax mode would read it as 1."""
+    return [
+        Case(
+            id=f"gen-boolean-for-number-{shown}",
+            command="validate",
+            config=_set(shown, key, True),
+            expect=[f"`{shown}`", "not true", "booleans"],
+        )
+        for shown, kind, key in _keys_of(("int", "float"))
+        if kind in ("int", "float")
+    ]
+
+
+def non_finite_cases() -> list[Case]:
+    """`.inf` and `.nan` for every float key."""
+    cases = []
+    for shown, _, key in _keys_of(("float",)):
+        for value, word in ((float("inf"), "inf"), (float("nan"), "nan")):
+            cases.append(
+                Case(
+                    id=f"gen-{word}-{shown}",
+                    command="validate",
+                    config=_set(shown, key, value),
+                    expect=[f"`{shown}` must be a finite number", f"(got {word})"],
+                )
+            )
+    return cases
+
+
+# Keys whose empty value Axolotl configs write for "off" (`deepspeed: ""`), read as unset.
+EMPTY_MEANS_UNSET = ("deepspeed",)
+
+
+def empty_text_cases() -> list[Case]:
+    """An empty value and a NUL byte for every path and name key (a list of names gets them as an item)."""
+    cases = []
+    for shown, _kind, key in _keys_of(("path", "name")):
+        info = (DatasetEntry if shown.startswith("datasets.") else HellbenderConfig).model_fields[key]
+        only_a_list = all(typing.get_origin(m) is list for m in _annotations(info.annotation))
+        for value, label, words in (("", "empty", ["empty"]), ("a\0b", "nul", ["NUL byte"])):
+            if not value and key in EMPTY_MEANS_UNSET:
+                continue
+            cases.append(
+                Case(
+                    id=f"gen-{label}-{shown}",
+                    command="validate",
+                    config=_set(shown, key, [value] if only_a_list else value),
+                    expect=[f"`{shown}{'.0' if only_a_list else ''}`", *words],
+                )
+            )
+    return cases
 
 
 def out_of_range_cases() -> list[Case]:
@@ -243,7 +351,14 @@ def misspelled_key_cases() -> list[Case]:
 
 
 HAND_WRITTEN = load_cases()
-GENERATED = wrong_type_cases() + out_of_range_cases() + misspelled_key_cases()
+GENERATED = (
+    wrong_type_cases()
+    + out_of_range_cases()
+    + misspelled_key_cases()
+    + boolean_number_cases()
+    + non_finite_cases()
+    + empty_text_cases()
+)
 ALL_CASES = HAND_WRITTEN + GENERATED
 
 

@@ -592,3 +592,113 @@ def test_schema_markdown_command_prints_the_reference():
     result = CliRunner().invoke(app, ["schema", "--markdown"])
     assert result.exit_code == 0, result.output
     assert result.stdout == config_markdown()
+
+
+# ---------------------------------------------------------------- values checked against the libraries
+
+
+def _models_under(model: type, seen: set[type]) -> None:
+    """Every settings model reachable from `model` through its fields (nested mappings such as `fsdp_config`)."""
+    from pydantic import BaseModel
+
+    if model in seen:
+        return
+    seen.add(model)
+    for info in model.model_fields.values():
+        for leaf in _leaves(info.annotation):
+            if isinstance(leaf, type) and issubclass(leaf, BaseModel):
+                _models_under(leaf, seen)
+
+
+def _leaves(annotation) -> list:
+    import typing
+
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _leaves(args[0])
+    return [leaf for arg in args for leaf in _leaves(arg)] if args else [annotation]
+
+
+def _bare_numbers(annotation, metadata=()) -> list:
+    """int / float types in `annotation` not wrapped in the shared `Int` / `Float` (which refuse booleans)."""
+    import typing
+
+    from hellbender.config.values import Float, Int
+
+    shared = {id(m) for t in (Int, Float) for m in typing.get_args(t)[1:]}
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _bare_numbers(typing.get_args(annotation)[0], typing.get_args(annotation)[1:])
+    if annotation in (int, float):
+        return [] if any(id(m) in shared for m in metadata) else [annotation]
+    return [bare for arg in typing.get_args(annotation) for bare in _bare_numbers(arg)]
+
+
+def test_every_number_key_of_every_settings_model_uses_the_shared_number_types():
+    """A new `int` / `float` key must refuse `true` (pydantic's lax mode reads it as 1) and `.nan` / `.inf` like the
+    others: it is declared with `Int` / `Float` from `hellbender.config.values`."""
+    from hellbender.config import DatasetEntry, HellbenderConfig, PretrainingDatasetEntry
+
+    models: set[type] = set()
+    for model in (HellbenderConfig, DatasetEntry, PretrainingDatasetEntry):
+        _models_under(model, models)
+    assert len(models) > 5  # nested settings (fsdp_config, peft, accelerator_config, ...) are walked too
+    bare = [
+        f"{model.__name__}.{name}"
+        for model in models
+        for name, info in model.model_fields.items()
+        if _bare_numbers(info.annotation, info.metadata)
+    ]
+    assert bare == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("micro_batch_size", True, "must be an integer, not true"),
+        ("learning_rate", False, "must be a number, not false"),
+        ("num_epochs", float("inf"), "finite number"),
+        ("weight_decay", float("nan"), "finite number"),
+        ("seed", 2**32, "less than or equal to 4294967295"),
+        ("output_dir", "", "is an empty path"),
+        ("output_dir", "out\0put", "NUL byte"),
+        ("optimizer", "adamw_torch_fusd", "did you mean `adamw_torch_fused`?"),
+        ("lr_scheduler", "cosine_with_min_lr", "transformers' `cosine_with_min_lr` schedule is not offered"),
+    ],
+)
+def test_values_the_libraries_refuse_are_refused_at_validation(key, value, words):
+    message = config_error(cfg_dict(**{key: value}))
+    assert f"`{key}`" in message and words in message, message
+
+
+@pytest.mark.parametrize("value", [1, 4.0, "2e-5", "8"])
+def test_numbers_as_yaml_gives_them_still_validate(value):
+    """Integers for number keys and numeric text (YAML 1.1 reads `2e-5` as text) stay accepted; only booleans go."""
+    cfg = validate_config(cfg_dict(learning_rate=value, micro_batch_size=value if value != "2e-5" else 1))
+    assert cfg.learning_rate == float(value) and isinstance(cfg.micro_batch_size, int)
+
+
+def test_optimizer_and_scheduler_names_follow_the_installed_transformers():
+    from transformers.trainer_utils import SchedulerType
+    from transformers.training_args import OptimizerNames
+
+    from hellbender.config.optimizer_names import (
+        REFUSED_OPTIMIZERS,
+        optimizer_problem,
+        transformers_optimizers,
+        transformers_schedulers,
+    )
+    from hellbender.config.training import LrScheduler
+
+    # read from the source without importing it: the same names as the imported enums
+    assert transformers_optimizers() == tuple(n.value for n in OptimizerNames)
+    assert transformers_schedulers() == tuple(n.value for n in SchedulerType)
+    assert set(typing_args(LrScheduler)) <= set(transformers_schedulers())
+    assert set(REFUSED_OPTIMIZERS) <= set(transformers_optimizers())  # a refusal never outlives its name
+    offered = [n for n in transformers_optimizers() if n not in REFUSED_OPTIMIZERS]
+    assert "adamw_bnb_8bit" in offered and all(optimizer_problem(n) is None for n in offered)
+
+
+def typing_args(literal) -> tuple:
+    import typing
+
+    return typing.get_args(literal)

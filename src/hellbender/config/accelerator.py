@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hellbender.config.values import Int
+
 
 def _only_known_fields(model: type[BaseModel], raw: Any) -> Any:
     """Unknown fields named together with the known ones (transformers would fail on them when training starts)."""
@@ -33,7 +35,7 @@ class GradientAccumulationKwargs(BaseModel):
         "step: more communication, but no unsynchronized gradients are kept between micro-batches (less memory "
         "with FSDP).",
     )
-    num_steps: int | None = Field(
+    num_steps: Int | None = Field(
         None,
         description="Refused: the number of micro-batches per step is `gradient_accumulation_steps`, from which "
         "hellbender plans its schedule.",

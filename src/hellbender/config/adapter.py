@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from hellbender.config.values import Float, Int, Name
+
 
 class LoftQSettings(BaseModel):
     """`peft.loftq_config:` — LoftQ's initialisation of the LoRA matrices (PEFT's `LoftQConfig`)."""
@@ -16,7 +18,7 @@ class LoftQSettings(BaseModel):
     loftq_bits: Literal[4, 8] = Field(
         4, description="Bits of the quantization whose error the adapter starts out correcting: 4 (NF4) or 8 (int8)."
     )
-    loftq_iter: int = Field(
+    loftq_iter: Int = Field(
         1, gt=0, description="Alternations of quantizing and fitting the low-rank residual (PEFT's default 1)."
     )
 
@@ -40,14 +42,14 @@ class AdapterSettings(BaseModel):
     adapter: Literal["lora", "qlora"] | None = Field(
         None, description="`lora`, `qlora` (4-bit base, CUDA + bitsandbytes), or unset for full fine-tuning."
     )
-    lora_r: int = Field(8, gt=0, description="LoRA rank.")
-    lora_alpha: int = Field(16, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
-    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
-    lora_target_modules: list[str] | str | None = Field(
+    lora_r: Int = Field(8, gt=0, description="LoRA rank.")
+    lora_alpha: Int = Field(16, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    lora_dropout: Float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    lora_target_modules: list[Name] | Name | None = Field(
         None, description="Module names (or a regex string) to adapt. Default: the attention and MLP projections."
     )
     lora_target_linear: bool = Field(False, description="Adapt every linear layer except the output head.")
-    lora_modules_to_save: list[str] = Field(
+    lora_modules_to_save: list[Name] = Field(
         default_factory=list, description="Modules trained in full and saved beside the adapter (e.g. `embed_tokens`)."
     )
     peft: PeftSettings | None = Field(
@@ -57,7 +59,7 @@ class AdapterSettings(BaseModel):
     peft_use_rslora: bool = Field(
         False, description="Rank-stabilised LoRA: scale the update by alpha / sqrt(r) instead of alpha / r."
     )
-    unfrozen_parameters: list[str] = Field(
+    unfrozen_parameters: list[Name] = Field(
         default_factory=list,
         description="Full fine-tuning: train only the parameters whose names match one of these regular expressions "
         "(matched from the start of the name, e.g. `^lm_head.weight$`, `model.layers.1[0-9].mlp`); the rest are frozen. "

@@ -18,6 +18,7 @@ from hellbender.config.schema import HellbenderConfig
 from hellbender.config.streaming_checks import streaming_problems
 from hellbender.config.tracking import swanlab_notices, swanlab_problems
 from hellbender.config.training_checks import training_conflicts
+from hellbender.config.value_checks import value_conflicts
 
 
 def find_conflicts(cfg: HellbenderConfig) -> list[str]:
@@ -41,6 +42,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     if cfg.warmup_steps is not None and cfg.warmup_ratio is not None:
         problems.append("`warmup_steps` and `warmup_ratio` are both set; keep one.")
     problems += training_conflicts(cfg)
+    problems += value_conflicts(cfg)
     # Keys at their default ask for nothing: a dumped full fine-tuning config lists them all and must reload.
     lora_keys = sorted(
         k

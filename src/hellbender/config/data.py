@@ -7,6 +7,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hellbender.chat_templates import NAMED_TEMPLATES
+from hellbender.config.values import Float, Int, Name, PathText
+
+# transformers' flash attention counts a packed batch's tokens in 32-bit integers.
+MAX_SEQUENCE_LEN = 2**31 - 1
 
 DsType = Literal["json", "jsonl", "parquet", "csv", "text", "arrow"]
 DatasetType = Literal["alpaca", "chat_template", "completion", "pretokenized", "multimodal_pretrain"]
@@ -22,16 +26,16 @@ class ImageEntryKeys(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    image_column: str = Field(
+    image_column: Name = Field(
         "images",
         description="VLM: column with a list of image paths / URLs (plain-text chat rows and `multimodal_pretrain` rows).",
     )
-    image_base_dir: str | None = Field(
+    image_base_dir: PathText | None = Field(
         None,
         description="VLM: directory that relative image paths start from and that no image path may leave; default "
         "the dataset file's directory (the current directory for hub datasets).",
     )
-    image_token: str | None = Field(
+    image_token: Name | None = Field(
         None,
         description="`multimodal_pretrain`: the special token that marks an image in the text; default the "
         "processor's image token.",
@@ -49,33 +53,35 @@ class DatasetEntry(ImageEntryKeys):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field(
+    path: PathText = Field(
         description="Local file, directory or glob; a hub dataset id; or an fsspec URL (s3://, gs://, az://)."
     )
     type: DatasetType | None = Field(
         None, description="Row format. Default `pretokenized`: rows that already hold `input_ids` are passed through."
     )
     ds_type: DsType | None = Field(None, description="File format; guessed from the file extension when unset.")
-    data_files: list[str] | str | None = Field(None, description="Files inside a hub dataset or directory to load.")
-    name: str | None = Field(None, description="Configuration name of a hub dataset.")
-    split: str = Field("train", description="Split to load.")
-    revision: str | None = Field(None, description="Git revision of a hub dataset.")
-    field: str | None = Field(None, description="`completion`: the column holding the text (default `text`).")
-    text_column: str | None = Field(
+    data_files: list[PathText] | PathText | None = Field(
+        None, description="Files inside a hub dataset or directory to load."
+    )
+    name: Name | None = Field(None, description="Configuration name of a hub dataset.")
+    split: Name = Field("train", description="Split to load.")
+    revision: Name | None = Field(None, description="Git revision of a hub dataset.")
+    field: Name | None = Field(None, description="`completion`: the column holding the text (default `text`).")
+    text_column: Name | None = Field(
         None, description="`completion` / `multimodal_pretrain`: the column holding the text (default `text`)."
     )
-    field_messages: str | None = Field(
+    field_messages: Name | None = Field(
         None,
         description="`chat_template`: the column holding the conversation (default `messages`, else `conversations`).",
     )
-    message_property_mappings: dict[str, str] | None = Field(
+    message_property_mappings: dict[str, Name] | None = Field(
         None, description="`chat_template`: message keys for role and content, e.g. `{role: from, content: value}`."
     )
-    roles: dict[str, list[str]] | None = Field(
+    roles: dict[str, list[Name]] | None = Field(
         None,
         description="`chat_template`: map dataset role names onto template roles, e.g. `{user: [human], assistant: [gpt]}`.",
     )
-    roles_to_train: list[str] | None = Field(
+    roles_to_train: list[Name] | None = Field(
         None, description="`chat_template`: roles whose turns are trained (default `[assistant]`)."
     )
     train_on_eos: TrainOnEos | None = Field(
@@ -85,17 +91,17 @@ class DatasetEntry(ImageEntryKeys):
     drop_system_message: bool = Field(
         False, description="`chat_template`: leave each conversation's system messages out (not rendered, not trained)."
     )
-    field_thinking: str | None = Field(
+    field_thinking: Name | None = Field(
         None,
         description="`chat_template`: the message key holding an assistant's reasoning (default `reasoning_content`); "
         "it is given to the template under `template_thinking_key` and trained with its message.",
     )
-    template_thinking_key: str | None = Field(
+    template_thinking_key: Name | None = Field(
         None,
         description="`chat_template`: the name the chat template reads a message's reasoning under (default "
         "`reasoning_content`, as Qwen3's template; gpt-oss's template reads `thinking`).",
     )
-    chat_template: str | None = Field(
+    chat_template: Name | None = Field(
         None, description="Per-dataset chat template (same values as the top-level `chat_template`)."
     )
     chat_template_jinja: str | None = Field(None, description="Per-dataset Jinja template for `chat_template: jinja`.")
@@ -139,16 +145,16 @@ class PretrainingDatasetEntry(ImageEntryKeys):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field(description="Local file, directory or glob; a hub dataset id; or an fsspec URL.")
+    path: PathText = Field(description="Local file, directory or glob; a hub dataset id; or an fsspec URL.")
     type: Literal["completion", "pretrain", "multimodal_pretrain"] = Field(
         "pretrain", description="Raw text documents, or `multimodal_pretrain` for raw image+text documents."
     )
     ds_type: DsType | None = Field(None, description="File format; guessed from the extension when unset.")
-    data_files: list[str] | str | None = Field(None, description="Files inside a hub dataset or directory.")
-    name: str | None = Field(None, description="Configuration name of a hub dataset.")
-    split: str = Field("train", description="Split to stream.")
-    revision: str | None = Field(None, description="Git revision of a hub dataset.")
-    text_column: str = Field("text", description="The column holding the text.")
+    data_files: list[PathText] | PathText | None = Field(None, description="Files inside a hub dataset or directory.")
+    name: Name | None = Field(None, description="Configuration name of a hub dataset.")
+    split: Name = Field("train", description="Split to stream.")
+    revision: Name | None = Field(None, description="Git revision of a hub dataset.")
+    text_column: Name = Field("text", description="The column holding the text.")
 
 
 class DataSettings(BaseModel):
@@ -164,7 +170,7 @@ class DataSettings(BaseModel):
         description="Stream the training rows instead of preparing them (needs `max_steps`): `pretraining_dataset` "
         "(default true there), or with `true` the `datasets:` rows, tokenized and masked as they are read.",
     )
-    streaming_multipack_buffer_size: int = Field(
+    streaming_multipack_buffer_size: Int = Field(
         10_000,
         gt=0,
         description="Streamed data: rows held in the buffer that shuffles the stream (with `shuffle_merged_datasets`), "
@@ -176,16 +182,22 @@ class DataSettings(BaseModel):
         description="Streamed `pretraining_dataset` text: keep each packed document's attention to itself (`true`); "
         "`false` lets a bin's tokens attend to every earlier token of the bin, across documents, as one sequence.",
     )
-    val_set_size: float = Field(
+    val_set_size: Float = Field(
         0.0, ge=0, description="Hold out this fraction (< 1) or number of rows (>= 1) of `datasets` for evaluation."
     )
-    dataset_prepared_path: str | None = Field(
+    dataset_prepared_path: PathText | None = Field(
         None, description="Directory of the prepared-dataset cache; default `last_run_prepared` beside `output_dir`."
     )
-    dataset_num_proc: int = Field(
+    dataset_num_proc: Int = Field(
         1, gt=0, description="Processes used to tokenize (`dataset_processes`, the older spelling, is read as this)."
     )
-    sequence_len: int = Field(2048, gt=1, description="Maximum tokens per row (and per packed bin).")
+    sequence_len: Int = Field(
+        2048,
+        gt=1,
+        le=MAX_SEQUENCE_LEN,
+        description="Maximum tokens per row (and per packed bin); at most 2**31 - 1, as transformers counts a packed "
+        "batch's tokens in 32-bit integers (flash attention's `cu_seqlens`).",
+    )
     excess_length_strategy: Literal["drop", "truncate", "raise"] = Field(
         "drop",
         description="Rows longer than `sequence_len`: `drop` and count them, `truncate` them, or `raise` an error naming the row.",
@@ -204,7 +216,7 @@ class DataSettings(BaseModel):
         "compiled kernels reused); padding is never attended to or trained.",
     )
     train_on_inputs: bool = Field(False, description="Also train on prompt / user tokens.")
-    chat_template: str | None = Field(
+    chat_template: Name | None = Field(
         None,
         description="Chat template: `tokenizer_default` (default: the model's own), a named template ("
         + ", ".join(f"`{name}`" for name in NAMED_TEMPLATES)
@@ -214,7 +226,7 @@ class DataSettings(BaseModel):
     chat_template_jinja: str | None = Field(
         None, description="A Jinja chat template, used with `chat_template: jinja`."
     )
-    eot_tokens: list[str] = Field(
+    eot_tokens: list[Name] = Field(
         default_factory=list,
         description="`chat_template`: the tokens that end a turn, for `train_on_eos` (each must be one token of the "
         "tokenizer). Default: the first special token the template writes after a turn's text.",
@@ -231,7 +243,7 @@ class DataSettings(BaseModel):
         "rows (before `val_set_size` holds rows out, so held-out rows never repeat a training row) and within "
         "`test_datasets`; the first of each is kept. Rows of `test_datasets` that also appear in `datasets` are kept.",
     )
-    min_sample_len: int = Field(
+    min_sample_len: Int = Field(
         2,
         ge=1,
         description="Drop (and count) rows of fewer tokens than this (a row of exactly this many is kept). The "
@@ -261,3 +273,13 @@ class DataSettings(BaseModel):
         "`chat_template` datasets (Axolotl: tokenize each batch as it is drawn) it changes nothing: conversations "
         "are prepared once before training, with the same tokens and labels.",
     )
+
+    @field_validator("val_set_size")
+    @classmethod
+    def _a_fraction_or_a_count(cls, value: float) -> float:
+        if value >= 1 and not value.is_integer():
+            raise ValueError(
+                "is neither a fraction below 1 (`0.05` holds out 5% of the rows) nor a whole number of rows "
+                f"(`{int(value)}`)"
+            )
+        return value

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hellbender.config.accelerator import AcceleratorSettings
+from hellbender.config.values import Int, Name, PathText
 
 StateDictType = Literal["FULL_STATE_DICT", "SHARDED_STATE_DICT"]
 
@@ -18,7 +19,7 @@ class FsdpSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    transformer_layer_cls_to_wrap: str | list[str] | None = Field(
+    transformer_layer_cls_to_wrap: Name | list[Name] | None = Field(
         None,
         description="Class name(s) of the modules to shard one by one, usually the decoder layer "
         "(`LlamaDecoderLayer`). Default: the model's own `_no_split_modules`.",
@@ -77,7 +78,7 @@ class FsdpSettings(BaseModel):
 class DistributedSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    fsdp_version: int | None = Field(
+    fsdp_version: Int | None = Field(
         None,
         ge=1,
         le=2,
@@ -92,14 +93,14 @@ class DistributedSettings(BaseModel):
         description="The final model is always saved whole (`FULL_STATE_DICT`, what transformers loads); "
         "`SHARDED_STATE_DICT` is refused.",
     )
-    dp_shard_size: int | None = Field(
+    dp_shard_size: Int | None = Field(
         None,
         ge=1,
         description="FSDP2 hybrid sharding: shard the model within groups of this many processes and replicate it "
         "across the groups (default: across all processes; with only `dp_replicate_size` set, the processes it "
         "leaves).",
     )
-    dp_replicate_size: int | None = Field(
+    dp_replicate_size: Int | None = Field(
         None,
         ge=1,
         description="FSDP2 hybrid sharding: the number of groups that each hold a whole sharded copy of the model "
@@ -116,7 +117,7 @@ class DistributedSettings(BaseModel):
         description="Which modules `fp32_norms` keeps in float32: a name without a dot matches the end of the class "
         "name (`RMSNorm` matches `LlamaRMSNorm`); a dotted name matches the full class path exactly.",
     )
-    deepspeed: str | None = Field(
+    deepspeed: PathText | None = Field(
         None,
         description="Path to a DeepSpeed JSON config (ZeRO-1 / 2 / 3); a missing path named like one of Axolotl's "
         "presets (`deepspeed_configs/zero2.json`, ...) uses hellbender's preset of that name. Needs the `deepspeed` "
@@ -132,8 +133,8 @@ class DistributedSettings(BaseModel):
         False,
         description="Run training under Ray Train's TorchTrainer, one worker per process; needs the `ray` extra.",
     )
-    ray_num_workers: int = Field(1, gt=0, description="Ray workers (training processes) with `use_ray`.")
-    ray_run_name: str = Field("hellbender", description="Name of the Ray Train run.")
+    ray_num_workers: Int = Field(1, gt=0, description="Ray workers (training processes) with `use_ray`.")
+    ray_run_name: Name = Field("hellbender", description="Name of the Ray Train run.")
 
     @field_validator("fsdp_version", "fsdp_config", "fsdp", "deepspeed", mode="before")
     @classmethod

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hellbender.config.values import Int, Name
+
 
 class KernelSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -33,7 +35,7 @@ class KernelSettings(BaseModel):
         description="Run each decoder layer's MLP over the sequence in shards, forward and backward, so its wide "
         "activations exist for one shard at a time: for very long sequences on one GPU (not with several processes).",
     )
-    tiled_mlp_num_shards: int | None = Field(
+    tiled_mlp_num_shards: Int | None = Field(
         None, gt=0, description="Shards per MLP call with `tiled_mlp`; default about one per `hidden_size` tokens."
     )
     torch_compile: bool = Field(
@@ -41,7 +43,7 @@ class KernelSettings(BaseModel):
         description="Compile the model with `torch.compile` (the first steps are slower while it compiles; needs "
         "a GPU to pay off).",
     )
-    torch_compile_backend: str | None = Field(None, description="`torch.compile` backend; default `inductor`.")
+    torch_compile_backend: Name | None = Field(None, description="`torch.compile` backend; default `inductor`.")
     torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = (
         Field(None, description="`torch.compile` mode; default `default`.")
     )

@@ -7,6 +7,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from hellbender.config.values import Name, PathText
+
 AttnBackend = Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"]
 # An attention kernel from the Hugging Face hub, loaded by transformers through the `kernels` package: `owner/repo`,
 # optionally `@revision` and `:function` (transformers' own pattern for `attn_implementation`).
@@ -34,18 +36,18 @@ TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotu
 class ModelSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    base_model: str = Field(
+    base_model: PathText = Field(
         description=("Hub id, local directory, or a built-in offline model (`hellbender/tiny-llama`) to start from.")
     )
-    model_type: str | None = Field(
+    model_type: Name | None = Field(
         None,
         description="transformers class used to load the model (an Auto class or a concrete class name); default "
         "`AutoModelForCausalLM`, or `AutoModelForImageTextToText` with `processor_type`.",
     )
-    tokenizer_config: str | None = Field(
+    tokenizer_config: PathText | None = Field(
         None, description="Hub id or directory of the tokenizer, when it differs from `base_model`."
     )
-    tokenizer_type: str = Field("AutoTokenizer", description="transformers tokenizer class to load.")
+    tokenizer_type: Name = Field("AutoTokenizer", description="transformers tokenizer class to load.")
     tokenizer_use_fast: bool = Field(
         True,
         description="Load the fast (Rust `tokenizers`) tokenizer, as transformers 5 always does. `false` (the slow "
@@ -66,12 +68,12 @@ class ModelSettings(BaseModel):
         "images too (Mistral 3 / Pixtral: its image tokens and preprocessing). Needs `pip install "
         "'hellbender[mistral]'`.",
     )
-    special_tokens: dict[str, str] = Field(
+    special_tokens: dict[str, Name] = Field(
         default_factory=dict,
         description="Special tokens to set on the tokenizer, e.g. `{pad_token: '<|pad|>'}`; new tokens grow the embeddings. "
         "A tokenizer without a pad token pads with its EOS token (padding is never attended to or trained).",
     )
-    tokens: list[str] = Field(
+    tokens: list[Name] = Field(
         default_factory=list,
         description="Ordinary (not special) tokens to add to the tokenizer; new tokens grow the embeddings.",
     )
@@ -83,7 +85,7 @@ class ModelSettings(BaseModel):
     trust_remote_code: bool = Field(
         False, description="Allow model and tokenizer code from the model repository to run. Off unless set."
     )
-    revision_of_model: str | None = Field(None, description="Git revision (branch, tag, commit) of `base_model`.")
+    revision_of_model: Name | None = Field(None, description="Git revision (branch, tag, commit) of `base_model`.")
     bf16: bool | Literal["auto"] = Field(
         "auto", description="Train in bfloat16 mixed precision; `auto` uses it where the GPU supports it."
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from hellbender.config.tracking import SWANLAB_PLUGIN
+from hellbender.config.values import Name
 
 AXOLOTL_INTEGRATIONS = "axolotl.integrations."
 CUT_CROSS_ENTROPY_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
@@ -43,7 +44,7 @@ OTHER_PLUGINS: dict[str, str] = {
 class PluginSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    plugins: list[str] = Field(
+    plugins: list[Name] = Field(
         default_factory=list,
         description="Axolotl plugins, read by name: `axolotl.integrations.liger.LigerPlugin` (the `liger_*` keys), "
         "`axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin` (`cut_cross_entropy`) and "

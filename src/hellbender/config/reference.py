@@ -48,6 +48,8 @@ def config_json_schema() -> dict[str, Any]:
 
 def _type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # a shared value type (`Int`, `Name`): its base type is what the user writes
+        return _type_name(typing.get_args(annotation)[0])
     if origin is typing.Literal:
         return " \\| ".join(json.dumps(a) for a in typing.get_args(annotation))
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from hellbender.config.values import Name
+
 if TYPE_CHECKING:
     from hellbender.config.schema import HellbenderConfig
 
@@ -36,10 +38,10 @@ class TrackingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     use_tensorboard: bool = Field(False, description="Log to TensorBoard; adds `tensorboard` to `report_to`.")
-    wandb_project: str | None = Field(None, description="W&B project; setting it adds `wandb` to `report_to`.")
-    wandb_entity: str | None = Field(None, description="W&B entity (user or team) the run is logged under.")
-    wandb_name: str | None = Field(None, description="W&B run name (the Trainer's `run_name`).")
-    wandb_run_id: str | None = Field(None, description="W&B run id, to continue logging into an existing run.")
+    wandb_project: Name | None = Field(None, description="W&B project; setting it adds `wandb` to `report_to`.")
+    wandb_entity: Name | None = Field(None, description="W&B entity (user or team) the run is logged under.")
+    wandb_name: Name | None = Field(None, description="W&B run name (the Trainer's `run_name`).")
+    wandb_run_id: Name | None = Field(None, description="W&B run id, to continue logging into an existing run.")
     wandb_mode: Literal["online", "offline", "disabled"] | None = Field(
         None, description="`offline` logs locally (sync later with `wandb sync`); `disabled` logs nothing."
     )
@@ -63,11 +65,11 @@ class TrackingSettings(BaseModel):
         "turns it off even then.",
     )
     swanlab_project: str | None = Field(None, description="SwanLab project the run is logged to.")
-    swanlab_experiment_name: str | None = Field(
+    swanlab_experiment_name: Name | None = Field(
         None, description="SwanLab experiment name (the Trainer's `run_name`, which W&B also uses)."
     )
-    swanlab_description: str | None = Field(None, description="Description shown with the SwanLab experiment.")
-    swanlab_workspace: str | None = Field(
+    swanlab_description: Name | None = Field(None, description="Description shown with the SwanLab experiment.")
+    swanlab_workspace: Name | None = Field(
         None, description="SwanLab workspace (an organisation or user) the project belongs to; default your own."
     )
     swanlab_mode: Literal["cloud", "local", "offline", "disabled"] | None = Field(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hellbender.config.optimizer_names import optimizer_problem, scheduler_problem
+from hellbender.config.values import SEED_MAX, Float, Int, PathText
 
 Tracker = Literal["tensorboard", "wandb", "mlflow", "swanlab"]
 LrScheduler = Literal[
@@ -15,40 +18,42 @@ LrScheduler = Literal[
 class TrainingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    output_dir: str = Field("./outputs", description="Where checkpoints, the final model and the resolved config go.")
-    micro_batch_size: int = Field(1, gt=0, description="Rows (or packed bins) per device per forward pass.")
-    eval_batch_size: int | None = Field(
+    output_dir: PathText = Field(
+        "./outputs", description="Where checkpoints, the final model and the resolved config go."
+    )
+    micro_batch_size: Int = Field(1, gt=0, description="Rows (or packed bins) per device per forward pass.")
+    eval_batch_size: Int | None = Field(
         None, gt=0, description="Rows per evaluation batch; default `micro_batch_size`."
     )
-    gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
-    num_epochs: float = Field(1.0, gt=0, description="Passes over the training data (ignored when `max_steps` is set).")
-    max_steps: int | None = Field(
+    gradient_accumulation_steps: Int = Field(1, gt=0, description="Micro-batches per optimizer step.")
+    num_epochs: Float = Field(1.0, gt=0, description="Passes over the training data (ignored when `max_steps` is set).")
+    max_steps: Int | None = Field(
         None, gt=0, description="Stop after this many optimizer steps. Required with streaming."
     )
-    learning_rate: float | None = Field(
+    learning_rate: Float | None = Field(
         None, gt=0, description="Peak learning rate; default 2e-4 with an adapter, 2e-5 for full fine-tuning."
     )
     lr_scheduler: LrScheduler = Field("cosine", description="Learning-rate schedule after warm-up.")
-    warmup_steps: int | None = Field(
+    warmup_steps: Int | None = Field(
         None,
         ge=0,
         description="Warm-up steps; default 0 (or `warmup_ratio`). A number below 1 (`0.1`) is read as "
         "`warmup_ratio`, as transformers 5 reads it.",
     )
-    warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Warm-up as a fraction of all steps.")
+    warmup_ratio: Float | None = Field(None, ge=0, lt=1, description="Warm-up as a fraction of all steps.")
     lr_quadratic_warmup: bool = Field(
         False,
         description="With `lr_scheduler: cosine`: warm up along (step / warm-up steps)^2 instead of a straight line, "
         "so the learning rate stays low longer at the start.",
     )
-    cosine_min_lr_ratio: float | None = Field(
+    cosine_min_lr_ratio: Float | None = Field(
         None,
         ge=0,
         le=1,
         description="With `lr_scheduler: cosine`: the cosine decays to this fraction of `learning_rate` instead of "
         "to 0 (`1.0` keeps the learning rate constant after warm-up).",
     )
-    cosine_constant_lr_ratio: float | None = Field(
+    cosine_constant_lr_ratio: Float | None = Field(
         None,
         gt=0,
         le=1,
@@ -60,13 +65,18 @@ class TrainingSettings(BaseModel):
         "auto",
         description="Optimizer name as transformers knows it (`adamw_torch_fused`, `adamw_torch`, `adamw_bnb_8bit`, "
         "`sgd`, ...). `auto`: `adamw_torch_fused` on a GPU (5% faster than `adamw_torch` on a 1B full fine-tune, "
-        "docs/benchmarks.md), `adamw_torch` on CPU, decided on the machine that trains.",
+        "docs/benchmarks.md), `adamw_torch` on CPU, decided on the machine that trains. Checked against the "
+        "installed transformers' names.",
     )
-    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
-    adam_beta1: float | None = Field(None, description="Adam beta1; default 0.9 (transformers' default).")
-    adam_beta2: float | None = Field(None, description="Adam beta2; default 0.999 (transformers' default).")
-    adam_epsilon: float | None = Field(None, description="Adam epsilon; default 1e-8 (transformers' default).")
-    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables clipping.")
+    weight_decay: Float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    adam_beta1: Float | None = Field(
+        None, ge=0, lt=1, description="Adam beta1, at least 0 and below 1; default 0.9 (transformers' default)."
+    )
+    adam_beta2: Float | None = Field(
+        None, ge=0, lt=1, description="Adam beta2, at least 0 and below 1; default 0.999 (transformers' default)."
+    )
+    adam_epsilon: Float | None = Field(None, ge=0, description="Adam epsilon; default 1e-8 (transformers' default).")
+    max_grad_norm: Float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables clipping.")
     gradient_checkpointing: bool | Literal["offload"] = Field(
         False,
         description="Recompute each layer's activations in backward to save memory (always non-reentrant); "
@@ -80,7 +90,7 @@ class TrainingSettings(BaseModel):
         "checkpointing is always non-reentrant, so `{use_reentrant: false}` is what happens; `use_reentrant: true` "
         "and other arguments are refused.",
     )
-    gradient_checkpointing_layers: int | None = Field(
+    gradient_checkpointing_layers: Int | None = Field(
         None,
         ge=0,
         description="Checkpoint only the first N decoder layers; the others keep their activations, so they are not "
@@ -88,18 +98,18 @@ class TrainingSettings(BaseModel):
         "about 0.5 GiB per layer for an 8B model at 4,096 tokens with Liger's kernels) and saves its recomputation. "
         "Default: all layers.",
     )
-    logging_steps: int | None = Field(
+    logging_steps: Int | None = Field(
         None, gt=0, description="Log every N steps; default about 10 logs per run, at least every 10 steps."
     )
-    save_steps: int | None = Field(
+    save_steps: Int | None = Field(
         None,
         gt=0,
         description="Save a checkpoint every N steps. Default: once per epoch (streamed data: every tenth of `max_steps`).",
     )
-    saves_per_epoch: int | None = Field(
+    saves_per_epoch: Int | None = Field(
         None, gt=0, description="Save this many checkpoints per epoch (streamed data: over the whole `max_steps`)."
     )
-    save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
+    save_total_limit: Int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
     save_only_model: bool = Field(
         False,
         description="Checkpoints hold the model (or adapter) only, without optimizer, scheduler and random state: "
@@ -108,45 +118,51 @@ class TrainingSettings(BaseModel):
     save_first_step: bool = Field(
         False, description="Also save a checkpoint after the first optimizer step (to check saving early)."
     )
-    eval_steps: int | None = Field(
+    eval_steps: Int | None = Field(
         None,
         gt=0,
         description="Evaluate every N steps when there is evaluation data. Default: once per epoch (streamed data: every tenth of `max_steps`).",
     )
-    evals_per_epoch: int | None = Field(
+    evals_per_epoch: Int | None = Field(
         None, gt=0, description="Evaluate this many times per epoch (streamed data: over the whole `max_steps`)."
     )
-    early_stopping_patience: int | None = Field(
+    early_stopping_patience: Int | None = Field(
         None,
         gt=0,
         description="Stop training when the evaluation loss has not improved for this many evaluations in a row; the "
         "final model is then the checkpoint with the best evaluation loss. Needs evaluation data, and `save_steps` a "
         "multiple of `eval_steps` (each evaluation that may be the best is saved).",
     )
-    seed: int = Field(42, description="Seed for initialisation, shuffling, dropout and data splits.")
+    seed: Int = Field(
+        42,
+        ge=0,
+        le=SEED_MAX,
+        description="Seed for initialisation, shuffling, dropout and data splits: 0 to 2**32 - 1 (transformers also "
+        "seeds numpy, which takes no larger seed).",
+    )
     report_to: list[Tracker] | Tracker | Literal["none"] = Field(
         "none", description="Experiment trackers to log to (each must be installed)."
     )
-    resume_from_checkpoint: str | None = Field(None, description="Checkpoint directory to resume from exactly.")
+    resume_from_checkpoint: PathText | None = Field(None, description="Checkpoint directory to resume from exactly.")
     auto_resume_from_checkpoints: bool = Field(
         False, description="Resume from the newest complete checkpoint in `output_dir` if there is one."
     )
     ignore_data_skip: bool = Field(
         False, description="On resume, do not fast-forward the data to where the checkpoint stopped."
     )
-    dataloader_num_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+    dataloader_num_workers: Annotated[Int, Field(ge=0)] | Literal["auto"] = Field(
         "auto",
         description="Background processes loading batches. `auto`: 4 for prepared image+text data on a GPU (image "
         "processing then keeps up with the GPU: 1.40x on the Gemma-4-E2B benchmark, docs/benchmarks.md), else 0, "
         "decided on the machine that trains.",
     )
-    loss_watchdog_threshold: float | None = Field(
+    loss_watchdog_threshold: Float | None = Field(
         None,
         gt=0,
         description="Stop the run (saving a checkpoint, writing no final model) when the logged training loss stays "
         "above this for `loss_watchdog_patience` logged steps in a row; about twice the starting loss is a good value.",
     )
-    loss_watchdog_patience: int = Field(
+    loss_watchdog_patience: Int = Field(
         3, gt=0, description="Logged steps in a row above `loss_watchdog_threshold` before the run stops."
     )
     ddp_find_unused_parameters: bool | None = Field(
@@ -159,3 +175,17 @@ class TrainingSettings(BaseModel):
         description="Watch memory per step and report steady growth (a leak) with its rate and the step it would run "
         "out at: `warn`, `error` (stop the run), or `off`.",
     )
+
+    @field_validator("optimizer")
+    @classmethod
+    def _optimizer_is_known(cls, name: str) -> str:
+        if problem := optimizer_problem(name):
+            raise ValueError(problem)
+        return name
+
+    @field_validator("lr_scheduler", mode="before")
+    @classmethod
+    def _scheduler_is_known(cls, name: object) -> object:
+        if isinstance(name, str) and (problem := scheduler_problem(name, get_args(LrScheduler))):
+            raise ValueError(problem)
+        return name

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -10,6 +12,14 @@ from hellbender.config.keys import ENTRY_MODELS
 from hellbender.config.schema import HellbenderConfig
 
 _MISSING = object()
+_SPECIFIC_ERRORS = (
+    "greater_than",
+    "greater_than_equal",
+    "less_than",
+    "less_than_equal",
+    "finite_number",
+    "value_error",
+)
 # List keys whose items are dataset entries: a wrong item gets a hint on how an entry is written.
 _ENTRY_LIST_HINT = ", each starting with `- path: ...` and its other keys indented below"
 
@@ -40,8 +50,38 @@ def _value_at(raw: Any, path: tuple[Any, ...]) -> Any:
     return raw
 
 
+def _top_level_parts(text: str) -> list[str]:
+    """`a, f(b, c), d[e, g]` -> [`a`, `f(b, c)`, `d[e, g]`]: split at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [*parts, text[start:].strip()]
+
+
+def _plain_tag(tag: str) -> str:
+    """A union member's tag without the validators pydantic names in it: `function-before[check(), int]` and
+    `constrained-int` are `int`, `tuple[function-before[check(), int], ...]` is `tuple[int, ...]`."""
+    if tag.startswith("constrained-"):
+        return _plain_tag(tag.removeprefix("constrained-"))
+    head, bracket, inner = tag.partition("[")
+    if not bracket or not inner.endswith("]"):
+        return tag
+    if head.startswith("function-"):
+        return _plain_tag(_top_level_parts(inner[:-1])[-1])
+    if head in ("list", "tuple", "dict"):
+        return f"{head}[{', '.join(_plain_tag(part) for part in _top_level_parts(inner[:-1]))}]"
+    return tag
+
+
 def _describe_member(tag: str) -> str:
     """What a union member accepts, in YAML words: `bool` is true or false, `literal['a','b']` is 'a' or 'b'."""
+    tag = _plain_tag(tag)
     simple = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "text"}
     if tag in simple:
         return simple[tag]
@@ -81,6 +121,20 @@ def _plain_message(err: dict[str, Any], path: tuple[Any, ...]) -> str:
     return err["msg"].removeprefix("Value error, ").rstrip(".")
 
 
+def _paragraph(loc: str, msg: str, value: Any) -> str:
+    colon = "" if msg.startswith(("must ", "is ", "holds ")) else ":"
+    return f"`{loc}`{colon} {msg} (got {_shown(value)})."
+
+
+def _close_choice(err: dict[str, Any]) -> str:
+    """` Did you mean `x`?` for a word close to one of the words a key takes (`cosin` for `cosine`)."""
+    if err["type"] != "literal_error" or not isinstance(err.get("input"), str):
+        return ""
+    choices = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+    close = difflib.get_close_matches(err["input"], choices, n=1, cutoff=0.6)
+    return f" Did you mean `{close[0]}`?" if close else ""
+
+
 def describe_validation_error(exc: ValidationError, raw: dict[str, Any]) -> list[str]:
     """One paragraph per wrong key: the key path as `--set` writes it (`datasets.0.type`), what it accepts and the
     value it got. The errors pydantic gives for each member of a union type are merged into one."""
@@ -103,11 +157,15 @@ def describe_validation_error(exc: ValidationError, raw: dict[str, Any]) -> list
                 value = _value_at(raw, path)
             except (KeyError, IndexError, TypeError):
                 value = _MISSING
+            # A value of a member's type that the member refuses (`-1` for a count that may also be `auto`, an
+            # empty name where a list of names would do too) is told why, not what else the key takes.
+            specific = [err for _, err in errs if err["type"] in _SPECIFIC_ERRORS]
+            if specific:
+                problems.append(_paragraph(loc, _plain_message(specific[0], path), value))
+                continue
             accepted = ", or ".join(_describe_member(m) for m in members)
             problems.append(f"`{loc}` must be {accepted} (got {_shown(value)}).")
         else:
             for _, err in errs:
-                msg = _plain_message(err, path)
-                colon = "" if msg.startswith("must") else ":"
-                problems.append(f"`{loc}`{colon} {msg} (got {_shown(err.get('input'))}).")
+                problems.append(_paragraph(loc, _plain_message(err, path), err.get("input")) + _close_choice(err))
     return problems
