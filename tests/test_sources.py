@@ -219,3 +219,24 @@ def test_empty_jsonl_file_raises_data_error(tmp_path):
     path.write_text("")
     with pytest.raises(DataError, match="empty.jsonl"):
         load_rows(entry(path=str(path)))
+
+
+def test_json_depth_counts_brackets_outside_strings_only():
+    from hellbender.data.sources import json_depth
+
+    assert json_depth('{"a": [1, {"b": "[[[{{{"}], "c": "\\"]"}') == 3
+    assert json_depth("[" * 150 + "]" * 150) == 150
+
+
+def test_deeply_nested_jsonl_rows_are_refused_by_line_and_row(tmp_path):
+    from hellbender.data.sources import MAX_JSON_DEPTH, refuse_deep_json
+    from hellbender.errors import DataError
+
+    path = tmp_path / "rows.jsonl"
+    shallow = '{"text": "' + "[" * 500 + '"}\n'  # brackets inside a string: not nesting
+    deep = '{"x": ' + "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH + "}\n"
+    path.write_text(shallow + "\n" + shallow + deep)
+    with pytest.raises(DataError, match=r"line 4 \(row 2\) nests arrays and objects more than 100 levels deep"):
+        refuse_deep_json(str(path), "Dataset `rows.jsonl`")
+    path.write_text(shallow + '{"x": ' + "[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1) + "}\n")
+    refuse_deep_json(str(path), "Dataset `rows.jsonl`")  # exactly the limit passes

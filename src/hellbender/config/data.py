@@ -101,6 +101,11 @@ class DatasetEntry(ImageEntryKeys):
         description="`chat_template`: the name the chat template reads a message's reasoning under (default "
         "`reasoning_content`, as Qwen3's template; gpt-oss's template reads `thinking`).",
     )
+    field_tools: Name | None = Field(
+        None,
+        description="`chat_template`: the column holding each row's tool list (default `tools`), JSON schemas handed "
+        "to the chat template as `tools`.",
+    )
     chat_template: Name | None = Field(
         None, description="Per-dataset chat template (same values as the top-level `chat_template`)."
     )

@@ -194,6 +194,7 @@ ENTRY_UNSET_MEANS: dict[str, str] = {
     "train_on_eos": "not a `chat_template` dataset",
     "field_thinking": "not a `chat_template` dataset",
     "template_thinking_key": "not a `chat_template` dataset",
+    "field_tools": "not a `chat_template` dataset",
     "chat_template": "not a `chat_template` dataset",
     "train_on_inputs": "not a dataset with prompts (`chat_template`, `alpaca`)",
     "text_column": "not a raw-text dataset (`completion`, `multimodal_pretrain`)",
@@ -209,6 +210,7 @@ KEYS_FILLED_FOR_TYPE: dict[str, tuple[str, ...]] = {
         "chat_template",
         "field_thinking",
         "template_thinking_key",
+        "field_tools",
     ),
     "alpaca": ("train_on_inputs",),
     "completion": ("text_column",),
@@ -232,6 +234,7 @@ def entry_with_defaults(entry: DatasetEntry, cfg: HellbenderConfig) -> DatasetEn
         # Axolotl's default: a message's `reasoning_content` reaches the template under that name.
         updates["field_thinking"] = entry.field_thinking or "reasoning_content"
         updates["template_thinking_key"] = entry.template_thinking_key or "reasoning_content"
+        updates["field_tools"] = entry.field_tools or "tools"  # Axolotl's default column
         updates["chat_template"] = entry.chat_template or cfg.chat_template
         if updates["chat_template"] == "jinja" and entry.chat_template_jinja is None:
             updates["chat_template_jinja"] = cfg.chat_template_jinja

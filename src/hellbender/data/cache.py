@@ -20,7 +20,7 @@ from hellbender.data.sources import is_url, local_files, looks_local
 from hellbender.storage import write_directory_atomically
 
 # Bump whenever a format, the packing or the stored layout changes what a cache directory holds.
-PREPARE_FORMAT_VERSION = 1
+PREPARE_FORMAT_VERSION = 2  # 2: message weights, tool calls and null contents change labels
 COMPLETE_MARKER = "hellbender_prepared.json"
 
 

@@ -75,6 +75,16 @@ def eot_token_ids(eot_tokens: list[str], tokenizer: Any, where: str) -> frozense
     return frozenset(ids)
 
 
+def template_source(name: str | None, jinja: str | None, has_processor: bool) -> str:
+    """Where a dataset's chat template comes from, as errors name it."""
+    if name == "jinja" or (name is None and jinja):
+        return "`chat_template_jinja`"
+    if name is None or name == "tokenizer_default":
+        owner = "processor" if has_processor else "tokenizer"
+        return f"the {owner}'s own template, `chat_template: tokenizer_default`"
+    return f"`chat_template: {name}`"
+
+
 def format_context(
     entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any, processor: Any = None, where: str = ""
 ) -> FormatContext:
@@ -89,6 +99,7 @@ def format_context(
         for target, aliases in entry.roles.items():
             role_map.update({alias: target for alias in aliases})
     template = None
+    source = template_source(entry.chat_template, entry.chat_template_jinja, processor is not None)
     if entry.type == "chat_template" and processor is not None and entry.chat_template == "tokenizer_default":
         template = processor.chat_template  # a VLM's own template lives with its processor
     elif entry.type == "chat_template" and not is_mistral_common(tokenizer):  # it encodes conversations itself
@@ -107,6 +118,8 @@ def format_context(
         drop_system_message=bool(entry.drop_system_message),
         thinking_field=entry.field_thinking if entry.type == "chat_template" else None,
         thinking_key=entry.template_thinking_key if entry.type == "chat_template" else None,
+        template_source=source,
+        tools_field=entry.field_tools if entry.type == "chat_template" else None,
         text_field=entry.text_column,
         vision=vision_context(entry, cfg, processor, where)
         if processor is not None and entry.type in VISION_TYPES

@@ -229,7 +229,7 @@ DROP_HINTS = {
     "shorter than min_sample_len": "lower `min_sample_len`",
     "duplicate": "set `dataset_exact_deduplication: false` to keep repeated rows",
     "no trainable tokens": "check `roles_to_train` (the roles whose turns are trained, default `[assistant]`), "
-    "`train_on_inputs` and `train_on_eos`",
+    "`train_on_inputs`, `train_on_eos` and the messages' `weight` (0 leaves a turn untrained)",
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,10 @@ DS_TYPE_TO_BUILDER = {
     "text": "text",
     "arrow": "arrow",
 }
+# Deeper JSON crashes the loaders (Python's recursion limit in `datasets`, a stack overflow in Arrow's reader); real
+# rows (tool arguments, JSON schemas) nest a few levels.
+MAX_JSON_DEPTH = 100
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
 def is_url(path: str) -> bool:
@@ -107,6 +112,9 @@ def load_rows(entry: Any, streaming: bool = False, where: str | None = None):
             raise DataError(f"{where} has no rows: {', '.join(files[:3])} {'is' if len(files) == 1 else 'are'} empty.")
         builder = builder_for(files, entry.ds_type, where)
         kwargs = dict(data_files=files)
+        if builder == "json":
+            for f in files:
+                refuse_deep_json(f, where)
     else:
         return _load_hub(entry, streaming, where)
     if entry.split != "train":
@@ -201,6 +209,45 @@ def _describe_load_failure(where: str, builder: str, files: list[str], exc: Exce
     return (
         f"{where}: could not read the {builder} file(s) {', '.join(files[:3])}: {str(cause).strip().rstrip('.')}. "
         f"Check that the file holds {builder} data, or set `ds_type` to the format it holds."
+    )
+
+
+def json_depth(text: str) -> int:
+    """How deep arrays and objects nest in JSON `text` (brackets inside strings do not count)."""
+    depth = deepest = 0
+    for token in _JSON_TOKENS.finditer(text):
+        bracket = token.group()
+        if bracket in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif bracket in "]}":
+            depth -= 1
+    return deepest
+
+
+def refuse_deep_json(path: str, where: str) -> None:
+    """Refuse a JSON / JSONL file with a row nested deeper than MAX_JSON_DEPTH, naming the line and row, before the
+    loaders crash on it. A line with fewer brackets than the limit is passed over without a scan."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        head = f.read(1).lstrip()
+        f.seek(0)
+        if head == "[":  # one JSON array: its rows sit one level down
+            if json_depth(f.read()) > MAX_JSON_DEPTH + 1:
+                raise DataError(_too_deep(where, path, "a row of it"))
+            return
+        row = 0
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            if line.count("[") + line.count("{") > MAX_JSON_DEPTH and json_depth(line) > MAX_JSON_DEPTH:
+                raise DataError(_too_deep(where, path, f"line {number} (row {row})"))
+            row += 1
+
+
+def _too_deep(where: str, path: str, what: str) -> str:
+    return (
+        f"{where}: `{path}` {what} nests arrays and objects more than {MAX_JSON_DEPTH} levels deep, which the JSON "
+        "loaders cannot read (they crash on it). Flatten that value, store it as a JSON string, or remove the row."
     )
 
 

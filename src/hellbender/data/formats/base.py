@@ -59,6 +59,10 @@ class FormatContext:
     # reads it under (`template_thinking_key`); None: messages carry no reasoning
     thinking_field: str | None = None
     thinking_key: str | None = None
+    # chat_template: where the template came from, for errors (`chat_template_jinja`, `chat_template: chatml`, ...)
+    template_source: str = "`chat_template`"
+    # chat_template: the column holding a row's tool list (`field_tools`); None: rows carry no tools
+    tools_field: str | None = None
 
 
 def require_eos(tokenizer: Any) -> int:

@@ -22,6 +22,8 @@ from typing import Any
 
 from hellbender.config.data import CHAT_ROLES
 from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowError
+from hellbender.data.formats.render_budget import RenderBudgetExceeded, render_within_budget
+from hellbender.data.formats.tool_calls import read_tool_calls, read_tools
 from hellbender.errors import ConfigError
 
 # Each template role under its own name, and ShareGPT's names for them.
@@ -33,11 +35,25 @@ DEFAULT_ROLE_ALIASES = {
 }
 
 
+class Turn(dict):
+    """A message as the template receives it, plus whether its turn is trained when the dataset says so per message
+    (`weight: 0` / `1`; None: `roles_to_train` decides). The flag is an attribute, so the template never sees it."""
+
+    train: bool | None = None
+
+
+WEIGHT_KEY = "weight"  # per message: 0 leaves the turn untrained, 1 trains it, whatever its role
+# Message keys handed to the template as they are when present (tool messages name the call they answer).
+PASSED_KEYS = ("name", "tool_call_id")
+
+
 def read_messages(row: dict[str, Any], ctx: FormatContext, allow_parts: bool = False) -> list[dict[str, Any]]:
-    """The row's conversation as `{"role", "content"}` messages with template role names.
+    """The row's conversation as `{"role", "content"}` messages with template role names (`Turn`s), an assistant's
+    `tool_calls` and a tool message's `name` / `tool_call_id` kept for the template.
 
     Content is a string, or (with `allow_parts`, for vision-language models) a list of parts such as
-    `{"type": "text", "text": ...}` and `{"type": "image", "path": ...}`.
+    `{"type": "text", "text": ...}` and `{"type": "image", "path": ...}`. `content: null` is refused, except in an
+    assistant message with `tool_calls`, where it means the turn is only the calls.
     """
     field = ctx.field_messages or ("messages" if "messages" in row else "conversations")
     if field not in row:
@@ -52,11 +68,12 @@ def read_messages(row: dict[str, Any], ctx: FormatContext, allow_parts: bool = F
         raise RowError(f"column `{field}` must be a non-empty list of messages")
     role_map = ctx.role_map or DEFAULT_ROLE_ALIASES
     role_key, content_key = ctx.role_key, ctx.content_key
-    if ctx.role_key == "role" and "role" not in raw[0] and "from" in raw[0]:
+    if ctx.role_key == "role" and isinstance(raw[0], dict) and "role" not in raw[0] and "from" in raw[0]:
         role_key, content_key = "from", "value"  # ShareGPT layout
     messages = []
     for i, message in enumerate(raw):
-        if not isinstance(message, dict) or role_key not in message or content_key not in message:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if not isinstance(message, dict) or role_key not in message or (content_key not in message and not calls):
             has = (
                 f"it has keys {', '.join(sorted(map(str, message)))}"
                 if isinstance(message, dict)
@@ -78,8 +95,15 @@ def read_messages(row: dict[str, Any], ctx: FormatContext, allow_parts: bool = F
                 f"message {i} has unknown role `{name}`; known roles: {known}. Map it onto a template role with "
                 f"the dataset's `roles:` key, e.g. `roles: {{assistant: [{name}]}}`"
             )
-        content = message[content_key]
+        content = message.get(content_key)
+        if calls is not None:
+            calls = read_tool_calls(calls, i, role)
         if content is None:
+            if not calls:
+                raise RowError(
+                    f"message {i} ({role}) has `{content_key}: null`, which says nothing to train or show; write "
+                    f'`{content_key}: ""` for an empty turn, or remove the message'
+                )
             content = ""
         if isinstance(content, list) and allow_parts:
             content = [_read_part(part, i) for part in content]
@@ -91,8 +115,34 @@ def read_messages(row: dict[str, Any], ctx: FormatContext, allow_parts: bool = F
             )
             raise RowError(f"message {i} content must be text, not {type(content).__name__}{hint}")
         if not (ctx.drop_system_message and role == "system"):
-            messages.append({"role": role, "content": content, **_reasoning_of(message, i, ctx)})
+            turn = Turn(role=role, content=content, **_reasoning_of(message, i, ctx))
+            if calls:
+                turn["tool_calls"] = calls
+            for key in PASSED_KEYS:
+                if isinstance(message.get(key), str):
+                    turn[key] = message[key]
+            turn.train = _weight_of(message, i)
+            messages.append(turn)
     return messages
+
+
+def _weight_of(message: dict[str, Any], i: int) -> bool | None:
+    """The message's `weight` as a training decision: 0 no, 1 yes, absent (or null) leaves it to `roles_to_train`."""
+    weight = message.get(WEIGHT_KEY)
+    if weight is None:
+        return None
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight not in (0, 1):
+        raise RowError(
+            f"message {i} has `{WEIGHT_KEY}: {weight!r}`; a message's weight is 0 (its turn is not trained) or 1 (it "
+            "is trained); weights between are not supported"
+        )
+    return weight == 1
+
+
+def is_trained(message: dict[str, Any], ctx: FormatContext) -> bool:
+    """Whether a message's turn is trained: its `weight` when given, else whether its role is in `roles_to_train`."""
+    train = getattr(message, "train", None)
+    return message["role"] in ctx.roles_to_train if train is None else train
 
 
 def _reasoning_of(message: dict[str, Any], i: int, ctx: FormatContext) -> dict[str, str]:
@@ -121,12 +171,14 @@ def _read_part(part: Any, message: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Segment:
-    """A piece of text the template renders: a message's string content, one text part of a list content, or the
-    message's reasoning (its `template_thinking_key`, or a think block split out of its content)."""
+    """A piece of text the template renders: a message's string content, one text part of a list content, the
+    message's reasoning (its `template_thinking_key`, or a think block split out of its content), or the text the
+    template writes for the message's tool calls (markup included: the model writes it all)."""
 
     message: int
     text: str
     reasoning: bool = False
+    tool_calls: bool = False
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -166,7 +218,9 @@ def layout(
         if thinking_key and isinstance(message.get(thinking_key), str):
             out[thinking_key] = hole(i, message[thinking_key], reasoning=True)
         content = message["content"]
-        if isinstance(content, str):
+        if content == "" and message.get("tool_calls"):
+            pass  # a turn that is only tool calls: templates test the content before writing it
+        elif isinstance(content, str):
             block = _think_block(content) if split_think else None
             if block is None:
                 out["content"] = hole(i, content)
@@ -223,12 +277,65 @@ def render_with_spans(
             if "".join(pieces) == text:
                 located = list(zip(segments, spans, strict=True))
                 _check_reasoning_rendered(render, messages, located, thinking_key, split_think)
+                holes = [(at, at + len(_placeholder(k)), spans[k]) for at, k in found]
+                located += _tool_call_spans(render, placeholders, skeleton, holes, text)
                 return text, located
     raise RowError(
         "the chat template does not render message contents verbatim (it rewrites or reorders them), so the "
         "trained tokens cannot be located exactly; use a template that inserts each message's content as is "
         "(`chat_template: chatml` or your own `chat_template_jinja`), or pre-tokenize the rows"
     )
+
+
+def _tool_call_spans(
+    render: Render,
+    placeholders: list[dict[str, Any]],
+    skeleton: str,
+    holes: list[tuple[int, int, tuple[int, int]]],
+    text: str,
+) -> Located:
+    """Where the template writes each assistant message's tool calls: the text that appears in the placeholder
+    rendering when the message has its calls and not without them. `holes` maps placeholders (their start and end in
+    `skeleton`) to the spans of their texts in `text`. A template that writes nothing for the calls is refused: the
+    calls would vanish from training."""
+
+    def in_text(at: int) -> int:
+        shift = 0
+        for start, end, (_, text_end) in holes:
+            if end <= at:
+                shift = text_end - end
+            elif start < at:
+                return text_end  # inside a placeholder: the calls start or end with the text
+        return at + shift
+
+    out: Located = []
+    for i, message in enumerate(placeholders):
+        if not message.get("tool_calls"):
+            continue
+        without = [
+            m if k != i else {key: v for key, v in m.items() if key != "tool_calls"} for k, m in enumerate(placeholders)
+        ]
+        try:
+            other = render(without)
+        except (RowError, ConfigError):
+            other = None
+        if other is None or other == skeleton:
+            raise RowError(
+                f"the chat template does not render the tool calls of message {i} ({message['role']}): they would "
+                "vanish from training; use a template that renders `tool_calls` (the model's own, "
+                "`chat_template: tokenizer_default`, when it supports tools), or write the calls into the content"
+            )
+        # The common end first: what follows the calls is the turn's end marker, which rarely repeats the calls'
+        # last character, while the header before them often shares their first (`assistant\n` + `\n<tool_call>`).
+        suffix = 0
+        while suffix < min(len(skeleton), len(other)) and skeleton[-1 - suffix] == other[-1 - suffix]:
+            suffix += 1
+        prefix = 0
+        while prefix < min(len(skeleton), len(other)) - suffix and skeleton[prefix] == other[prefix]:
+            prefix += 1
+        start, end = in_text(prefix), in_text(len(skeleton) - suffix)
+        out.append((Segment(i, text[start:end], tool_calls=True), (start, end)))
+    return out
 
 
 def _check_reasoning_rendered(
@@ -263,9 +370,10 @@ def _check_reasoning_rendered(
     )
 
 
-def template_failure(exc: Exception) -> Exception:
-    """The error to raise when rendering failed: a template that does not parse is wrong for every row (the
-    config's to fix); anything else is this conversation's problem."""
+def template_failure(exc: Exception, source: str = "`chat_template`") -> Exception:
+    """The error to raise when rendering failed: a template that does not parse or does not finish within its budget
+    is wrong for every row (the config's to fix; `source` names where the template came from); anything else is this
+    conversation's problem."""
     from jinja2 import TemplateSyntaxError
 
     if isinstance(exc, TemplateSyntaxError):
@@ -273,17 +381,42 @@ def template_failure(exc: Exception) -> Exception:
             f"The chat template is not valid Jinja: {str(exc.message).rstrip('.')} (template line {exc.lineno}). Fix "
             "`chat_template_jinja`, or choose another `chat_template` (`tokenizer_default`, `chatml`)."
         )
+    if isinstance(exc, RenderBudgetExceeded):
+        return ConfigError(
+            f"The chat template ({source}) is refused: {exc}, so it would hang or exhaust memory (a loop over a "
+            "huge range, a macro that recurses without end, or output without bound). Fix the template, or choose "
+            "another `chat_template` (`tokenizer_default`, `chatml`)."
+        )
+    if isinstance(exc, RecursionError):
+        return RowError(
+            f"the chat template ({source}) recursed too deeply on this conversation (a macro that calls itself "
+            "without end, or data nested too deeply)"
+        )
     return RowError(f"the chat template failed on this conversation: {exc}")
 
 
-def tokenizer_renderer(tokenizer: Any, template: str | None) -> Render:
+def tokenizer_renderer(
+    tokenizer: Any, template: str | None, source: str = "`chat_template`", tools: list[dict[str, Any]] | None = None
+) -> Render:
+    """Render a conversation with `template` through the tokenizer, within the render budget; `source` names the
+    template in errors, `tools` is the row's tool list."""
+    extra = {"tools": tools} if tools else {}
+
     def render(messages: list[dict[str, Any]]) -> str:
         try:
-            return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False)
+            return budgeted(
+                template,
+                lambda: tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, **extra),
+            )
         except Exception as exc:  # jinja raises many kinds (TemplateError, TypeError, ...) for bad conversations
-            raise template_failure(exc) from None
+            raise template_failure(exc, source) from None
 
     return render
+
+
+def budgeted(template: str | None, render: Callable[[], str]) -> str:
+    """`render()` within the render budget (see `render_budget`); a template of None is the owner's own."""
+    return render() if template is None else render_within_budget(template, render)
 
 
 def special_ids(tokenizer: Any) -> set[int]:
@@ -309,7 +442,7 @@ def conversation_labels(
 
     The end-of-turn token is the first special token after a message's text, or with `eot_tokens` the first of
     those or the EOS token (other special tokens before it are passed over)."""
-    trained = [m["role"] in ctx.roles_to_train for m in messages]
+    trained = [is_trained(m, ctx) for m in messages]
     for seg, span in located:
         # A template may leave out reasoning (of earlier turns) by design; `render_with_spans` checks the rest.
         if span is None and trained[seg.message] and seg.text and not seg.reasoning:
@@ -350,8 +483,9 @@ def conversation_labels(
 def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]]:
     tok = ctx.tokenizer
     messages = read_messages(row, ctx)
-    render = tokenizer_renderer(tok, ctx.chat_template)
+    render = tokenizer_renderer(tok, ctx.chat_template, ctx.template_source, read_tools(row, ctx.tools_field))
     if ctx.train_on_inputs:
+        refuse_weights_with_train_on_inputs(messages)
         ids = tok(render(messages), add_special_tokens=False)["input_ids"]
         return {"input_ids": ids, "labels": list(ids)}
     text, located = render_with_spans(render, messages, ctx.thinking_key)
@@ -360,6 +494,18 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]
         text, located, messages, enc["input_ids"], enc["offset_mapping"], special_ids(tok), ctx
     )
     return {"input_ids": enc["input_ids"], "labels": labels}
+
+
+def refuse_weights_with_train_on_inputs(messages: list[dict[str, Any]]) -> None:
+    """`train_on_inputs` trains every token, template markup included, so a turn marked `weight: 0` cannot be left
+    out of it."""
+    skipped = [i for i, m in enumerate(messages) if getattr(m, "train", None) is False]
+    if skipped:
+        raise RowError(
+            f"message {skipped[0]} has `{WEIGHT_KEY}: 0`, but `train_on_inputs: true` trains every token of the "
+            "conversation; set `train_on_inputs: false` and name the trained roles in `roles_to_train` (a message's "
+            f"`{WEIGHT_KEY}` then overrides its role)"
+        )
 
 
 def _train_eos(mode: str, turn_trained: bool, is_last_trained: bool) -> bool:

@@ -14,7 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowError
-from hellbender.data.formats.chat_template import _train_eos, read_messages
+from hellbender.data.formats.chat_template import (
+    _train_eos,
+    is_trained,
+    read_messages,
+    refuse_weights_with_train_on_inputs,
+)
 
 
 def is_mistral_common(tokenizer: Any) -> bool:
@@ -93,14 +98,25 @@ def encode_conversation(messages: list[dict[str, Any]], ctx: FormatContext) -> t
             "encodes conversations without it, so it would be left out silently; write it into the content the "
             "way the model's format does, or remove it from the data"
         )
+    if any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        raise RowError(
+            "the row holds tool calls or tool results, which hellbender does not yet encode with mistral-common "
+            "(`tokenizer_use_mistral_common`); train such rows with the model's Jinja chat template instead"
+        )
+    if any(m["role"] != "assistant" and getattr(m, "train", None) for m in messages):
+        raise RowError(
+            "with mistral-common only assistant turns can be trained, but a message of another role is marked "
+            "`weight: 1`; remove the weight, or train without `tokenizer_use_mistral_common`"
+        )
     encoders = _encoders(tokenizer)
     encoded = _encode(encoders, messages)
     ids, images = list(encoded.tokens), list(encoded.images)
     if ctx.train_on_inputs:
+        refuse_weights_with_train_on_inputs(messages)
         return ids, list(ids), images
     eos = tokenizer.eos_token_id
     assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    trained = "assistant" in ctx.roles_to_train
+    last_trained = max((i for i in assistants if is_trained(messages[i], ctx)), default=-1)
     labels = [IGNORE_INDEX] * len(ids)
     cursor = 0
     for i in assistants:
@@ -115,9 +131,10 @@ def encode_conversation(messages: list[dict[str, Any]], ctx: FormatContext) -> t
                 "tokenizer version moves earlier content, e.g. tool calls before the last user message), so its "
                 "tokens cannot be located exactly; shorten the conversation to end at that turn, or pre-tokenize it"
             )
+        trained = is_trained(messages[i], ctx)
         if trained:
             labels[start:end] = ids[start:end]
-        if _train_eos(ctx.train_on_eos, trained, trained and i == assistants[-1]):
+        if _train_eos(ctx.train_on_eos, trained, i == last_trained):
             labels[end] = eos
         cursor = end + 1
     return ids, labels, images

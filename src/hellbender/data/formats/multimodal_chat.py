@@ -13,12 +13,15 @@ from typing import Any
 
 from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowDropped, RowError
 from hellbender.data.formats.chat_template import (
+    budgeted,
     conversation_labels,
     read_messages,
+    refuse_weights_with_train_on_inputs,
     render_with_spans,
     special_ids,
     template_failure,
 )
+from hellbender.data.formats.tool_calls import read_tools
 from hellbender.data.images import ImageProblem, image_reference, open_image, pack_pixels, resolve_image
 
 
@@ -97,17 +100,25 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
     vision = ctx.vision
     processor, tok = vision.processor, ctx.tokenizer
     messages, paths, images = conversation_with_images(row, ctx)
+    tools = read_tools(row, ctx.tools_field)
+    extra = {"tools": tools} if tools else {}
 
     def render(msgs: list[dict[str, Any]]) -> str:
         try:
-            return processor.apply_chat_template(_bare(msgs), chat_template=ctx.chat_template, tokenize=False)
+            return budgeted(
+                ctx.chat_template,
+                lambda: processor.apply_chat_template(
+                    _bare(msgs), chat_template=ctx.chat_template, tokenize=False, **extra
+                ),
+            )
         except Exception as exc:  # jinja raises many kinds for bad conversations
-            raise template_failure(exc) from None
+            raise template_failure(exc, ctx.template_source) from None
 
     text, located = render_with_spans(render, messages, ctx.thinking_key)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"]
     if ctx.train_on_inputs:
+        refuse_weights_with_train_on_inputs(messages)
         labels = list(ids)
     else:
         labels = conversation_labels(
