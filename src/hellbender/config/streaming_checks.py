@@ -49,7 +49,7 @@ def streaming_problems(cfg: HellbenderConfig) -> list[str]:
                 f"{buffer} sizes the buffers of streamed data, but nothing is streamed here (prepared rows are "
                 "shuffled and packed all together). Remove it, or set `streaming: true`."
             )
-        elif not cfg.shuffle_merged_datasets and not packs_buffer:
+        elif cfg.shuffle_merged_datasets is False and not packs_buffer:  # None: decided later, on by default
             problems.append(
                 f"{buffer} would do nothing: the stream is not shuffled (`shuffle_merged_datasets: false`) and its "
                 "rows are not packed from a buffer (that is streamed `datasets:` with `sample_packing: true`). "
