@@ -51,7 +51,7 @@ def test_manifests_carry_hashes_and_one_run_identity(lora_run):
     runs.add(manifest_run(out, FINAL_MANIFEST)["run_id"])
     assert runs == {json.loads((out / RUN_FILE).read_text())["run_id"]}  # one run wrote all of it
     entry = json.loads((out / "checkpoint-2" / CHECKPOINT_MANIFEST).read_text())["files"]["adapter_model.safetensors"]
-    assert set(entry) == {"size", "sha256"} and len(entry["sha256"]) == 64
+    assert set(entry) == {"size", "sha256_chunks"} and len(entry["sha256_chunks"]) == 64
     assert manifest_run(out, FINAL_MANIFEST)["defines"]["lora_r"] == lora_run.get("lora_r", 8)
 
 

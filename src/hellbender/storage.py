@@ -29,8 +29,10 @@ from typing import Any
 CHECKPOINT_MANIFEST = "hellbender_checkpoint.json"  # in each complete `checkpoint-N`
 FINAL_MANIFEST = "hellbender_model.json"  # beside a complete final, merged or consolidated model
 MANIFEST_VERSION = 2  # 1: sizes only, no run identity (still read)
-HASH = "sha256"
-# Files are hashed on threads (hashlib releases the GIL while it hashes): a checkpoint is several large files.
+HASH = "sha256_chunks"  # see `file_digests`
+CHUNK_BYTES = 64 * 1024**2
+READ_BYTES = 4 * 1024**2
+# Chunks are hashed on threads: hashlib releases the GIL while it hashes, so they run in parallel.
 HASH_THREADS = min(8, os.cpu_count() or 1)
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 
@@ -96,15 +98,28 @@ def move_files_into(staging: Path, target: Path, manifest: str = FINAL_MANIFEST,
     staging.rmdir()
 
 
-def file_digest(path: Path) -> str:
-    """The file's SHA-256, read in a stream (constant memory, whatever the file's size)."""
+def _chunk_digest(item: tuple[Path, int]) -> bytes:
+    path, offset = item
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, HASH).hexdigest()
+        f.seek(offset)
+        left = CHUNK_BYTES
+        while left > 0 and (block := f.read(min(READ_BYTES, left))):
+            digest.update(block)
+            left -= len(block)
+    return digest.digest()
 
 
-def _flushed_entry(path: Path) -> dict[str, Any]:
-    fsync(path)
-    return {"size": path.stat().st_size, HASH: file_digest(path)}
+def file_digests(paths: list[Path]) -> list[str]:
+    """Each file's digest: the SHA-256 of the SHA-256s of its `CHUNK_BYTES` chunks, read in a stream. Chunks,
+    not files, are spread over the threads, so one big file (`optimizer.pt`) is hashed on every thread."""
+    chunks = [(path, offset) for path in paths for offset in range(0, max(path.stat().st_size, 1), CHUNK_BYTES)]
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        digests = list(pool.map(_chunk_digest, chunks))
+    joined: dict[Path, Any] = {path: hashlib.sha256() for path in paths}
+    for (path, _), digest in zip(chunks, digests, strict=True):
+        joined[path].update(digest)
+    return [joined[path].hexdigest() for path in paths]
 
 
 def write_manifest(
@@ -114,9 +129,13 @@ def write_manifest(
     `model_only`: a checkpoint written with `save_only_model` (no optimizer, scheduler or random state), which resume
     refuses. `run`: the identity of the run that wrote it (`RunIdentity.record()`)."""
     paths = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != name)
-    with ThreadPoolExecutor(HASH_THREADS) as pool:  # the files were just written: mostly read back from page cache
-        entries = list(pool.map(_flushed_entry, paths))
-    files = {path.relative_to(directory).as_posix(): entry for path, entry in zip(paths, entries, strict=True)}
+    for path in paths:
+        fsync(path)
+    digests = file_digests(paths)  # the files were just written: mostly read back from the page cache
+    files = {
+        path.relative_to(directory).as_posix(): {"size": path.stat().st_size, HASH: digest}
+        for path, digest in zip(paths, digests, strict=True)
+    }
     manifest: dict = {"version": MANIFEST_VERSION, "files": files}
     if model_only:
         manifest["model_only"] = True
@@ -183,11 +202,10 @@ def content_mismatch(directory: Path, name: str = CHECKPOINT_MANIFEST) -> str | 
     and passes: `incompleteness` checked its sizes."""
     files = {relative: _entry(value) for relative, value in json.loads((directory / name).read_text())["files"].items()}
     hashed = [(relative, digest) for relative, (_, digest) in files.items() if digest is not None]
-    with ThreadPoolExecutor(HASH_THREADS) as pool:
-        found = list(pool.map(lambda item: file_digest(directory / item[0]), hashed))
+    found = file_digests([directory / relative for relative, _ in hashed])
     for (relative, digest), actual in zip(hashed, found, strict=True):
         if actual != digest:
-            return f"{relative} is not the file that was saved (its {HASH} differs from the one in {name})"
+            return f"{relative} is not the file that was saved (its hash differs from the one in {name})"
     return None
 
 
