@@ -110,7 +110,7 @@ def test_two_ray_workers_train_like_one_process_with_the_same_global_batch(tmp_p
     # records are in output_dir/ray/hellbender and hold no model.
     manifest = json.loads((out / "hellbender_model.json").read_text())
     assert "adapter_model.safetensors" in manifest["files"]
-    assert all((out / name).stat().st_size == size for name, size in manifest["files"].items())
+    assert all((out / name).stat().st_size == entry["size"] for name, entry in manifest["files"].items())
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     assert not list(out.glob(".final-model-staging*"))
     assert (out / "ray" / "hellbender").is_dir()

@@ -5,6 +5,7 @@ nor touches the figures of the program around it."""
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ def line_plot(series: list[Series], title: str, ylabel: str, log_y: bool = False
     figure.subplots_adjust(left=0.11, right=0.98, bottom=0.14, top=0.9)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
+    series = [_finite(s) for s in series]  # a NaN or inf is no point on a progress curve (the report names it)
     for s in series:
         few = len(s.steps) < 30
         if s.points:
@@ -66,6 +68,11 @@ def line_plot(series: list[Series], title: str, ylabel: str, log_y: bool = False
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     return buffer.getvalue()
+
+
+def _finite(series: Series) -> Series:
+    kept = [(x, y) for x, y in zip(series.steps, series.values, strict=True) if math.isfinite(y)]
+    return Series(series.label, [x for x, _ in kept], [y for _, y in kept], series.points)
 
 
 def train_logs(history: list[dict]) -> list[dict]:

@@ -26,6 +26,7 @@ from transformers import TrainerCallback
 from hellbender.config import HellbenderConfig, dump_config
 from hellbender.metrics import perplexity
 from hellbender.storage import write_file_atomically
+from hellbender.train.divergence import Divergence
 from hellbender.train.memory_watchdog import MemoryWatchdog
 from hellbender.train.plots import GIB, MIB, PLOTS, memory_labels, report_plots, train_logs
 
@@ -43,11 +44,16 @@ class RunReport(TrainerCallback):
     the memory watchdog whose samples give the memory plot (None when it is off)."""
 
     def __init__(
-        self, cfg: HellbenderConfig, data_stats: dict[str, Any] | None, memory: MemoryWatchdog | None = None
+        self,
+        cfg: HellbenderConfig,
+        data_stats: dict[str, Any] | None,
+        memory: MemoryWatchdog | None = None,
+        divergence: Divergence | None = None,
     ) -> None:
         self.cfg = cfg
         self.data_stats = data_stats
         self.memory = memory
+        self.divergence = divergence
         self.started: float | None = None
         self.first_step = 0
         self.parameters: tuple[int, int] | None = None  # (trainable, total)
@@ -141,7 +147,9 @@ class RunReport(TrainerCallback):
     def _status(self, state: Any, moment: str) -> str:
         written = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         step, total = state.global_step, state.max_steps
-        if moment == "save":
+        if self.divergence is not None and self.divergence.step is not None:
+            what = f"**Stopped: training diverged**. {self.divergence.message()}"
+        elif moment == "save":
             what = f"**In progress**: written when `checkpoint-{step}` was saved, at step {step} of {total}"
         elif step >= total:
             what = f"**Finished**: step {step} of {total}"
@@ -180,6 +188,7 @@ class RunReport(TrainerCallback):
 
     def _outcome(self, train: list[dict], evals: list[dict], summary: dict | None) -> list[str]:
         lines = []
+        train = [e for e in train if math.isfinite(e["loss"])]  # a NaN is no progress; `_notes` names its steps
         if train:
             first, last = train[0], train[-1]
             tail = [e["loss"] for e in train[-min(len(train), max(3, len(train) // 10)) :]]

@@ -1,8 +1,10 @@
 """Checkpoints that are either complete and trusted, or ignored: rotation, tidying and the choice of resume point.
 
 The Trainer writes a `checkpoint-N` directory file by file; a kill can stop it anywhere. When it has finished,
-`CheckpointKeeper` writes its manifest (`storage.write_manifest`: every file and its size, flushed first). Only a
-directory whose manifest is present and whose files all match it is a checkpoint hellbender resumes from. The keeper also does the rotation (`save_total_limit`), after the manifest,
+`CheckpointKeeper` writes its manifest (`storage.write_manifest`: every file with its size and SHA-256, flushed first,
+and the run's identity). Only a directory whose manifest is present and whose files all match it is a checkpoint
+hellbender resumes from: sizes are checked when checkpoints are listed, and the one chosen for resuming has every
+hash checked too (`verify_contents`). The keeper also does the rotation (`save_total_limit`), after the manifest,
 so the newest complete checkpoint is never deleted before a newer one is complete.
 """
 
@@ -20,11 +22,13 @@ from hellbender.errors import ConfigError
 from hellbender.storage import (
     checkpoint_dirs,
     complete_checkpoints,
+    content_mismatch,
     incompleteness,
     is_model_only,
     latest_checkpoint,
     write_manifest,
 )
+from hellbender.train.run_identity import RunIdentity
 
 logger = logging.getLogger("hellbender")
 
@@ -61,6 +65,24 @@ def checkpoint_to_resume(cfg: HellbenderConfig) -> Path | None:
     return None
 
 
+def resume_key(cfg: HellbenderConfig) -> str:
+    """The config key that chose the checkpoint to resume from."""
+    return "resume_from_checkpoint" if cfg.resume_from_checkpoint else "auto_resume_from_checkpoints"
+
+
+def verify_contents(path: Path, key: str) -> None:
+    """Refuse a checkpoint whose files are not byte for byte the ones its run saved (one streamed read of each file,
+    on threads; the resume reads them again right after, mostly from the page cache)."""
+    reason = content_mismatch(path)
+    if reason is not None:
+        which = f"`{path}`" if key == "resume_from_checkpoint" else f"the newest checkpoint of `output_dir`, `{path}`,"
+        raise ConfigError(
+            f"`{key}`: {which} was changed after it was saved: {reason}. Another run may have written into the same "
+            "`output_dir`, or the file was edited or damaged. Delete that checkpoint to resume from the one before it, "
+            "or resume from a checkpoint you trust."
+        )
+
+
 def _resumable(path: Path, key: str) -> Path:
     """`path`, unless it was written with `save_only_model`: the optimizer, scheduler and random state a run needs
     to continue exactly are not in it, and resuming without them would silently train differently."""
@@ -79,14 +101,15 @@ class CheckpointKeeper(TrainerCallback):
     """After each save: the manifest that makes the checkpoint trusted, then rotation to `save_total_limit` (which
     never removes the best checkpoint that `early_stopping_patience` keeps)."""
 
-    def __init__(self, save_total_limit: int | None) -> None:
+    def __init__(self, save_total_limit: int | None, run: RunIdentity | None = None) -> None:
         self.save_total_limit = save_total_limit
+        self.run = run
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
         directory = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        write_manifest(directory, model_only=args.save_only_model)
+        write_manifest(directory, model_only=args.save_only_model, run=self.run.record() if self.run else None)
         if self.save_total_limit is not None:
             # The best checkpoint (early stopping loads it at the end) is kept beside the newest ones.
             best = Path(state.best_model_checkpoint).resolve() if state.best_model_checkpoint else None

@@ -22,6 +22,7 @@ from hellbender.storage import write_file_atomically
 from hellbender.train.arguments import training_arguments
 from hellbender.train.deepspeed import deepspeed_before_loading
 from hellbender.train.distributed import is_main_process, main_process_first, world_size
+from hellbender.train.divergence import Divergence
 from hellbender.train.fsdp import (
     announce_host_offload,
     check_fsdp_processes,
@@ -43,7 +44,10 @@ from hellbender.train.resume import (
     TrainingAlreadyDone,
     checkpoint_to_resume,
     remove_incomplete_checkpoints,
+    resume_key,
+    verify_contents,
 )
+from hellbender.train.run_identity import claim_output_dir
 from hellbender.train.schedule import plan_schedule
 from hellbender.train.tokens import StreamPosition, TokenCounter
 from hellbender.train.trainer import HellbenderTrainer
@@ -65,6 +69,11 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     if not is_main_process():  # one process reports; the others speak only of problems
         logger.setLevel(logging.WARNING)
     resume_from = checkpoint_to_resume(cfg)  # checked first, so a bad path fails before any work
+    run = None
+    if is_main_process():  # before anything in `output_dir` is touched: it must hold no other run's outputs
+        if resume_from is not None:
+            verify_contents(resume_from, resume_key(cfg))
+        run = claim_output_dir(cfg, resume_from, resume_key(cfg))
     publisher = hub_publisher(cfg, hub_api)  # offline or without a token: stops here, not after training
     if publisher is not None and is_main_process():
         publisher.prepare()
@@ -107,9 +116,12 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
         LossWatchdog(cfg.loss_watchdog_threshold, cfg.loss_watchdog_patience) if cfg.loss_watchdog_threshold else None
     )
     watchdog = MemoryWatchdog(cfg.memory_watchdog) if cfg.memory_watchdog != "off" else None
+    divergence = Divergence()
     trainer = HellbenderTrainer(
         fused_loss=cfg.fuses_the_loss,
         lr_factor=own_lr_factor(cfg, schedule),
+        run=run,
+        divergence=divergence,
         model=model,
         args=args,
         train_dataset=train_data,
@@ -122,8 +134,10 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
             *([watchdog] if watchdog else []),
             *([SaveFirstStep()] if cfg.save_first_step else []),
             *([EarlyStoppingCallback(cfg.early_stopping_patience)] if cfg.early_stopping_patience else []),
-            CheckpointKeeper(cfg.save_total_limit),
-            RunReport(cfg, data_stats, watchdog),  # after the keeper: a checkpoint is complete before its report
+            CheckpointKeeper(cfg.save_total_limit, run),
+            RunReport(
+                cfg, data_stats, watchdog, divergence
+            ),  # after the keeper: a checkpoint is complete before its report
             *([HubPush(publisher)] if publisher else []),  # likewise before it is pushed
             stop_on_signal,
             *([loss_watchdog] if loss_watchdog else []),
@@ -149,6 +163,15 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
             f"refuses ({_unpickling_reason(exc)}). hellbender never unpickles arbitrary objects, "
             "which could run code. Resume from a checkpoint you wrote yourself, or remove this one."
         ) from None
+    except RuntimeError as exc:
+        if resume_from is None or "size mismatch" not in str(exc):
+            raise
+        raise ConfigError(
+            f"Resuming from {resume_from} failed: its weights do not fit the model this config builds "
+            f"({str(exc).splitlines()[-1].strip()[:200]}). It belongs to a run with another base model or adapter "
+            "shape (`lora_r`, `lora_target_modules`, ...): resume it with the config it was trained with, or start a "
+            "new run with another `output_dir`."
+        ) from None
     counter = trainer.token_counter()
     metrics.update(input_tokens=counter.input_tokens, trained_tokens=counter.trained_tokens)
     if stop_on_signal.received is not None:
@@ -162,6 +185,10 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
             else "Run again with `auto_resume_from_checkpoints: true` to continue.",
         )
         metrics["exit_code"] = stop_on_signal.exit_code
+        return metrics
+    if divergence.step is not None:
+        logger.error(divergence.message())
+        metrics["exit_code"] = DIVERGED_EXIT_CODE
         return metrics
     if loss_watchdog is not None and loss_watchdog.stopped_at_step is not None:
         logger.error(loss_watchdog.message())

@@ -17,12 +17,18 @@ from hellbender.data.collator import REAL_TOKENS_KEY, forward_kwargs
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.models.activation_checkpointing import side_channel_of
-from hellbender.storage import FINAL_MANIFEST, move_files_into, write_manifest
+from hellbender.storage import FINAL_MANIFEST, complete_checkpoints, listed_files, move_files_into, write_manifest
 from hellbender.train.console import StepLines
+from hellbender.train.divergence import Divergence, agreed, not_finite, weights_not_finite
+from hellbender.train.run_identity import RunIdentity, check_still_owner
 from hellbender.train.sampling import EpochSeededLengthGroupedSampler
 from hellbender.train.tokens import StreamPosition, TokenCounter
 
 FINAL_STAGING = ".final-model-staging"
+# Files of a final model of the other kind (adapter or whole model) that a new final save supersedes even when no
+# older manifest lists them: left in place, loaders of `output_dir` would pick up a stale adapter or model.
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+MODEL_FILE_PREFIXES = ("model.safetensors", "model-", "pytorch_model", "config.json", "generation_config.json")
 
 
 def causal_lm_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None):
@@ -36,12 +42,23 @@ def causal_lm_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch
 
 class HellbenderTrainer(Trainer):
     def __init__(
-        self, *args: Any, fused_loss: bool = False, lr_factor: Callable[[int], float] | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        fused_loss: bool = False,
+        lr_factor: Callable[[int], float] | None = None,
+        run: RunIdentity | None = None,
+        divergence: Divergence | None = None,
+        **kwargs: Any,
     ) -> None:
         """`fused_loss`: the model computes its loss itself without logits (Liger's fused linear cross-entropy);
         it is then given the accumulated batch's trained-token count, so accumulation stays exact. `lr_factor`: the
-        learning rate's fraction of its peak after each step, for schedules transformers does not name."""
+        learning rate's fraction of its peak after each step, for schedules transformers does not name. `run`: the
+        identity of this run (main process), recorded in the final manifest and checked before each save.
+        `divergence`: filled in when the run stops on a non-finite loss, gradient or weight."""
         self._lr_factor = lr_factor
+        self.run = run
+        self.divergence = divergence if divergence is not None else Divergence()
+        self._loss_not_finite = False
         if not fused_loss:
             kwargs.setdefault("compute_loss_func", causal_lm_loss)
         super().__init__(*args, **kwargs)
@@ -79,10 +96,51 @@ class HellbenderTrainer(Trainer):
             self._load_rng_state(self._rng_checkpoint)  # transformers' own restore, same files and order
             self._rng_checkpoint = None
         loss = super().training_step(model, inputs, num_items_in_batch)
+        # The Trainer checks each micro-batch loss for NaN / inf itself (to filter its logs), so this adds no sync.
+        self._loss_not_finite = self._loss_not_finite or not_finite(loss)
         channel = side_channel_of(self.model)
         if channel is not None:  # backward is done: nothing routed around a checkpoint outlives the step
             channel.clear()
         return loss
+
+    def _maybe_log_save_evaluate(
+        self, tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval, start_time, *a, **kw
+    ):
+        """At the end of each optimizer step: stop on a non-finite loss, gradient norm or (before a save or at the
+        last step) weight, before this step is logged, evaluated or saved."""
+        if self.divergence.step is None:
+            control = self.control
+            check_weights = control.should_save or control.should_training_stop
+            flags = [
+                self._loss_not_finite,
+                not_finite(grad_norm),
+                check_weights and weights_not_finite(self.model.parameters()),
+            ]
+            self._loss_not_finite = False
+            flags = agreed(flags, self.args.device)
+            if any(flags):
+                newest = complete_checkpoints(self.args.output_dir)
+                self.divergence.record(self.state.global_step, flags, str(newest[-1]) if newest else None)
+        if self.divergence.step is not None:
+            self.control.should_log = self.control.should_evaluate = self.control.should_save = False
+            self.control.should_training_stop = True
+            tr_loss.zero_()  # the summary's mean loss then counts only the steps logged before
+            return
+        super()._maybe_log_save_evaluate(
+            tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval, start_time, *a, **kw
+        )
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """Before the Trainer writes `checkpoint-N`: this run must still own `output_dir`, and a `checkpoint-N` left
+        by an earlier attempt of this run (resumed from an older step) goes first, so no stale file of it is listed
+        in the new manifest."""
+        if self.run is not None and self.args.should_save:
+            check_still_owner(Path(self.args.output_dir), self.run)
+            stale = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+            if stale.exists():
+                (stale / "hellbender_checkpoint.json").unlink(missing_ok=True)  # untrusted from the first deletion
+                shutil.rmtree(stale)
+        super()._save_checkpoint(model, trial)
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
@@ -117,9 +175,11 @@ class HellbenderTrainer(Trainer):
         else:
             self.save_model(str(staging))
         if self.args.should_save:
+            if self.run is not None:
+                check_still_owner(final, self.run)
             self.state.save_to_json(str(staging / "trainer_state.json"))
-            write_manifest(staging, FINAL_MANIFEST)
-            move_files_into(staging, final, FINAL_MANIFEST)
+            write_manifest(staging, FINAL_MANIFEST, run=self.run.record() if self.run is not None else None)
+            move_files_into(staging, final, FINAL_MANIFEST, remove=superseded_outputs(final, staging))
 
     def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         real_tokens = inputs.pop(REAL_TOKENS_KEY, None)
@@ -135,4 +195,18 @@ class HellbenderTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:  # training logs, not evaluation or the final summary
             logs.update(self.token_counter().throughput_logs())
+        if self.divergence.step is not None:  # the summary's mean loss counts the diverged step as a logged one
+            logs.pop("train_loss", None)
         super().log(logs, start_time)
+
+
+def superseded_outputs(final: Path, staging: Path) -> list[str]:
+    """Top-level names in `final` that the final model in `staging` replaces without overwriting: what the previous
+    final manifest listed and the new model lacks, and files of the other kind (an adapter beside a whole model)."""
+    new = {path.name for path in staging.iterdir()}
+    old = {name.split("/")[0] for name in listed_files(final, FINAL_MANIFEST)}
+    if "adapter_config.json" in new:
+        other = {p.name for p in final.iterdir() if p.is_file() and p.name.startswith(MODEL_FILE_PREFIXES)}
+    else:
+        other = {name for name in ADAPTER_FILES if (final / name).exists()}
+    return sorted((old | other) - new)

@@ -1,6 +1,8 @@
 """Finding and loading what a training run saved: the final model or adapter in `output_dir`, a `checkpoint-N`
 directory, or a merged model. Only directories whose hellbender manifest is present and matches are trusted, as
-for resuming (`train/resume.py`): a half-written save is refused, never half-loaded."""
+for resuming (`train/resume.py`): a half-written or changed save is refused, never half-loaded. What the directory
+holds (an adapter or a whole model) is read from the files its manifest lists, so files left beside the current
+output by an earlier save of the other kind are never taken for it."""
 
 from __future__ import annotations
 
@@ -12,7 +14,15 @@ from typing import Any
 
 from hellbender.config import HellbenderConfig
 from hellbender.errors import UserError
-from hellbender.storage import CHECKPOINT_MANIFEST, FINAL_MANIFEST, checkpoint_dirs, incompleteness, latest_checkpoint
+from hellbender.storage import (
+    CHECKPOINT_MANIFEST,
+    FINAL_MANIFEST,
+    checkpoint_dirs,
+    content_mismatch,
+    incompleteness,
+    latest_checkpoint,
+    listed_files,
+)
 
 logger = logging.getLogger("hellbender")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -57,11 +67,19 @@ def find_trained(cfg: HellbenderConfig, path: str | Path | None, option: str) ->
                 f"`{option} {directory}` is not a complete checkpoint or model that hellbender saved: {reason}. Give a "
                 f"complete `checkpoint-N` directory, the `output_dir` of a finished run, or a directory `merge-lora` wrote."
             )
-    if (directory / ADAPTER_CONFIG).is_file():
+    manifest = _manifest_name(directory)
+    changed = content_mismatch(directory, manifest)
+    if changed is not None:
+        raise NotATrainedModel(
+            f"`{directory}` was changed after hellbender saved it: {changed}. Another run may have written into the "
+            "same directory, or a file was edited or damaged; train again, or use a checkpoint you trust."
+        )
+    listed = listed_files(directory, manifest)
+    if ADAPTER_CONFIG in listed:
         is_adapter = True
-    elif (directory / "config.json").is_file():
+    elif "config.json" in listed:
         is_adapter = False
-    elif (directory / "pytorch_model_fsdp_0").is_dir():
+    elif any(name.startswith("pytorch_model_fsdp_0/") for name in listed):
         raise NotATrainedModel(
             f"`{directory}` holds FSDP2 shards (pytorch_model_fsdp_0/), one part per process. Join them first: "
             f"`hellbender consolidate CONFIG --checkpoint {directory}`, then use the directory it writes."
@@ -80,6 +98,10 @@ def _missing(directory: Path) -> str | None:
     if not directory.is_dir():
         return "it is not a directory"
     return None
+
+
+def _manifest_name(directory: Path) -> str:
+    return CHECKPOINT_MANIFEST if (directory / CHECKPOINT_MANIFEST).is_file() else FINAL_MANIFEST
 
 
 def _manifest_problem(directory: Path) -> str | None:
