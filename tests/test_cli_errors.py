@@ -310,3 +310,21 @@ def test_real_process_prints_no_traceback(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "error:" in proc.stderr and "bad.jsonl" in proc.stderr and "line 2" in proc.stderr
+
+
+def test_a_real_validate_of_a_clean_config_prints_the_verdict_and_nothing_else(tmp_path):
+    """No library warning reaches a user on every command (bitsandbytes' CPU backend, imported with PEFT, warns
+    about a hub kernel for 4-bit matmuls on CPU that hellbender never uses)."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"text": "fine"}) + "\n")
+    config = make_config(tmp_path, dataset_entry(data, "completion"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hellbender", "validate", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("# valid:"), proc.stdout
+    assert proc.stderr == "", proc.stderr

@@ -479,6 +479,9 @@ def _example_data(config_text: str, data_src: Path) -> list[Path]:
 # Library warnings a user can do nothing about, printed on every run otherwise: PEFT (0.21) reads transformers'
 # deprecated `is_gradient_checkpointing` property when it wraps a model.
 QUIET_WARNINGS = (r"`is_gradient_checkpointing` is deprecated",)
+# Library loggers whose warnings concern paths hellbender never takes: bitsandbytes' CPU backend says on import that
+# its hub kernel for 4-bit matmuls on CPU is missing, and hellbender runs 4-bit weights on CUDA only.
+QUIET_LOGGERS = ("bitsandbytes.backends.cpu.ops",)
 
 
 def main() -> None:
@@ -486,4 +489,6 @@ def main() -> None:
 
     for message in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     app()
