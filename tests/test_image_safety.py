@@ -238,6 +238,16 @@ def test_a_whole_remote_image_is_stored_once_under_its_name_without_temporary_fi
     assert [p.name for p in (tmp_path / "remote_images").iterdir()] == [first.name]  # no `.partial` left
 
 
+def test_a_bad_body_stored_by_an_older_version_is_fetched_anew(tmp_path, monkeypatch):
+    fetched = serve(monkeypatch, {"https://img.example/a.png": FetchedBody(png(), "image/png", None)})
+    policy = remote_policy(tmp_path)
+    first = remote_images.download("https://img.example/a.png", policy)
+    first.write_bytes(b"<html>log in</html>")
+    again = remote_images.download("https://img.example/a.png", policy)
+    assert again == first and again.read_bytes() == png()
+    assert len(fetched) == 2
+
+
 def test_a_failed_store_leaves_no_partial_file(tmp_path, monkeypatch):
     serve(monkeypatch, {"https://img.example/a.png": FetchedBody(png(), "image/png", None)})
 

@@ -49,7 +49,10 @@ def download(url: str, policy: ImagePolicy) -> Path:
     directory = policy.download_dir.absolute()
     target = directory / hashlib.sha256(url.encode()).hexdigest()
     if target.exists() or target.is_symlink():
-        return confined(str(target), target, [directory])  # a stored copy swapped for a symlink is not followed
+        stored = confined(str(target), target, [directory])  # a stored copy swapped for a symlink is not followed
+        if _whole(stored, url, policy):
+            return stored
+        target.unlink()  # a bad body stored by an older version: fetched anew
     try:
         body = fetch(url)
     except (OSError, http.client.HTTPException, ValueError) as exc:
@@ -57,6 +60,14 @@ def download(url: str, policy: ImagePolicy) -> Path:
     check_body(url, body, policy)
     _store(target, body.data, url)
     return target
+
+
+def _whole(stored: Path, url: str, policy: ImagePolicy) -> bool:
+    try:
+        decode_image(stored.read_bytes(), url, policy)
+    except (ImageProblem, OSError):
+        return False
+    return True
 
 
 def check_body(url: str, body: FetchedBody, policy: ImagePolicy) -> None:
