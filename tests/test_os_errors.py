@@ -59,6 +59,7 @@ def config_file(tmp_path: Path, **top) -> Path:
 def test_a_full_disk_while_writing_a_file_leaves_the_old_file_and_no_staged_one(tmp_path, monkeypatch):
     target = tmp_path / "config.yml"
     target.write_text("old")
+
     def half_then_full(staging: Path, text: str) -> None:
         staging.write_text("half")
         disk_full()
