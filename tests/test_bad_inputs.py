@@ -110,6 +110,7 @@ class Case:
     config_path: str = "config.yml"  # the path given on the command line
     files: dict[str, Any] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
+    remote: dict[str, Any] = field(default_factory=dict)  # URL -> body spec, answered by a fake fetcher
 
 
 def load_cases() -> list[Case]:
@@ -385,6 +386,8 @@ def image_bytes() -> dict[str, bytes]:
         img.save(buf, format=fmt)
         return buf.getvalue()
 
+    import numpy as np
+
     rng = random.Random(0)
     noisy = Image.frombytes("RGB", (32, 32), rng.randbytes(32 * 32 * 3))  # noise: pixel data fills most of the file
     png, jpeg = encode(noisy), encode(noisy, "JPEG")
@@ -398,6 +401,8 @@ def image_bytes() -> dict[str, bytes]:
         "not_image": b"this is a text file, not an image\n",
         "random": rng.randbytes(400),
         "empty": b"",
+        # float pixels from 0 to 1000: neither a [0, 1] nor a [0, 255] image, so no scale to 8 bits is known
+        "float_wide": encode(Image.fromarray(np.linspace(0, 1000, 64, dtype=np.float32).reshape(8, 8), "F"), "TIFF"),
     }
 
 
@@ -451,6 +456,26 @@ def build(case: Case, root: Path, images: dict[str, bytes]) -> Path:
     return config
 
 
+def fake_fetch(remote: dict[str, Any], images: dict[str, bytes]):
+    """A stand-in for `remote_images.fetch` serving the case's bodies; any other URL fails to connect."""
+    import urllib.error
+
+    from hellbender.data.remote_images import FetchedBody
+
+    def fetch(url: str) -> FetchedBody:
+        if url not in remote:
+            raise urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+        spec = remote[url]
+        body = images[spec["image"]] if "image" in spec else spec["text"].encode()
+        announced = None if spec.get("no_length") else len(body)
+        if spec.get("cut"):
+            body = body[: len(body) // 2]
+        default_type = "image/png" if "image" in spec else "text/html; charset=utf-8"
+        return FetchedBody(body, spec.get("content_type", default_type), announced)
+
+    return fetch
+
+
 def snapshot(root: Path) -> dict[str, int]:
     """Every file under `root` (symlinks not followed) with its size: a failed command must add or change none."""
     return {str(p.relative_to(root)): p.lstat().st_size for p in root.rglob("*") if not p.is_dir() or p.is_symlink()}
@@ -466,6 +491,10 @@ def test_bad_input_is_refused_clearly(case: Case, tmp_path: Path, monkeypatch, i
     root.mkdir()
     monkeypatch.chdir(root)
     config = build(case, root, image_bytes)
+    if case.remote:
+        import hellbender.data.remote_images as remote_images
+
+        monkeypatch.setattr(remote_images, "fetch", fake_fetch(case.remote, image_bytes))
     before = snapshot(root)
     checkpoints_before = set(root.rglob("checkpoint-*"))
     markers_before = set(root.rglob(COMPLETE_MARKER))

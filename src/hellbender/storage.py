@@ -15,6 +15,7 @@ or not at all:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -25,6 +26,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from hellbender.errors import EnvironmentProblem
 
 CHECKPOINT_MANIFEST = "hellbender_checkpoint.json"  # in each complete `checkpoint-N`
 FINAL_MANIFEST = "hellbender_model.json"  # beside a complete final, merged or consolidated model
@@ -45,14 +48,70 @@ def fsync(path: Path) -> None:
         os.close(fd)
 
 
-def write_file_atomically(path: Path, text: str | bytes) -> None:
-    """Write `text` to `path` so that a reader sees the old file or the whole new one, never a part."""
-    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+# Errors of the machine, not of hellbender: the user frees space, fixes permissions or points the path elsewhere.
+WRITE_ERRNOS = {
+    errno.ENOSPC: "free space on that disk, or point the run's directories (`output_dir`, `dataset_prepared_path`) at "
+    "another one",
+    errno.EDQUOT: "the disk quota is used up: free space, or point the run's directories at another disk",
+    errno.EROFS: "the file system is read-only: point the run's directories (`output_dir`, `dataset_prepared_path`) at "
+    "a writable one",
+    errno.EACCES: "check the directory's permissions, or point the run's directories at one you can write",
+    errno.EPERM: "check the directory's permissions, or point the run's directories at one you can write",
+    errno.EFBIG: "the file is larger than this file system allows: point the run's directories at another one",
+}
+
+
+def write_problem(path: Path, exc: OSError) -> EnvironmentProblem | None:
+    """The user's paragraph for an OSError met while writing `path`, or None when the error is not the machine's
+    (disk full, read-only, permissions). pyarrow and other writers report the errno only inside the message."""
+    code = exc.errno
+    if code not in WRITE_ERRNOS:
+        code = next((c for c in WRITE_ERRNOS if f"[errno {c}]" in str(exc).lower()), None)
+    if code is None:
+        return None
+    return EnvironmentProblem(
+        f"Could not write `{path}`: {os.strerror(code)}. Nothing was left half-written; {WRITE_ERRNOS[code]}."
+    )
+
+
+def _write_staging(staging: Path, text: str | bytes) -> None:
+    """The one place a staged file's bytes are written (and flushed to the disk)."""
     with open(staging, "wb" if isinstance(text, bytes) else "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(staging, path)
+
+
+def write_file_atomically(path: Path, text: str | bytes) -> None:
+    """Write `text` to `path` so that a reader sees the old file or the whole new one, never a part. A failed
+    write (a full disk, a read-only directory) leaves neither the staged file nor a changed `path`."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        _write_staging(staging, text)
+        os.replace(staging, path)
+    except OSError as exc:
+        staging.unlink(missing_ok=True)
+        problem = write_problem(path, exc)
+        if problem is None:
+            raise
+        raise problem from None
+
+
+def make_directory(path: Path) -> None:
+    """`mkdir -p path`, a full disk or read-only parent reported as the user's problem."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        problem = write_problem(path, exc)
+        if problem is None:
+            raise
+        raise problem from None
+
+
+def can_write(directory: Path) -> bool:
+    """Whether this process may create files in the existing `directory` (false on a read-only file system, even
+    for root)."""
+    return os.access(directory, os.W_OK | os.X_OK)
 
 
 def write_directory_atomically(
@@ -62,8 +121,11 @@ def write_directory_atomically(
     a reader sees the old directory or the whole new one, and a kill leaves only a hidden staging directory that no
     reader trusts. An existing `target` is replaced whole, unless `keep_if(target)` says it is already complete
     (another process finished the same directory meanwhile)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+    make_directory(target.parent)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+    except OSError as exc:
+        raise write_problem(target, exc) or exc from None
     try:
         write(staging)
         if keep_if is not None and keep_if(target):
@@ -75,6 +137,12 @@ def write_directory_atomically(
             shutil.rmtree(old)
         else:
             os.replace(staging, target)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        problem = write_problem(target, exc)
+        if problem is None:
+            raise
+        raise problem from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

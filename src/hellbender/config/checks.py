@@ -19,6 +19,7 @@ from hellbender.config.streaming_checks import streaming_problems
 from hellbender.config.tracking import swanlab_notices, swanlab_problems
 from hellbender.config.training_checks import training_conflicts
 from hellbender.config.value_checks import value_conflicts
+from hellbender.storage import can_write
 
 
 def find_conflicts(cfg: HellbenderConfig) -> list[str]:
@@ -212,6 +213,14 @@ def _file_in_the_way(path: Path) -> Path | None:
     return None
 
 
+def _unwritable_parent(path: Path) -> Path | None:
+    """The nearest existing directory of `path` (itself or a parent), when this process cannot create files in it."""
+    for candidate in (path, *path.parents):
+        if candidate.is_dir():
+            return None if can_write(candidate) else candidate
+    return None
+
+
 def find_path_problems(cfg: HellbenderConfig, prepared_path_is_default: bool = False) -> list[str]:
     """Directories the run writes into that cannot be created, found before any work is done (a run would
     otherwise prepare the data, load the model, and only then fail to create `output_dir`)."""
@@ -220,6 +229,11 @@ def find_path_problems(cfg: HellbenderConfig, prepared_path_is_default: bool = F
     for key, value in keys:
         blocker = _file_in_the_way(Path(value)) if value else None
         if blocker is None:
+            if value and (closed := _unwritable_parent(Path(value))) is not None:
+                problems.append(
+                    f"`{key}: {value}` cannot be written: `{closed}` does not let this process create files in it "
+                    f"(a read-only file system, or its permissions). Point `{key}` at a writable directory."
+                )
             continue
         if key == "dataset_prepared_path" and prepared_path_is_default:
             problems.append(

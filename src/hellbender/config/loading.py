@@ -20,6 +20,7 @@ from hellbender.config.keys import ENTRY_MODELS, is_cloud_launch_file, key_probl
 from hellbender.config.lazy_preparation import read_skip_prepare_dataset
 from hellbender.config.machine import Machine
 from hellbender.config.overrides import apply_overrides
+from hellbender.config.path_shapes import path_shape_problems
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.spellings import read_older_spellings
 from hellbender.config.strategies import read_strategies
@@ -54,6 +55,9 @@ def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
         cfg, preset_notices = use_deepspeed_preset(cfg)  # an Axolotl `deepspeed_configs/` name not found here
         notices += preset_notices
         prepared_path_is_default = cfg.dataset_prepared_path is None
+        shapes = path_shape_problems(cfg)
+        if shapes:  # every later check may touch these paths, and the system refuses to
+            raise ConfigError("\n\n".join(problems + shapes))
         later = find_conflicts(cfg)
         cfg = apply_derived_defaults(cfg)
         later += find_path_problems(cfg, prepared_path_is_default)  # after the defaults, which place the cache

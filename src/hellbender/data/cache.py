@@ -17,10 +17,11 @@ from typing import Any
 
 from hellbender.data.formats.mistral_chat import is_mistral_common
 from hellbender.data.sources import is_url, local_files, looks_local
-from hellbender.storage import write_directory_atomically
+from hellbender.storage import write_directory_atomically, write_file_atomically
 
 # Bump whenever a format, the packing or the stored layout changes what a cache directory holds.
-PREPARE_FORMAT_VERSION = 2  # 2: message weights, tool calls and null contents change labels
+PREPARE_FORMAT_VERSION = 3  # 2: message weights, tool calls and null contents change labels; 3: vision rows name the
+# directory their images must stay inside
 COMPLETE_MARKER = "hellbender_prepared.json"
 
 
@@ -84,7 +85,7 @@ def write_entry(root: str | Path, key: str, write: Callable[[Path], dict[str, An
 
     def write_with_marker(staging: Path) -> None:
         meta = write(staging)
-        (staging / COMPLETE_MARKER).write_text(json.dumps({"key": key, **meta}, indent=2))
+        write_file_atomically(staging / COMPLETE_MARKER, json.dumps({"key": key, **meta}, indent=2))
 
     return write_directory_atomically(
         Path(root) / key, write_with_marker, keep_if=lambda final: cached_dir(root, key) is not None

@@ -17,8 +17,9 @@ from hellbender.data.vision_tokens import image_placeholder_id, vision_token_ids
 from hellbender.errors import DataError
 
 
-def image_policy(cfg: HellbenderConfig, base_dir: Path = Path("."), allow_remote: bool = False) -> ImagePolicy:
-    """How images are found and opened; at batch time only the decoding settings matter (paths are resolved)."""
+def image_policy(cfg: HellbenderConfig, base_dir: Path | None = None, allow_remote: bool = False) -> ImagePolicy:
+    """How images are found and opened. Without `base_dir`, images are opened where they are (command-line images);
+    at batch time each prepared row names the directory its images must stay inside."""
     size = cfg.image_size
     return ImagePolicy(
         base_dir=base_dir,

@@ -1,23 +1,25 @@
 """Finding and opening the images of vision-language rows, safely.
 
 Local paths resolve under a base directory and may not leave it (no `..`, no absolute path outside it, no
-symlink pointing out). `http(s)` URLs are fetched only when the dataset allows remote images, and are stored
-in the prepared-data directory so training never fetches them again. Every image is decoded once while
-preparing, so a missing, corrupt or oversized image is found before training starts.
+symlink pointing out). The check is made again every time a file is opened, while preparing and at batch time,
+so an image replaced by an outgoing symlink after preparation is refused too. `http(s)` URLs are fetched only
+when the dataset allows remote images (`data.remote_images`), and are stored in the prepared-data directory so
+training never fetches them again. Every image is decoded once while preparing, so a missing, corrupt or
+oversized image is found before training starts.
 """
 
 from __future__ import annotations
 
-import hashlib
+import errno
+import io
 import os
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hellbender.data.image_modes import UnsupportedImage, to_rgb
+
 REMOTE_SCHEMES = ("http://", "https://")
-REMOTE_TIMEOUT_S = 30
-REMOTE_MAX_BYTES = 64 * 1024 * 1024
 
 
 class ImageProblem(Exception):
@@ -31,7 +33,8 @@ class ImageProblem(Exception):
 
 @dataclass(frozen=True)
 class ImagePolicy:
-    base_dir: Path
+    # The directory images must stay inside; None only for files the user names on the command line (`infer`).
+    base_dir: Path | None
     allow_remote: bool
     max_pixels: int
     resize_to: tuple[int, int] | None = None  # (width, height)
@@ -57,6 +60,41 @@ def image_reference(part_or_path: Any) -> str:
     )
 
 
+def os_problem(ref: str, exc: OSError) -> ImageProblem:
+    """An operating-system error on an image path, as one sentence naming the path."""
+    if exc.errno == errno.ENOENT:
+        return ImageProblem(f"image `{ref}` does not exist", "image missing")
+    if exc.errno == errno.ELOOP:
+        return ImageProblem(
+            f"image `{ref}` is a symlink loop (or a symlink that appeared after it was checked)", "image unreadable"
+        )
+    if exc.errno == errno.ENAMETOOLONG:
+        return ImageProblem(
+            f"image `{ref[:200]}...` has a path or file name too long for the file system", "bad image reference"
+        )
+    return ImageProblem(f"image `{ref}` cannot be read: {exc.strerror or exc}", "image unreadable")
+
+
+def confined(ref: str, path: Path, roots: list[Path]) -> Path:
+    """`path` with every `..` and symlink resolved, which must lie inside one of `roots` (the first is the one an
+    error names, `image_base_dir`)."""
+    if "\x00" in ref:
+        raise ImageProblem(f"image {ref!r} has a NUL byte in its path", "bad image reference")
+    try:
+        real = path.resolve()
+        bases = [root.resolve() for root in roots]
+    except RuntimeError:  # Python 3.11 reports a symlink loop this way; later versions raise ELOOP
+        raise ImageProblem(f"image `{ref}` is a symlink loop", "image unreadable") from None
+    except OSError as exc:
+        raise os_problem(ref, exc) from None
+    if not any(real.is_relative_to(base) for base in bases):
+        raise ImageProblem(
+            f"image `{ref}` resolves to `{real}`, outside `image_base_dir` `{bases[0]}`; images must stay inside it",
+            "image outside image_base_dir",
+        )
+    return real
+
+
 def resolve_image(ref: str, policy: ImagePolicy) -> Path:
     """A local path for `ref`: inside the base directory, or a downloaded copy of an allowed URL."""
     if ref.startswith(REMOTE_SCHEMES):
@@ -66,72 +104,111 @@ def resolve_image(ref: str, policy: ImagePolicy) -> Path:
                 "dataset to fetch them",
                 "remote image not allowed",
             )
-        return _download(ref, policy)
+        from hellbender.data.remote_images import download
+
+        return download(ref, policy)
     if "://" in ref:
         raise ImageProblem(
             f"image `{ref}` uses an unsupported scheme; use a local path or an http(s) URL", "bad image reference"
         )
-    base = policy.base_dir.resolve()
-    path = (base / ref).resolve()  # resolves `..` and symlinks, so both are caught by the check below
-    if not path.is_relative_to(base):
-        raise ImageProblem(
-            f"image `{ref}` resolves to `{path}`, outside `image_base_dir` `{base}`; images must stay inside it",
-            "image outside image_base_dir",
-        )
-    if path.is_dir():
-        raise ImageProblem(f"image `{ref}` is a directory (`{path}`), not an image file", "image missing")
-    if not path.is_file():
-        raise ImageProblem(f"image `{ref}` does not exist (looked for `{path}`)", "image missing")
+    base = policy.base_dir if policy.base_dir is not None else Path(".")
+    path = confined(ref, base / ref, [base])
+    try:
+        if path.is_dir():
+            raise ImageProblem(f"image `{ref}` is a directory (`{path}`), not an image file", "image missing")
+        if not path.is_file():
+            raise ImageProblem(f"image `{ref}` does not exist (looked for `{path}`)", "image missing")
+    except OSError as exc:
+        raise os_problem(ref, exc) from None
     return path
 
 
-def _download(url: str, policy: ImagePolicy) -> Path:
-    if policy.download_dir is None:
-        raise ImageProblem(f"image `{url}` is remote but there is nowhere to store it", "image could not be fetched")
-    target = policy.download_dir / hashlib.sha256(url.encode()).hexdigest()
-    if target.is_file():
-        return target
+def _allowed_roots(policy: ImagePolicy) -> list[Path]:
+    roots = [policy.base_dir] if policy.base_dir is not None else []
+    return roots + ([policy.download_dir] if policy.download_dir is not None else [])
+
+
+def read_image_file(path: Path, policy: ImagePolicy) -> bytes:
+    """The bytes of the image file `path`, checked (again) to lie inside the policy's directories: the file is read
+    through its resolved path, and a symlink put in its place after the check is not followed."""
+    ref = str(path)
+    sandboxed = policy.base_dir is not None
+    real = confined(ref, path, _allowed_roots(policy)) if sandboxed else path
     try:
-        with urllib.request.urlopen(url, timeout=REMOTE_TIMEOUT_S) as response:  # noqa: S310 (scheme checked)
-            data = response.read(REMOTE_MAX_BYTES + 1)
+        fd = os.open(real, os.O_RDONLY | (os.O_NOFOLLOW if sandboxed else 0))
+    except ValueError:  # NUL byte in a command-line path
+        raise ImageProblem(f"image {ref!r} has a NUL byte in its path", "bad image reference") from None
+    except IsADirectoryError:
+        raise ImageProblem(f"image `{ref}` is a directory, not an image file", "image missing") from None
     except OSError as exc:
-        raise ImageProblem(f"image `{url}` could not be fetched: {exc}", "image could not be fetched") from None
-    if len(data) > REMOTE_MAX_BYTES:
-        raise ImageProblem(f"image `{url}` is larger than {REMOTE_MAX_BYTES} bytes", "image too large")
-    policy.download_dir.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}")  # renamed into place whole, never half-written
-    partial.write_bytes(data)
-    os.replace(partial, target)
-    return target
+        raise os_problem(ref, exc) from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+    except IsADirectoryError:
+        raise ImageProblem(f"image `{ref}` is a directory, not an image file", "image missing") from None
+    except OSError as exc:
+        raise os_problem(ref, exc) from None
 
 
-def open_image(path: Path, policy: ImagePolicy):
-    """Decode an image as RGB (resized when the config asks), refusing corrupt and oversized files."""
+def image_header_size(path: Path, policy: ImagePolicy) -> tuple[int, int]:
+    """(width, height) of an image as its file header states it, without decoding the pixels; the size the
+    model sees when the config resizes images. Refuses a file over `max_image_pixels`."""
     from PIL import Image
 
-    if not path.is_file():
-        raise ImageProblem(f"image `{path}` does not exist", "image missing")
-    if path.stat().st_size == 0:
-        raise ImageProblem(f"image `{path}` is empty (0 bytes); the file is corrupt", "image corrupt")
+    data = read_image_file(path, policy)
     try:
-        with Image.open(path) as img:
-            width, height = img.size
-            if width * height > policy.max_pixels:
-                raise ImageProblem(
-                    f"image `{path}` has {width}x{height} pixels, more than `max_image_pixels: {policy.max_pixels}`",
-                    "image too large",
-                )
-            img.load()
-            rgb = img.convert("RGB")
+        with Image.open(io.BytesIO(data)) as img:
+            size = img.size
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise _corrupt(path, data, exc) from None
+    _check_pixels(path, size, policy)
+    return policy.resize_to or size
+
+
+def _check_pixels(path: Path, size: tuple[int, int], policy: ImagePolicy) -> None:
+    width, height = size
+    if width * height > policy.max_pixels:
+        raise ImageProblem(
+            f"image `{path}` has {width}x{height} pixels, more than `max_image_pixels: {policy.max_pixels}`",
+            "image too large",
+        )
+
+
+def _corrupt(path: Path | str, data: bytes, exc: Exception) -> ImageProblem:
+    if not data:
+        return ImageProblem(f"image `{path}` is empty (0 bytes); the file is corrupt", "image corrupt")
+    return ImageProblem(
+        f"image `{path}` cannot be decoded ({exc}); the file is corrupt or not an image", "image corrupt"
+    )
+
+
+def decode_image(data: bytes, name: Path | str, policy: ImagePolicy):
+    """Decode image bytes as 8-bit RGB (resized when the config asks), refusing corrupt and oversized images."""
+    from PIL import Image
+
+    if not data:
+        raise _corrupt(name, data, ValueError("empty"))
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            _check_pixels(Path(str(name)), img.size, policy)
+            img.load()  # the whole file: a truncated one fails here
+            rgb = to_rgb(img, str(name))
     except ImageProblem:
         raise
+    except UnsupportedImage as exc:
+        raise ImageProblem(str(exc), "image mode unsupported") from None
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise ImageProblem(
-            f"image `{path}` cannot be decoded ({exc}); the file is corrupt or not an image", "image corrupt"
-        ) from None
+        raise _corrupt(name, data, exc) from None
     if policy.resize_to:
         rgb = rgb.resize(policy.resize_to, getattr(Image.Resampling, policy.resample.upper()))
     return rgb
+
+
+def open_image(path: Path, policy: ImagePolicy):
+    """Decode the image file `path` as RGB (resized when the config asks), refusing a file outside the policy's
+    directories, corrupt and oversized files."""
+    return decode_image(read_image_file(path, policy), path, policy)
 
 
 def pack_pixels(images: list[Any]) -> list[dict[str, Any]]:
@@ -142,4 +219,13 @@ def pack_pixels(images: list[Any]) -> list[dict[str, Any]]:
 def unpack_pixels(stored: list[dict[str, Any]]) -> list[Any]:
     from PIL import Image
 
-    return [Image.frombytes("RGB", (p["width"], p["height"]), p["rgb"]) for p in stored]
+    images = []
+    for p in stored:
+        if len(p["rgb"]) != p["width"] * p["height"] * 3:
+            raise ImageProblem(
+                f"a cached image ({p['width']}x{p['height']}) holds {len(p['rgb'])} bytes of pixels instead of "
+                f"{p['width'] * p['height'] * 3}; the prepared data is damaged",
+                "image corrupt",
+            )
+        images.append(Image.frombytes("RGB", (p["width"], p["height"]), p["rgb"]))
+    return images

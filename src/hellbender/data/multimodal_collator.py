@@ -8,7 +8,7 @@ processor is caught instead of silently shifting the labels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,8 @@ from hellbender.data.formats.multimodal_chat import align_labels
 from hellbender.data.images import ImagePolicy, ImageProblem, open_image, unpack_pixels
 from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.errors import DataError
+
+BASE_DIR_KEY = "image_base_dir"
 
 
 @dataclass
@@ -75,11 +77,22 @@ class MultimodalCollator:
 
 
 def prepared_images(row: dict[str, Any], policy: ImagePolicy) -> list[Any]:
-    """The images of a prepared row, decoded again (or as stored, with `cache_images`)."""
-    if row.get("pixels"):
-        return unpack_pixels(row["pixels"])
+    """The images of a prepared row, decoded again (or as stored, with `cache_images`). Each file is checked again
+    to lie inside the row's `image_base_dir` (or the stored remote images): a file swapped for a symlink that
+    leads out after preparation is refused as it would have been then."""
     try:
-        return [open_image(Path(p), policy) for p in row["images"]]
+        if row.get("pixels"):
+            return unpack_pixels(row["pixels"])
+        if not row["images"]:
+            return []
+        if not row.get(BASE_DIR_KEY):
+            raise DataError(
+                f"A prepared row with images ({', '.join(row['images'])}) names no `{BASE_DIR_KEY}` to check them "
+                "against; it was prepared by an older version. Delete the prepared data (`dataset_prepared_path`) and "
+                "run again."
+            )
+        row_policy = replace(policy, base_dir=Path(row[BASE_DIR_KEY]))
+        return [open_image(Path(p), row_policy) for p in row["images"]]
     except ImageProblem as exc:
         raise DataError(
             f"An image of a prepared row can no longer be used: {exc}. The images changed since the data was "

@@ -52,6 +52,7 @@ class PretokenizedMultimodalRows(torch.utils.data.Dataset):
         return {
             "text": row[TEXT_KEY],
             "images": [str(p) for p in paths],
+            "image_base_dir": str(self.policy.base_dir.resolve()),
             "input_ids": [ids[i] for i in keep],
             "labels": [labels[i] if labels[i] >= 0 else IGNORE_INDEX for i in keep],
             UNEXPANDED_KEY: True,

@@ -104,10 +104,18 @@ def load_rows(entry: Any, streaming: bool = False, where: str | None = None):
                     f"({', '.join(sorted(set(EXTENSION_TO_BUILDER)))}; hidden files are skipped). Put the data files "
                     "in it, point `path` at the files themselves, or name them with `data_files`."
                 )
+            if Path(path).expanduser().is_symlink():
+                raise DataError(
+                    f"{where}: `{path}` is a symlink that leads nowhere (a symlink loop, or its target is missing). "
+                    "Point `path` at the data file itself."
+                )
             raise DataError(
                 f"{where}: no such file, directory or matching files. Check `path` (relative paths start from the "
                 "current directory)."
             )
+        for f in files:
+            if (reason := unreadable(f)) is not None:
+                raise DataError(f"{where}: `{f}` cannot be read ({reason}). Check its permissions, or remove it.")
         if all(os.path.getsize(f) == 0 for f in files):
             raise DataError(f"{where} has no rows: {', '.join(files[:3])} {'is' if len(files) == 1 else 'are'} empty.")
         builder = builder_for(files, entry.ds_type, where)
@@ -126,6 +134,16 @@ def load_rows(entry: Any, streaming: bool = False, where: str | None = None):
     except (datasets.exceptions.DatasetGenerationError, ValueError, OSError, StopIteration) as exc:
         raise DataError(_describe_load_failure(where, builder, files, exc)) from None
     return ds
+
+
+def unreadable(path: str) -> str | None:
+    """Why this process cannot read the local file `path` (permissions, an I/O error), or None."""
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def stream_rows(entry: Any, where: str, seed: int, shuffle_buffer: int | None):

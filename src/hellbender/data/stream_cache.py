@@ -29,7 +29,7 @@ STREAM_SETTINGS = (
     "shuffle_merged_datasets",
     "streaming_multipack_buffer_size",
 )
-CACHED_KEYS = ("input_ids", "labels", "images", "text")
+CACHED_KEYS = ("input_ids", "labels", "images", "text", "image_base_dir")
 
 
 def stream_cache_dir(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> Path:

@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hellbender.data.formats import EXTRA_COLUMNS, FORMATTERS, FormatContext, RowDropped, RowError
-from hellbender.data.formats.base import IGNORE_INDEX
+from hellbender.data.formats.base import DROP_TOO_LONG, IGNORE_INDEX, RowTooLong
 from hellbender.data.progress import quiet_progress
 from hellbender.errors import DataError
 
-DROP_TOO_LONG = "longer than sequence_len"
 DROP_EMPTY = "empty"
 DROP_NO_TRAINABLE = "no trainable tokens"
 DROP_TOO_SHORT = "shorter than min_sample_len"
@@ -87,6 +86,7 @@ def output_features(extra: dict[str, Any]):
     vision = {
         "images": datasets.List(datasets.Value("string")),
         "text": datasets.Value("string"),
+        "image_base_dir": datasets.Value("string"),
         "pixels": datasets.List(
             {"width": datasets.Value("int32"), "height": datasets.Value("int32"), "rgb": datasets.Value("binary")}
         ),
@@ -113,6 +113,13 @@ def encode_row(
         out = formatter(row, ctx)
     except RowError as exc:
         raise DataError(f"{where}, row {index}: {exc}.") from None
+    except RowTooLong as exc:
+        if strategy == "raise":
+            raise DataError(
+                f"{where}, row {index}: at least {exc.tokens} tokens with its images expanded, more than `sequence_len: "
+                f"{max_len}`. Raise `sequence_len`, shorten the row, or set `excess_length_strategy: drop`."
+            ) from None
+        out, reason = {"input_ids": [], "labels": []}, str(exc)
     except RowDropped as exc:
         out, reason = {"input_ids": [], "labels": []}, str(exc)
     ids, labels = out["input_ids"], out["labels"]

@@ -98,3 +98,27 @@ def processor_fingerprint(processor: Any) -> str:
     for attr in VISION_TOKEN_ATTRIBUTES + ("num_image_tokens", "image_seq_length", "patch_size"):
         h.update(f"{attr}={getattr(processor, attr, None)}".encode())
     return h.hexdigest()
+
+
+def image_token_floor(processor: Any, sizes: list[tuple[int, int]]) -> int:
+    """A lower bound on the tokens the processor expands images of these (width, height) sizes into, known from the
+    sizes alone (no pixels are processed): the processor's own per-size count where it offers one (the count that
+    serving engines plan with), else one token per image. Used to drop a row that cannot fit before its images are
+    decoded; the exact length is still checked after the expansion."""
+    if not sizes:
+        return 0
+    counter = getattr(processor, "_get_num_multimodal_tokens", None)
+    if counter is None:
+        return len(sizes)
+    try:
+        # Either argument order gives a lower bound: the smaller of the two counts.
+        counts = [min(_count(counter, (height, width)), _count(counter, (width, height))) for width, height in sizes]
+    except Exception:  # a processor whose count needs more than a size: fall back to the trivial bound
+        return len(sizes)
+    return sum(max(1, c) for c in counts)
+
+
+def _count(counter: Any, size: tuple[int, int]) -> int:
+    data = counter(image_sizes=[size])
+    counts = data["num_image_tokens"] if isinstance(data, dict) else data.num_image_tokens
+    return int(counts[0])

@@ -18,7 +18,7 @@ from hellbender.errors import ConfigError
 from hellbender.models.activation_checkpointing import layers_left_unchecked
 from hellbender.models.loading import load_tokenizer_and_processor, model_skeleton
 from hellbender.models.stack import build_trainable_model
-from hellbender.storage import write_file_atomically
+from hellbender.storage import make_directory, write_file_atomically
 from hellbender.train.arguments import training_arguments
 from hellbender.train.deepspeed import deepspeed_before_loading
 from hellbender.train.distributed import is_main_process, main_process_first, world_size
@@ -145,7 +145,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
             *(callbacks or []),
         ],
     )
-    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    make_directory(Path(cfg.output_dir))
     if is_main_process():
         write_file_atomically(Path(cfg.output_dir) / RESOLVED_CONFIG_NAME, dump_config(cfg))
     if resume_from:

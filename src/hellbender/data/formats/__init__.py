@@ -47,7 +47,7 @@ FORMATTERS: dict[str, Formatter] = {
     "multimodal_pretrain": multimodal_pretrain.tokenize_row,
 }
 # Columns vision-language formats add beside input_ids / labels, with the value a dropped row gets.
-VISION_COLUMNS: dict[str, Any] = {"images": [], "text": "", "pixels": []}
+VISION_COLUMNS: dict[str, Any] = {"images": [], "text": "", "pixels": [], "image_base_dir": ""}
 EXTRA_COLUMNS: dict[str, dict[str, Any]] = {"multimodal_chat": VISION_COLUMNS, "multimodal_pretrain": VISION_COLUMNS}
 
 __all__ = ["EXTRA_COLUMNS", "FORMATTERS", "FormatContext", "Formatter", "RowDropped", "RowError", "VisionContext"]

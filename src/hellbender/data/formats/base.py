@@ -19,6 +19,18 @@ class RowDropped(Exception):
     """A row to leave out and count (the config asked to skip rows like it); the message is the reason."""
 
 
+DROP_TOO_LONG = "longer than sequence_len"
+
+
+class RowTooLong(RowDropped):
+    """A row found longer than `sequence_len` before its expensive steps (decoding images, the processor); `tokens`
+    is a lower bound on its length. Dropped or refused as `excess_length_strategy` says."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__(DROP_TOO_LONG)
+        self.tokens = tokens
+
+
 @dataclass(frozen=True)
 class VisionContext:
     """What rows of vision-language datasets need beyond the tokenizer."""

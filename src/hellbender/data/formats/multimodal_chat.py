@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowDropped, RowError
+from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowDropped, RowError, RowTooLong
 from hellbender.data.formats.chat_template import (
     budgeted,
     conversation_labels,
@@ -22,7 +22,15 @@ from hellbender.data.formats.chat_template import (
     template_failure,
 )
 from hellbender.data.formats.tool_calls import read_tools
-from hellbender.data.images import ImageProblem, image_reference, open_image, pack_pixels, resolve_image
+from hellbender.data.images import (
+    ImageProblem,
+    image_header_size,
+    image_reference,
+    open_image,
+    pack_pixels,
+    resolve_image,
+)
+from hellbender.data.vision_tokens import image_token_floor
 
 
 def _attach_column_images(messages: list[dict[str, Any]], refs: list[Any]) -> list[dict[str, Any]]:
@@ -78,9 +86,17 @@ def align_labels(source_ids: list[int], source_labels: list[int], target_ids: li
     return labels
 
 
-def conversation_with_images(row: dict[str, Any], ctx: FormatContext) -> tuple[list[dict[str, Any]], list, list]:
+def bad_image(exc: ImageProblem, vision: Any) -> Exception:
+    """A bad image refuses its row, or drops it with `skip_bad_images`."""
+    if vision.skip_bad_images:
+        return RowDropped(exc.reason)
+    return RowError(f"{exc}. Fix the file, or set `skip_bad_images: true` to drop such rows")
+
+
+def located_images(row: dict[str, Any], ctx: FormatContext) -> tuple[list[dict[str, Any]], list, list]:
     """The row's messages (an image column's images placed in the first user message), the local paths of its
-    images in order, and the images opened (bad ones refused, or the row dropped with `skip_bad_images`)."""
+    images in order and their sizes as the model sees them, read from the file headers without decoding (bad or
+    unreachable files refuse the row, or drop it with `skip_bad_images`)."""
     vision = ctx.vision
     messages = read_messages(row, ctx, allow_parts=True)
     column = row.get(vision.image_column)
@@ -88,18 +104,38 @@ def conversation_with_images(row: dict[str, Any], ctx: FormatContext) -> tuple[l
         messages = _attach_column_images(messages, list(column))
     try:
         paths = [resolve_image(image_reference(p), vision.policy) for p in _image_parts(messages)]
-        images = [open_image(path, vision.policy) for path in paths]
+        sizes = [image_header_size(path, vision.policy) for path in paths]
     except ImageProblem as exc:
-        if vision.skip_bad_images:
-            raise RowDropped(exc.reason) from None
-        raise RowError(f"{exc}. Fix the file, or set `skip_bad_images: true` to drop such rows") from None
-    return messages, paths, images
+        raise bad_image(exc, vision) from None
+    return messages, paths, sizes
+
+
+def open_images(paths: list[Any], vision: Any) -> list[Any]:
+    """The images decoded (bad ones refuse the row, or drop it with `skip_bad_images`)."""
+    try:
+        return [open_image(path, vision.policy) for path in paths]
+    except ImageProblem as exc:
+        raise bad_image(exc, vision) from None
+
+
+def conversation_with_images(row: dict[str, Any], ctx: FormatContext) -> tuple[list[dict[str, Any]], list, list]:
+    """`located_images`, with the images opened."""
+    messages, paths, _ = located_images(row, ctx)
+    return messages, paths, open_images(paths, ctx.vision)
+
+
+def check_length_floor(text_tokens: int, placeholders: int, sizes: list[Any], vision: Any) -> None:
+    """Stop a row that cannot fit `sequence_len` before its images are decoded and processed: its text tokens plus
+    a lower bound on what its images expand into (from their sizes) already exceed it."""
+    floor = text_tokens - placeholders + image_token_floor(vision.processor, sizes)
+    if floor > vision.max_tokens:
+        raise RowTooLong(floor)
 
 
 def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
     vision = ctx.vision
     processor, tok = vision.processor, ctx.tokenizer
-    messages, paths, images = conversation_with_images(row, ctx)
+    messages, paths, sizes = located_images(row, ctx)
     tools = read_tools(row, ctx.tools_field)
     extra = {"tools": tools} if tools else {}
 
@@ -117,6 +153,13 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
     text, located = render_with_spans(render, messages, ctx.thinking_key)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"]
+    placeholders = sum(1 for i in ids if i == vision.placeholder_id)
+    if placeholders != len(paths):
+        raise RowError(
+            f"the rendered text has {placeholders} image placeholder(s) but the row has {len(paths)} image(s); "
+            "each image part must be rendered by the chat template exactly once"
+        )
+    check_length_floor(len(ids), placeholders, sizes, vision)
     if ctx.train_on_inputs:
         refuse_weights_with_train_on_inputs(messages)
         labels = list(ids)
@@ -124,12 +167,7 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
         labels = conversation_labels(
             text, located, messages, ids, enc["offset_mapping"], special_ids(tok), ctx, vision.image_ids
         )
-    placeholders = sum(1 for i in ids if i == vision.placeholder_id)
-    if placeholders != len(images):
-        raise RowError(
-            f"the rendered text has {placeholders} image placeholder(s) but the row has {len(images)} image(s); "
-            "each image part must be rendered by the chat template exactly once"
-        )
+    images = open_images(paths, vision)
     expanded = expand(processor, text, images)
     # Image tokens are unlabelled before the alignment (only text must survive it) and after it (whatever the
     # expansion added).
@@ -140,10 +178,18 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
 
 
 def vision_row(ids: list[int], labels: list[int], paths: list[Any], images: list[Any], text: str, vision: Any):
-    """A prepared vision-language row: tokens, labels, the text and image paths the collator processes again,
-    and the decoded images themselves when the config caches them."""
+    """A prepared vision-language row: tokens, labels, the text and image paths the collator processes again (and
+    the directory they must still lie inside when it opens them), and the decoded images themselves when the config
+    caches them."""
     pixels = pack_pixels(images) if vision.cache_images else []
-    return {"input_ids": ids, "labels": labels, "images": [str(p) for p in paths], "text": text, "pixels": pixels}
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "images": [str(p) for p in paths],
+        "text": text,
+        "pixels": pixels,
+        "image_base_dir": str(vision.policy.base_dir.resolve()),
+    }
 
 
 def expand(processor: Any, text: str, images: list[Any]) -> list[int]:

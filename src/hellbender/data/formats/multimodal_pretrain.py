@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowDropped, RowError, text_value
-from hellbender.data.formats.multimodal_chat import align_labels, expand, vision_row
-from hellbender.data.images import ImageProblem, image_reference, open_image, resolve_image
-
-DROP_TOO_LONG = "longer than sequence_len"
+from hellbender.data.formats.base import DROP_TOO_LONG, IGNORE_INDEX, FormatContext, RowDropped, RowError, text_value
+from hellbender.data.formats.multimodal_chat import align_labels, bad_image, expand, vision_row
+from hellbender.data.images import ImageProblem, image_header_size, image_reference, open_image, resolve_image
+from hellbender.data.vision_tokens import image_token_floor
 
 
 def document_text(text: str, tokenizer: Any) -> str:
@@ -47,27 +46,37 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
         )
     try:
         paths = [resolve_image(image_reference(ref), vision.policy) for ref in refs]
+        sizes = [image_header_size(path, vision.policy) for path in paths]
+    except ImageProblem as exc:
+        raise bad_image(exc, vision) from None
+    # Checked before any image is decoded or processed, from the text and the image sizes alone, then exactly.
+    floor = len(ids) - placeholders + image_token_floor(processor, sizes)
+    if floor > vision.max_tokens:
+        raise _too_long(f"at least {floor}", vision)
+    try:
         images = [open_image(path, vision.policy) for path in paths]
     except ImageProblem as exc:
-        if vision.skip_bad_images:
-            raise RowDropped(exc.reason) from None
-        raise RowError(f"{exc}. Fix the file, or set `skip_bad_images: true` to drop such rows") from None
+        raise bad_image(exc, vision) from None
     model_text = processor_text(text, vision.placeholder_id, processor, tok)
     expanded = expand(processor, model_text, images)
     if len(expanded) > vision.max_tokens:
-        if vision.skip_bad_images:
-            raise RowDropped(DROP_TOO_LONG)
-        raise RowError(
-            f"{len(expanded)} tokens with its images expanded, more than `sequence_len: {vision.max_tokens}`; rows "
-            "are never truncated through an image. Raise `sequence_len`, shorten the row, or set "
-            "`skip_bad_images: true` to drop such rows"
-        )
+        raise _too_long(str(len(expanded)), vision)
     # Every text token is trained; labels follow the text into the expansion, so whatever the processor inserts
     # for an image (soft tokens, markers, even the newlines between tiles) stays unlabelled.
     text_labels = [IGNORE_INDEX if i in vision.vision_ids else i for i in ids]
     labels = align_labels(tok(model_text, add_special_tokens=False)["input_ids"], text_labels, expanded)
     labels = [IGNORE_INDEX if i in vision.vision_ids else label for i, label in zip(expanded, labels, strict=True)]
     return vision_row(expanded, labels, paths, images, model_text, vision)
+
+
+def _too_long(tokens: str, vision: Any) -> Exception:
+    if vision.skip_bad_images:
+        return RowDropped(DROP_TOO_LONG)
+    return RowError(
+        f"{tokens} tokens with its images expanded, more than `sequence_len: {vision.max_tokens}`; rows are never "
+        "truncated through an image. Raise `sequence_len`, shorten the row, or set `skip_bad_images: true` to drop "
+        "such rows"
+    )
 
 
 def processor_text(text: str, placeholder_id: int, processor: Any, tokenizer: Any) -> str:
