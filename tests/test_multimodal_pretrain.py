@@ -663,6 +663,7 @@ def test_cross_attention_vlm_is_refused_as_unsupported(tmp_path, images):
     model = tmp_path / "mllama"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "mllama"}))
+    (model / "tokenizer.json").write_text("{}")  # a checkpoint holds its tokenizer; it is never read here
     rows = write_jsonl(tmp_path / "rows.jsonl", [document(0)])
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump(mm_config(tmp_path, base_model=str(model), datasets=[entry(rows, images)])))

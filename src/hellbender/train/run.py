@@ -47,7 +47,7 @@ from hellbender.train.resume import (
     resume_key,
     verify_contents,
 )
-from hellbender.train.run_identity import claim_output_dir
+from hellbender.train.run_identity import claim_output_dir, record_owner
 from hellbender.train.schedule import plan_schedule
 from hellbender.train.tokens import StreamPosition, TokenCounter
 from hellbender.train.trainer import HellbenderTrainer
@@ -147,6 +147,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     )
     make_directory(Path(cfg.output_dir))
     if is_main_process():
+        record_owner(Path(cfg.output_dir), run)
         write_file_atomically(Path(cfg.output_dir) / RESOLVED_CONFIG_NAME, dump_config(cfg))
     if resume_from:
         logger.info("Resuming from %s", resume_from)

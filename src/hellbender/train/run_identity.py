@@ -195,17 +195,22 @@ def _other(run: dict[str, Any] | None, run_id: str | None) -> bool:
 
 
 def claim_output_dir(cfg: HellbenderConfig, resume_from: Path | None, key: str | None) -> RunIdentity:
-    """This run's identity, once `output_dir` is known to hold no other run's outputs; records it in the run file.
-    `key`: the config key that chose `resume_from`."""
+    """This run's identity, once `output_dir` is known to hold no other run's outputs (nothing is written: a run
+    that fails before training leaves no trace; `record_owner` writes the run file when training starts). `key`: the
+    config key that chose `resume_from`."""
     output_dir = Path(cfg.output_dir)
     inherited = check_resume_identity(cfg, resume_from, key or "resume_from_checkpoint") if resume_from else None
     identity = new_identity(cfg, inherited)
     others = outputs_of_other_runs(output_dir, inherited if resume_from else identity.run_id)
     if others:
         raise ConfigError(_foreign_outputs_message(cfg, output_dir, others, resuming=resume_from is not None))
+    return identity
+
+
+def record_owner(output_dir: Path, identity: RunIdentity) -> None:
+    """Name this run as the owner of `output_dir` (in the run file), right before it trains and saves there."""
     output_dir.mkdir(parents=True, exist_ok=True)
     write_file_atomically(output_dir / RUN_FILE, json.dumps(identity.record(), indent=1))
-    return identity
 
 
 def _foreign_outputs_message(cfg: HellbenderConfig, output_dir: Path, others: list[str], resuming: bool) -> str:
