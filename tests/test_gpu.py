@@ -298,6 +298,39 @@ def test_torch_compile_trains_to_the_same_losses(tmp_path):
         assert got[step] == pytest.approx(expected[step], rel=3e-2), (step, got, expected)
 
 
+@pytest.mark.parametrize("checkpointing", [True, "offload"])
+@pytest.mark.parametrize("adapter", ["lora", None])
+def test_torch_compile_with_activation_checkpointing_trains_to_the_uncompiled_losses(tmp_path, adapter, checkpointing):
+    """`torch_compile: true` with checkpointing compiles each layer's checkpoint call with inductor (regional
+    compilation): ten steps, over batches of several lengths (a dynamic-shape recompile included), give the
+    uncompiled checkpointed run's losses within bf16 tolerance, with LoRA and full fine-tuning."""
+    from torch._dynamo.utils import counters
+    from transformers import TrainerCallback
+
+    extra = dict(adapter="lora", lora_target_linear=True, lora_dropout=0.0) if adapter else dict(learning_rate=1e-3)
+    common = dict(bf16=True, max_steps=10, gradient_checkpointing=checkpointing, **extra)
+    eager = validate_config(base_config(tmp_path / "eager", **common))
+    compiled = validate_config(base_config(tmp_path / "compiled", torch_compile=True, **common))
+    seen = {}
+
+    class Inspect(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen["trainer_compiles"] = args.torch_compile
+            seen["whole_model_compiled"] = isinstance(model, torch._dynamo.eval_frame.OptimizedModule)
+
+    train(eager)
+    torch._dynamo.reset()
+    counters.clear()
+    train(compiled, callbacks=[Inspect()])
+    assert seen == {"trainer_compiles": False, "whole_model_compiled": False}
+    assert counters["frames"]["ok"] > 0  # the layers did run compiled
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    expected, got = logged_losses(eager.output_dir), logged_losses(compiled.output_dir)
+    assert expected.keys() == got.keys()
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], rel=3e-2), (step, got, expected)
+
+
 def test_tiled_mlp_matches_the_untiled_loss_and_gradients_in_bf16_autocast(tmp_path):
     """On the GPU the shards' backward runs under the forward's autocast and CUDA random state."""
     import copy

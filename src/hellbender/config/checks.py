@@ -397,11 +397,12 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`fp32_norms` and `fsdp_config.cpu_ram_efficient_loading` cannot be combined yet: the norm layers are "
             "sharded before the weights are spread from the first process. Set one of them to false."
         )
-    if cfg.torch_compile and cfg.checkpoints_activations:
+    if cfg.compiles_layers and (cfg.uses_fsdp2 or cfg.deepspeed):
         problems.append(
-            "`torch_compile: true` with activation checkpointing is not supported yet: the compiled forward saves "
-            "other tensors than hellbender's checkpointed layers recompute, and backward fails (seen with torch 2.11 "
-            "on an H100). Turn one of them off (`gradient_checkpointing: false`, or `torch_compile: false`)."
+            "`torch_compile: true` with activation checkpointing and FSDP2 or DeepSpeed is not supported yet: "
+            "hellbender then compiles each layer's checkpointed call, which has not been verified with the parameter "
+            "gathering those engines add around each layer. Turn off "
+            "`torch_compile` or activation checkpointing (`gradient_checkpointing`, `fsdp_config.activation_checkpointing`)."
         )
     liger = sorted(k for k in type(cfg).model_fields if k.startswith("liger_") and getattr(cfg, k))
     liger += ["cut_cross_entropy"] if cfg.cut_cross_entropy else []

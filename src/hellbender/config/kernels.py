@@ -41,7 +41,8 @@ class KernelSettings(BaseModel):
     torch_compile: bool = Field(
         False,
         description="Compile the model with `torch.compile` (the first steps are slower while it compiles; needs "
-        "a GPU to pay off).",
+        "a GPU to pay off). With activation checkpointing each decoder layer is compiled, its checkpoint included "
+        "(regional compilation); without it the Trainer compiles the whole model.",
     )
     torch_compile_backend: Name | None = Field(None, description="`torch.compile` backend; default `inductor`.")
     torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = (

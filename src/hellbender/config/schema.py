@@ -63,6 +63,12 @@ class HellbenderConfig(
         return bool(self.gradient_checkpointing) or (self.uses_fsdp2 and self.fsdp_settings.activation_checkpointing)
 
     @property
+    def compiles_layers(self) -> bool:
+        """`torch_compile` with activation checkpointing: hellbender compiles each decoder layer (its checkpoint call
+        included); without checkpointing the Trainer compiles the whole model."""
+        return self.torch_compile and self.checkpoints_activations
+
+    @property
     def report_targets(self) -> list[str]:
         """`report_to` as a list of trackers (`none` is no tracker)."""
         targets = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)

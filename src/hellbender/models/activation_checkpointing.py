@@ -12,6 +12,11 @@ under a ticket; the replayed function carries only the ticket (an int) and fetch
 whatever thread autograd runs it on. The channel is emptied when the model starts its next forward and after every
 training step's backward, so nothing of one step survives into the next. It is only used where transformers
 checkpoints: a layer in training mode with gradients enabled.
+
+With `torch_compile`, compilation is regional: the checkpoint call of each layer is compiled, so dynamo traces torch's
+checkpoint into its activation-checkpoint operator and the compiled layer saves what checkpointing saves (its inputs)
+and recomputes the rest in backward. The routing above and the offload hooks run around the compiled call: dynamo
+cannot trace saved-tensor hooks, and the offloader then parks exactly what the compiled layer saves.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
+import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -108,20 +114,31 @@ class _ReplayWithSideChannel:
         return self.func(*self.args, *positional, **self.keywords, **keywords)
 
 
-def checkpoint_function(channel: SideChannel | None, offloader: ActivationOffloader | None) -> Callable[..., Any]:
+def checkpoint_function(
+    channel: SideChannel | None,
+    offloader: ActivationOffloader | None,
+    compile_options: dict[str, Any] | None = None,
+) -> Callable[..., Any]:
     """What each checkpointed layer calls as `_gradient_checkpointing_func(layer_call, *args)`.
 
     Always non-reentrant: reentrant checkpointing runs the forward without a graph, so a layer reading K/V that an
     earlier layer stored (Gemma 4) sends no gradient back to it. With an `offloader`, each layer's saved inputs
-    wait in host memory until backward. `channel=None` turns the routing off (for comparison in tests)."""
+    wait in host memory until backward. `channel=None` turns the routing off (for comparison in tests).
+    `compile_options` (keyword arguments of `torch.compile`) compile the checkpoint call; every layer of a class
+    shares the compiled code."""
+    checkpointed = _checkpointed if compile_options is None else torch.compile(_checkpointed, **compile_options)
 
     def run(function: Callable, *args: Any, **kwargs: Any) -> Any:
         if channel is not None:
             function, args = _route_mutable_arguments(function, args, channel)
         with offloader.hooks() if offloader is not None else nullcontext():
-            return checkpoint(function, *args, use_reentrant=False, **kwargs)
+            return checkpointed(function, *args, **kwargs)
 
     return run
+
+
+def _checkpointed(function: Callable, *args: Any, **kwargs: Any) -> Any:
+    return checkpoint(function, *args, use_reentrant=False, **kwargs)
 
 
 def layers_left_unchecked(model: Any, count: int) -> list[Any]:
@@ -155,12 +172,17 @@ def _route_mutable_arguments(function: Callable, args: tuple, channel: SideChann
 
 
 def enable_activation_checkpointing(
-    model: Any, offload: bool = False, side_channel: bool = True, layers: int | None = None
+    model: Any,
+    offload: bool = False,
+    side_channel: bool = True,
+    layers: int | None = None,
+    compile_options: dict[str, Any] | None = None,
 ) -> SideChannel:
     """Checkpoint every decoder layer of `model` (a transformers model, or a PEFT model around one) with
     `checkpoint_function`, or only the first `layers` decoder layers of its language model, and return the model's
     side channel. `side_channel=False` captures mutable arguments in the replay function as transformers does by
-    default (for comparison in tests)."""
+    default (for comparison in tests). `compile_options` (keyword arguments of `torch.compile`) compile each
+    checkpointed layer call, and each decoder layer left unchecked as a module."""
     CONTRACT.check()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not getattr(base, "supports_gradient_checkpointing", False):
@@ -172,12 +194,13 @@ def enable_activation_checkpointing(
         )
     channel = SideChannel()
     offloader = ActivationOffloader() if offload else None
-    base._set_gradient_checkpointing(
-        enable=True, gradient_checkpointing_func=checkpoint_function(channel if side_channel else None, offloader)
-    )
+    checkpointed = checkpoint_function(channel if side_channel else None, offloader, compile_options)
+    base._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=checkpointed)
     if layers is not None:
         for layer in layers_left_unchecked(base, layers):  # transformers reads each layer's own flag
             layer.gradient_checkpointing = False
+            if compile_options is not None:
+                layer.compile(**compile_options)  # in place: parameter names, and so saved weights, stay as they are
     if getattr(base.config, "use_cache", None):
         base.config.use_cache = False
     # Frozen input embeddings (adapters) give the first layer an input without grad; transformers does the same.

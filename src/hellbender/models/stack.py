@@ -44,8 +44,14 @@ def build_trainable_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
     if cfg.tiled_mlp:  # after Liger and the adapter: tiles whatever forward the MLPs have by now
         logger.info("tiled_mlp: %d MLPs run in shards", tile_mlps(model, cfg.tiled_mlp_num_shards))
     if cfg.checkpoints_activations:  # hellbender's own setup, not the Trainer's nor FSDP's: activation_checkpointing.py
+        compile_options = (
+            {"backend": cfg.torch_compile_backend, "mode": cfg.torch_compile_mode} if cfg.compiles_layers else None
+        )
         enable_activation_checkpointing(
-            model, offload=cfg.gradient_checkpointing == "offload", layers=cfg.gradient_checkpointing_layers
+            model,
+            offload=cfg.gradient_checkpointing == "offload",
+            layers=cfg.gradient_checkpointing_layers,
+            compile_options=compile_options,
         )
     return model
 

@@ -59,6 +59,18 @@ def accelerator_arguments(cfg: HellbenderConfig) -> dict[str, Any] | None:
     return given or None
 
 
+def trainer_compile_arguments(cfg: HellbenderConfig) -> dict[str, Any]:
+    """The Trainer compiles the whole model unless the layers are compiled as the model is built (with activation
+    checkpointing, models/stack.py). A backend or mode alone would turn the Trainer's compilation on."""
+    if not cfg.torch_compile or cfg.compiles_layers:
+        return {"torch_compile": False}
+    return {
+        "torch_compile": True,
+        "torch_compile_backend": cfg.torch_compile_backend,
+        "torch_compile_mode": cfg.torch_compile_mode,
+    }
+
+
 def training_arguments(
     cfg: HellbenderConfig, schedule: Schedule, has_eval: bool, data_resumes_itself: bool = False
 ) -> TrainingArguments:
@@ -114,9 +126,7 @@ def training_arguments(
         load_best_model_at_end=cfg.early_stopping_patience is not None,
         metric_for_best_model="loss" if cfg.early_stopping_patience is not None else None,
         deepspeed=deepspeed_config(cfg),
-        torch_compile=cfg.torch_compile,
-        torch_compile_backend=cfg.torch_compile_backend,
-        torch_compile_mode=cfg.torch_compile_mode,
+        **trainer_compile_arguments(cfg),
         **fsdp_arguments(cfg),
     )
     check_fsdp_plugin_arguments(cfg, getattr(args, "fsdp_plugin_args", None))
