@@ -48,9 +48,7 @@ def eval_loss(model, rows, attn: str, tmp_path) -> float:
         use_cpu=True,
         disable_tqdm=True,
     )
-    trainer = HellbenderTrainer(
-        model=model, args=args, eval_dataset=rows, data_collator=CausalLMCollator(PAD, attn_implementation=attn)
-    )
+    trainer = HellbenderTrainer(model=model, args=args, eval_dataset=rows, data_collator=CausalLMCollator(PAD))
     with torch.compiler.set_stance("force_eager"):
         return trainer.evaluate()["eval_loss"]
 
@@ -117,7 +115,7 @@ def test_config_switches_the_model_to_compiled_flex_that_still_separates_documen
     model = load_base_model(cfg, tiny_tokenizer).eval()
     assert model.config._attn_implementation.startswith(COMPILED_FLEX_PREFIX)
     docs = documents()[:3]
-    batch = CausalLMCollator(PAD, attn_implementation="flex_attention")(packed(docs, [3]))
+    batch = CausalLMCollator(PAD)(packed(docs, [3]))
     with torch.no_grad(), torch.compiler.set_stance("force_eager"):
         logits = model(batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits[0]
         alone = torch.cat([model(torch.tensor([d["input_ids"]]), use_cache=False).logits[0] for d in docs])

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from hellbender.config import validate_config
-from hellbender.data.collator import CausalLMCollator
 from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.models import hub_kernels
 from hellbender.models.loading import load_model
@@ -151,13 +150,6 @@ def test_hub_kernels_are_accepted_with_packing(name):
 def test_other_attention_values_are_refused(name):
     with pytest.raises(ConfigError, match=rf"`{name}` is neither an attention backend"):
         config(attn_implementation=name)
-
-
-def test_packed_batches_for_a_hub_kernel_carry_position_ids_and_no_mask():
-    rows = [{"input_ids": [5, 6, 7, 8, 9], "labels": [5, 6, 7, 8, 9], "seq_lens": [2, 3]}]
-    batch = CausalLMCollator(0, "kernels-community/vllm-flash-attn3")(rows)
-    assert batch["position_ids"].tolist() == [[0, 1, 0, 1, 2]]
-    assert "attention_mask" not in batch
 
 
 def test_a_hub_kernel_without_the_kernels_package_is_refused_at_load(monkeypatch):

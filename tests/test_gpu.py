@@ -434,7 +434,8 @@ def test_fused_gated_norm_keeps_tiny_models_logits_and_gradients():
 )
 def test_packing_with_flex_attention_trains_to_the_sdpa_losses(tmp_path, flex_settings):
     """Packed rows with flex attention (documents kept apart by the block mask transformers builds from the
-    restarting position ids) train to the losses of packed rows with SDPA (a block-diagonal mask), in float32."""
+    restarting position ids) train to the losses of packed rows with SDPA (dense masks built from the same position
+    ids), in float32."""
     common = dict(adapter="lora", lora_target_linear=True, lora_dropout=0.0, sample_packing=True, max_steps=6)
     sdpa = validate_config(base_config(tmp_path / "sdpa", attn_implementation="sdpa", **common))
     flex = validate_config(

@@ -178,7 +178,7 @@ def test_pack_buffered_packs_each_buffer_on_its_own_and_keeps_every_row_whole():
     assert buffer_of_bin == sorted(buffer_of_bin)
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager", "flash_attention_2"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_a_bin_packed_as_one_sequence_scores_like_the_concatenated_text(tiny_model_path, attn):
     """`pretrain_multipack_attn: false` asks for plain causal attention over the whole bin: the collated bin gives
     every token the loss the concatenated documents get as one unmasked row."""
@@ -188,15 +188,13 @@ def test_a_bin_packed_as_one_sequence_scores_like_the_concatenated_text(tiny_mod
 
     docs = random_docs()
     (joined,) = list(pack_stream(iter(docs), 40, separate_documents=False))
-    batch = CausalLMCollator(pad_token_id=PAD, attn_implementation=attn)([joined])
+    batch = CausalLMCollator(pad_token_id=PAD)([joined])
     batch.pop(REAL_TOKENS_KEY)
     labels = batch.pop("labels")
     assert batch["position_ids"].tolist() == [list(range(40))]
-    # flash attention is not installed on CPU: its batch (positions only) is scored with SDPA, as one sequence.
-    model_attn = "sdpa" if attn == "flash_attention_2" else attn
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation=model_attn, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation=attn, dtype=torch.float32)
     with torch.no_grad():
-        packed = model.eval()(**batch).logits
+        packed = model.eval()(**batch, **forward_kwargs(batch)).logits
         plain = model(input_ids=torch.tensor([joined["input_ids"]])).logits
     torch.testing.assert_close(packed, plain, atol=1e-5, rtol=1e-5)
     assert (labels[0, 1:] != IGNORE).all()  # every token after the first is trained, across documents
@@ -212,50 +210,16 @@ def packed_rows():
     ]
 
 
-def test_collator_packed_rows_sdpa_block_diagonal_mask_and_positions():
-    batch = CausalLMCollator(pad_token_id=PAD, attn_implementation="sdpa")(packed_rows())
+def test_collator_packed_rows_get_restarting_positions_and_no_mask():
+    """Every backend finds the documents from the restarting position ids, with the forward building no KV cache:
+    a 4-D mask from the collator would reach every layer unchanged and undo sliding windows."""
+    batch = CausalLMCollator(pad_token_id=PAD)(packed_rows())
     assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [15, 16, 17, PAD, PAD]]
     assert batch["labels"].tolist() == [[IGNORE, 6, IGNORE, 8, 9], [IGNORE, 16, 17, IGNORE, IGNORE]]
+    # The padding after the last document restarts from zero: a block of its own.
     assert batch["position_ids"].tolist() == [[0, 1, 0, 1, 2], [0, 1, 2, 0, 1]]
-    mask = batch["attention_mask"]
-    assert mask.dtype == torch.bool
-    assert mask.shape == (2, 1, 5, 5)
-    assert mask[0, 0].int().tolist() == [
-        [1, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0],
-        [0, 0, 1, 0, 0],
-        [0, 0, 1, 1, 0],
-        [0, 0, 1, 1, 1],
-    ]
-    # Padding is its own block: no real token attends to it, and it never attends to a real token.
-    assert mask[1, 0].int().tolist() == [
-        [1, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0],
-        [1, 1, 1, 0, 0],
-        [0, 0, 0, 1, 0],
-        [0, 0, 0, 1, 1],
-    ]
-    assert batch["num_real_tokens"].tolist() == [5, 3]
-
-
-def test_collator_packed_rows_eager_gets_an_additive_float_mask():
-    batch = CausalLMCollator(pad_token_id=PAD, attn_implementation="eager")(packed_rows())
-    mask = batch["attention_mask"]
-    assert mask.dtype == torch.float32
-    assert mask.shape == (2, 1, 5, 5)
-    allowed = CausalLMCollator(pad_token_id=PAD, attn_implementation="sdpa")(packed_rows())["attention_mask"]
-    assert torch.equal(mask[allowed], torch.zeros(int(allowed.sum())))
-    assert torch.all(mask[~allowed] == torch.finfo(torch.float32).min)
-
-
-@pytest.mark.parametrize("attn", ["flash_attention_2", "flex_attention"])
-def test_collator_packed_rows_flash_and_flex_attention_get_no_mask(attn):
-    """Both find the documents from the restarting position ids, with the forward building no KV cache."""
-    batch = CausalLMCollator(pad_token_id=PAD, attn_implementation=attn)(packed_rows())
     assert "attention_mask" not in batch
     assert forward_kwargs(batch) == {"use_cache": False}
-    assert batch["position_ids"].tolist() == [[0, 1, 0, 1, 2], [0, 1, 2, 0, 1]]
-    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [15, 16, 17, PAD, PAD]]
     assert batch["num_real_tokens"].tolist() == [5, 3]
 
 
@@ -308,8 +272,8 @@ def random_docs() -> list[dict[str, list[int]]]:
 )
 @pytest.mark.parametrize("attn", ["sdpa", "eager", "flex_attention"])
 def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_model_path, attn, docs, row_splits, trained):
-    """The packed rows (block-diagonal mask, or restarting positions that transformers turns into a flex block mask;
-    masked first labels) must score every trained token exactly as the documents alone do. Forward passes get what
+    """The packed rows (restarting positions that transformers turns into per-layer masks: dense for SDPA and
+    eager, a flex block mask for flex attention; masked first labels) must score every trained token exactly as the documents alone do. Forward passes get what
     the trainer adds (`forward_kwargs`). Flex attention runs uncompiled here (torch's reference kernel, forward only:
     torch 2.13 has no flex backward on CPU); compiling it with inductor takes minutes on a CI machine, and the
     masks under test are the same."""
@@ -334,7 +298,7 @@ def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_model_path,
         keep = target != IGNORE
         return -logp.gather(-1, target.clamp(min=0)[..., None])[..., 0][keep]
 
-    collate = CausalLMCollator(pad_token_id=PAD, attn_implementation=attn)
+    collate = CausalLMCollator(pad_token_id=PAD)
     unpacked = per_token_nll(collate(docs))
     packed_rows, start = [], 0
     for n in row_splits:
@@ -345,7 +309,6 @@ def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_model_path,
     packed = per_token_nll(collate(packed_rows))
     assert unpacked.shape == packed.shape == (trained,)
     torch.testing.assert_close(packed, unpacked, atol=1e-5, rtol=1e-5)
-    if attn == "flex_attention":
-        # With a KV cache transformers skips the packed-document detection: documents would see each other.
-        leaked = per_token_nll(collate(packed_rows), with_forward_kwargs=False)
-        assert (leaked - unpacked).abs().max() > 1e-2
+    # With a KV cache transformers skips the packed-document detection: documents would see each other.
+    leaked = per_token_nll(collate(packed_rows), with_forward_kwargs=False)
+    assert (leaked - unpacked).abs().max() > 1e-2

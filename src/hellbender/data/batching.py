@@ -19,7 +19,7 @@ def build_collator(
 ) -> CausalLMCollator | MultimodalCollator | MistralImageCollator:
     if processor is None:
         pad_to = cfg.sequence_len if cfg.pad_to_sequence_len else None
-        return CausalLMCollator(tokenizer.pad_token_id, cfg.attn_implementation, pad_to_multiple_of=pad_to)
+        return CausalLMCollator(tokenizer.pad_token_id, pad_to_multiple_of=pad_to)
     if is_mistral_common(processor.tokenizer):  # rows hold every token; only the pixels are made here
         return MistralImageCollator(processor, image_policy(cfg))
     return MultimodalCollator(

@@ -17,6 +17,7 @@ from hellbender.data.collator import REAL_TOKENS_KEY, forward_kwargs
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.models.activation_checkpointing import side_channel_of
+from hellbender.models.packed_attention import packed_attention_mask
 from hellbender.storage import FINAL_MANIFEST, complete_checkpoints, listed_files, move_files_into, write_manifest
 from hellbender.train.console import StepLines
 from hellbender.train.divergence import Divergence, agreed, not_finite, weights_not_finite
@@ -190,6 +191,7 @@ class HellbenderTrainer(Trainer):
         if model.training and stream_rows is not None:
             self._callback(StreamPosition).advance(int(stream_rows.max()))
         inputs.update(forward_kwargs(inputs))
+        inputs.update(packed_attention_mask(model, inputs))
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:

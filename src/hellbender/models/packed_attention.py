@@ -1,0 +1,139 @@
+"""Attention masks for packed batches of the model families whose forward builds its masks without position ids.
+
+A packed batch reaches the model as restarting position ids and no attention mask (`data/collator.py`):
+transformers' mask builder finds the documents there and builds each layer pattern's mask (full, sliding window,
+chunked) — but only where the model's forward hands it the position ids. The families below do not (measured
+with transformers 5.24: a tiny gpt-oss under eager attention scored the second document of a packed row 0.06 off
+the document alone), so their packed documents would attend to each other under SDPA, eager or flex attention.
+For them the trainer and `hellbender evaluate` build the masks with those same transformers builders, given the
+position ids, and pass them as `attention_mask`: one mask where the model has one layer pattern, else a mapping by
+layer type, which these forwards take as masks already prepared. Flash attention needs nothing here: its kernel
+reads the documents from the position ids, which every family passes to its attention layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hellbender.errors import ConfigError
+
+# Causal-LM model types whose forward calls transformers' mask builders without `position_ids` (transformers 5.24;
+# tests/test_packed_attention.py reads the installed transformers' model code to keep this list complete). A type
+# listed here that does pass them is harmless: the masks built here are the ones transformers would build.
+MASKS_WITHOUT_POSITION_IDS = frozenset(
+    {
+        "afmoe",
+        "bart",
+        "bert",
+        "bert-generation",
+        "bigbird_pegasus",
+        "biogpt",
+        "blenderbot",
+        "blenderbot-small",
+        "bloom",
+        "camembert",
+        "electra",
+        "ernie",
+        "gpt_oss",
+        "granitemoehybrid",
+        "marian",
+        "mbart",
+        "mpt",
+        "musicgen",
+        "musicgen_melody",
+        "mvp",
+        "opt",
+        "pegasus",
+        "plbart",
+        "roberta",
+        "roberta-prelayernorm",
+        "roc_bert",
+        "trocr",
+        "xglm",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "xmod",
+    }
+)
+
+
+def _builders() -> dict[str, Any]:
+    from transformers.masking_utils import (
+        create_causal_mask,
+        create_chunked_causal_mask,
+        create_sliding_window_causal_mask,
+    )
+
+    return {
+        "full_attention": create_causal_mask,
+        "sliding_attention": create_sliding_window_causal_mask,
+        "chunked_attention": create_chunked_causal_mask,
+    }
+
+
+def unwrapped(model: Any) -> Any:
+    """The transformers (or PEFT) model inside a distributed wrapper, which has no `config`."""
+    while not hasattr(model, "config") and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def text_config(model: Any) -> Any:
+    return unwrapped(model).config.get_text_config()
+
+
+def needs_packed_masks(config: Any) -> bool:
+    """Whether packed batches of this model need `packed_attention_mask`: a family that builds its masks without
+    position ids, under an attention backend that takes masks (not flash attention)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+    implementation = config._attn_implementation
+    return (
+        config.model_type in MASKS_WITHOUT_POSITION_IDS
+        and implementation in ALL_MASK_ATTENTION_FUNCTIONS
+        and ALL_MASK_ATTENTION_FUNCTIONS[implementation] is not flash_attention_mask
+    )
+
+
+def layer_patterns(config: Any) -> list[str]:
+    """The layer types whose masks the model reads, in a stable order; refuses a type hellbender cannot build."""
+    types = list(dict.fromkeys(getattr(config, "layer_types", None) or ["full_attention"]))
+    unknown = [t for t in types if t not in _builders()]
+    if unknown:
+        raise ConfigError(
+            f"`sample_packing` with `attn_implementation: {config._attn_implementation}` cannot keep the packed "
+            f"documents of this `{config.model_type}` model apart: its forward builds masks without position ids, "
+            f"and it has layers of type {', '.join(unknown)}, whose masks hellbender does not build. Use flash "
+            "attention (`attn_implementation: flash_attention_2`), or set `sample_packing: false`."
+        )
+    return types
+
+
+def check_packed_masks(model: Any) -> None:
+    """At loading, with packing on: fail now, not at the first batch, where the masks cannot be built."""
+    config = text_config(model)
+    if needs_packed_masks(config):
+        layer_patterns(config)
+
+
+def packed_attention_mask(model: Any, batch: dict[str, Any]) -> dict[str, Any]:
+    """`{"attention_mask": ...}` for a packed batch (position ids, no mask) of a model that needs it; else `{}`."""
+    if "position_ids" not in batch or "attention_mask" in batch:
+        return {}
+    config = text_config(model)
+    if not needs_packed_masks(config):
+        return {}
+    position_ids = batch["position_ids"]
+    embeddings = unwrapped(model).get_input_embeddings()
+    # The builders read only the batch size, length, dtype (eager's additive masks) and device of the embeddings.
+    shape_of_embeds = torch.empty((*position_ids.shape, 0), dtype=embeddings.weight.dtype, device=position_ids.device)
+    builders = _builders()
+    masks = {
+        pattern: builders[pattern](
+            config=config, inputs_embeds=shape_of_embeds, attention_mask=None, cache=None, position_ids=position_ids
+        )
+        for pattern in layer_patterns(config)
+    }
+    return {"attention_mask": masks["full_attention"] if list(masks) == ["full_attention"] else masks}
