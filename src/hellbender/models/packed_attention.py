@@ -13,6 +13,8 @@ reads the documents from the position ids, which every family passes to its atte
 
 from __future__ import annotations
 
+import copy
+import inspect
 from typing import Any
 
 import torch
@@ -36,6 +38,7 @@ MASKS_WITHOUT_POSITION_IDS = frozenset(
         "camembert",
         "electra",
         "ernie",
+        "falcon",  # transformers 5.17
         "gpt_oss",
         "granitemoehybrid",
         "marian",
@@ -73,6 +76,11 @@ def _builders() -> dict[str, Any]:
     }
 
 
+def _no_cache(builder: Any) -> dict[str, None]:
+    """The builder's "no KV cache" argument: `cache` in transformers 5.24, `past_key_values` in 5.17."""
+    return {"cache": None} if "cache" in inspect.signature(builder).parameters else {"past_key_values": None}
+
+
 def unwrapped(model: Any) -> Any:
     """The transformers (or PEFT) model inside a distributed wrapper, which has no `config`."""
     while not hasattr(model, "config") and hasattr(model, "module"):
@@ -87,13 +95,17 @@ def text_config(model: Any) -> Any:
 def needs_packed_masks(config: Any) -> bool:
     """Whether packed batches of this model need `packed_attention_mask`: a family that builds its masks without
     position ids, under an attention backend that takes masks (not flash attention)."""
+    return config.model_type in MASKS_WITHOUT_POSITION_IDS and not is_flash(config)
+
+
+def is_flash(config: Any) -> bool:
+    """Whether the model's attention reads packed documents from the position ids itself (takes no mask)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 
     implementation = config._attn_implementation
     return (
-        config.model_type in MASKS_WITHOUT_POSITION_IDS
-        and implementation in ALL_MASK_ATTENTION_FUNCTIONS
-        and ALL_MASK_ATTENTION_FUNCTIONS[implementation] is not flash_attention_mask
+        implementation not in ALL_MASK_ATTENTION_FUNCTIONS
+        or ALL_MASK_ATTENTION_FUNCTIONS[implementation] is flash_attention_mask
     )
 
 
@@ -111,11 +123,40 @@ def layer_patterns(config: Any) -> list[str]:
     return types
 
 
+def chunks_restart_at_each_document(config: Any) -> bool:
+    """Whether the installed transformers' chunked-attention mask counts chunks from each packed document's start,
+    as the document alone would (transformers 5.24 does; 5.17 counts them from the packed row's start, so a
+    document's chunks shift by where it sits in the row). Probed on a 6-token row of two documents, chunks of 2."""
+    from transformers.masking_utils import create_chunked_causal_mask
+
+    probe = copy.copy(config)
+    probe.attention_chunk_size = 2
+    mask = create_chunked_causal_mask(
+        config=probe,
+        inputs_embeds=torch.empty((1, 6, 0)),
+        attention_mask=None,
+        position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]),
+        **_no_cache(create_chunked_causal_mask),
+    )
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    return bool(allowed[0, 0, 4, 3])  # the second document's 2nd token sees its 1st: one chunk from its start
+
+
 def check_packed_masks(model: Any) -> None:
     """At loading, with packing on: fail now, not at the first batch, where the masks cannot be built."""
+    import transformers
+
     config = text_config(model)
     if needs_packed_masks(config):
         layer_patterns(config)
+    chunked = "chunked_attention" in (getattr(config, "layer_types", None) or [])
+    if chunked and not is_flash(config) and not chunks_restart_at_each_document(config):
+        raise ConfigError(
+            f"`sample_packing` with this `{config.model_type}` model's chunked attention is not supported with "
+            f"transformers {transformers.__version__}: its chunked mask counts chunks from the start of the packed "
+            "row, not of each document, so a packed document would be cut into other chunks than alone. Set "
+            "`sample_packing: false`, or use a transformers release that counts them per document (5.24 does)."
+        )
 
 
 def packed_attention_mask(model: Any, batch: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +173,11 @@ def packed_attention_mask(model: Any, batch: dict[str, Any]) -> dict[str, Any]:
     builders = _builders()
     masks = {
         pattern: builders[pattern](
-            config=config, inputs_embeds=shape_of_embeds, attention_mask=None, cache=None, position_ids=position_ids
+            config=config,
+            inputs_embeds=shape_of_embeds,
+            attention_mask=None,
+            position_ids=position_ids,
+            **_no_cache(builders[pattern]),
         )
         for pattern in layer_patterns(config)
     }
