@@ -273,8 +273,8 @@ def _config_read_by_class(cfg: HellbenderConfig, source: str | Path) -> Any:
         raise ConfigError(
             f"`cls_model_config: {cfg.cls_model_config}` reads configs of model type `{cls.model_type}`, and the "
             f"config.json of `{source}` describes {', '.join(f'`{t}`' for t in sorted(described))}, with no "
-            f"`{cls.model_type}` section. Name the config class of that model's family, or remove `cls_model_config` (`AutoConfig` "
-            "reads any config)."
+            f"`{cls.model_type}` section. Name the config class of that model's family, or remove `cls_model_config` "
+            "(`AutoConfig` reads any config)."
         )
     return cls.from_pretrained(str(source), revision=cfg.revision_of_model)
 
