@@ -1,6 +1,6 @@
-"""Entropy-aware focal training (`use_eaft`): the loss is the entropy-weighted cross-entropy written out by hand, alpha 0
-is plain cross-entropy, the weights carry no gradient, accumulation stays exact, and it is refused where the logits do
-not exist."""
+"""Entropy-aware focal training (`use_eaft`): the loss is the entropy-weighted cross-entropy written out by hand,
+alpha 0 is plain cross-entropy, the weights carry no gradient, accumulation stays exact, and it is refused where the
+logits do not exist."""
 
 from __future__ import annotations
 

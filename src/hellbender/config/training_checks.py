@@ -74,12 +74,13 @@ def _early_stopping_problems(cfg: HellbenderConfig) -> list[str]:
 def _eaft_problems(cfg: HellbenderConfig) -> list[str]:
     if not cfg.use_eaft:
         tuned = [k for k in EAFT_TUNING_KEYS if getattr(cfg, k) != LossSettings.model_fields[k].default]
-        if tuned:
-            return [
-                f"{' and '.join(f'`{k}`' for k in tuned)} {'tunes' if len(tuned) == 1 else 'tune'} entropy-aware focal "
-                f"training, and `use_eaft` is off: add `use_eaft: true`, or remove {'it' if len(tuned) == 1 else 'them'}."
-            ]
-        return []
+        if not tuned:
+            return []
+        verb, them = ("tunes", "it") if len(tuned) == 1 else ("tune", "them")
+        named = " and ".join(f"`{k}`" for k in tuned)
+        return [
+            f"{named} {verb} entropy-aware focal training, and `use_eaft` is off: add `use_eaft: true`, or remove {them}."
+        ]
     # Checked before the defaults are filled in: the plugin turns `cut_cross_entropy` on unless it is set to false.
     fused = ["`liger_fused_linear_cross_entropy`"] if cfg.liger_fused_linear_cross_entropy else []
     if cfg.cut_cross_entropy:
