@@ -79,7 +79,8 @@ def _eaft_problems(cfg: HellbenderConfig) -> list[str]:
         verb, them = ("tunes", "it") if len(tuned) == 1 else ("tune", "them")
         named = " and ".join(f"`{k}`" for k in tuned)
         return [
-            f"{named} {verb} entropy-aware focal training, and `use_eaft` is off: add `use_eaft: true`, or remove {them}."
+            f"{named} {verb} entropy-aware focal training, and `use_eaft` is off: add `use_eaft: true`, or remove "
+            f"{them}."
         ]
     # Checked before the defaults are filled in: the plugin turns `cut_cross_entropy` on unless it is set to false.
     fused = ["`liger_fused_linear_cross_entropy`"] if cfg.liger_fused_linear_cross_entropy else []
