@@ -6,6 +6,7 @@ import difflib
 from pathlib import Path
 
 from hellbender.chat_templates import TEMPLATE_NAMES, is_known_template, known_names_text, not_shipped_reason
+from hellbender.config.config_class import config_class_problems
 from hellbender.config.data import CHAT_ROLES
 from hellbender.config.data_order import data_order_problems
 from hellbender.config.deepspeed import deepspeed_problems
@@ -119,6 +120,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     problems += data_order_problems(cfg)
     problems += mistral_common_problems(cfg)
     problems += model_quantization_problems(cfg)
+    problems += config_class_problems(cfg)
     problems += _multimodal_conflicts(cfg)
     problems += _distributed_conflicts(cfg)
     if cfg.chat_template == "jinja" and not cfg.chat_template_jinja:

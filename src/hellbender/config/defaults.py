@@ -41,6 +41,7 @@ TORCH_COMPILE_DEFAULTS = {"torch_compile_backend": "inductor", "torch_compile_mo
 UNSET_MEANS: dict[str, str] = {
     "tokenizer_config": "the tokenizer of `base_model`",
     "revision_of_model": "the default branch of `base_model`",
+    "cls_model_config": "`AutoConfig` reads the model's config",
     "tokenizer_legacy": "the tokenizer's own `legacy` setting",
     "hf_use_auth_token": "the saved Hugging Face token, when there is one",
     "peft": "LoRA's usual start (B = 0)",
@@ -109,6 +110,10 @@ UNSET_MEANS: dict[str, str] = {
 }
 
 
+def default_model_type(cfg: HellbenderConfig) -> str:
+    return "AutoModelForImageTextToText" if cfg.is_multimodal else "AutoModelForCausalLM"
+
+
 def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
     updates: dict[str, Any] = {}
 
@@ -117,7 +122,7 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
             updates[key] = value
 
     default("learning_rate", ADAPTER_LEARNING_RATE if cfg.adapter else FULL_FINETUNE_LEARNING_RATE)
-    default("model_type", "AutoModelForImageTextToText" if cfg.is_multimodal else "AutoModelForCausalLM")
+    default("model_type", default_model_type(cfg))
     default("attn_implementation", "flash_attention_2" if cfg.flash_attention else "sdpa")
     default("dataset_prepared_path", str(Path(cfg.output_dir).parent / "last_run_prepared"))
     default("streaming", bool(cfg.pretraining_dataset))

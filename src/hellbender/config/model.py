@@ -44,6 +44,13 @@ class ModelSettings(BaseModel):
         description="transformers class used to load the model (an Auto class or a concrete class name); default "
         "`AutoModelForCausalLM`, or `AutoModelForImageTextToText` with `processor_type`.",
     )
+    cls_model_config: Name | None = Field(
+        None,
+        description="transformers config class that reads `base_model`'s config.json instead of `AutoConfig` (e.g. "
+        "`Gemma3TextConfig` with `model_type: Gemma3ForCausalLM`, to train the text model of a checkpoint whose "
+        "config also describes a vision tower). It must be a config class of `model_type`'s model, and the "
+        "checkpoint's config.json (or a section of it) must be of that class's model type.",
+    )
     tokenizer_config: PathText | None = Field(
         None, description="Hub id or directory of the tokenizer, when it differs from `base_model`."
     )
@@ -167,6 +174,22 @@ class ModelSettings(BaseModel):
                 "for the slow one. Remove it, or set it to true"
             )
         return value
+
+    @field_validator("cls_model_config")
+    @classmethod
+    def _config_class_is_a_transformers_config(cls, name: str | None) -> str | None:
+        if name is None or name == "AutoConfig":
+            return name
+        import transformers
+
+        found = getattr(transformers, name, None)
+        if isinstance(found, type) and issubclass(found, transformers.PreTrainedConfig):
+            return name
+        what = "not a name transformers exports" if found is None else "a transformers name, but not a config class"
+        raise ValueError(
+            f"`{name}` is {what}; name a class such as `LlamaConfig` or `Gemma3TextConfig` (the "
+            "`Config` class of the model's family), or remove the key to read the config with `AutoConfig`"
+        )
 
     @field_validator("attn_implementation")
     @classmethod

@@ -16,6 +16,7 @@ from hellbender.config.defaults import ENTRY_UNSET_MEANS, UNSET_MEANS
 from hellbender.config.distributed import DistributedSettings, FsdpSettings
 from hellbender.config.hub import HubSettings
 from hellbender.config.kernels import KernelSettings
+from hellbender.config.loss import LossSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.plugins import PluginSettings
@@ -31,6 +32,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("Entries of `datasets:` and `test_datasets:`", DatasetEntry),
     ("Entries of `pretraining_dataset:`", PretrainingDatasetEntry),
     ("Training", TrainingSettings),
+    ("Loss", LossSettings),
     ("Fused kernels and compilation", KernelSettings),
     ("Several GPUs and machines", DistributedSettings),
     ("`fsdp_config:`", FsdpSettings),

@@ -7,6 +7,7 @@ from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatase
 from hellbender.config.distributed import DistributedSettings
 from hellbender.config.hub import HubSettings
 from hellbender.config.kernels import KernelSettings
+from hellbender.config.loss import LossSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.plugins import PluginSettings
@@ -22,6 +23,7 @@ class HellbenderConfig(
     AdapterSettings,
     DataSettings,
     TrainingSettings,
+    LossSettings,
     KernelSettings,
     DistributedSettings,
     PluginSettings,

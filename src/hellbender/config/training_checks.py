@@ -1,8 +1,10 @@
-"""Combinations of the learning-rate schedule, early stopping, checkpoint and accelerator keys that cannot work
+"""Combinations of the learning-rate schedule, early stopping, checkpoint, accelerator and loss keys that cannot work
 together. Each problem is one paragraph naming the keys."""
 
 from __future__ import annotations
 
+from hellbender.config.loss import EAFT_TUNING_KEYS, LossSettings
+from hellbender.config.plugins import CUT_CROSS_ENTROPY_PLUGIN
 from hellbender.config.schema import HellbenderConfig
 
 # Keys that shape the cosine schedule; each needs `lr_scheduler: cosine`.
@@ -37,6 +39,7 @@ def training_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`save_only_model: true` with FSDP2 needs whole-model checkpoints: set `fsdp_config.state_dict_type: "
             "FULL_STATE_DICT` (transformers cannot save only the model from sharded checkpoints)."
         )
+    problems += _eaft_problems(cfg)
     accelerator = cfg.accelerator_config
     if accelerator is not None and accelerator.dispatch_batches and cfg.uses_streaming:
         problems.append(
@@ -66,3 +69,30 @@ def _early_stopping_problems(cfg: HellbenderConfig) -> list[str]:
             "`save_only_model` checkpoints with FSDP or DeepSpeed: remove `save_only_model` or `early_stopping_patience`."
         )
     return problems
+
+
+def _eaft_problems(cfg: HellbenderConfig) -> list[str]:
+    if not cfg.use_eaft:
+        tuned = [k for k in EAFT_TUNING_KEYS if getattr(cfg, k) != LossSettings.model_fields[k].default]
+        if not tuned:
+            return []
+        verb, them = ("tunes", "it") if len(tuned) == 1 else ("tune", "them")
+        named = " and ".join(f"`{k}`" for k in tuned)
+        return [
+            f"{named} {verb} entropy-aware focal training, and `use_eaft` is off: add `use_eaft: true`, or remove "
+            f"{them}."
+        ]
+    # Checked before the defaults are filled in: the plugin turns `cut_cross_entropy` on unless it is set to false.
+    fused = ["`liger_fused_linear_cross_entropy`"] if cfg.liger_fused_linear_cross_entropy else []
+    if cfg.cut_cross_entropy:
+        fused.append("`cut_cross_entropy`")
+    elif cfg.cut_cross_entropy is None and CUT_CROSS_ENTROPY_PLUGIN in cfg.plugins:
+        fused.append(f"`plugins: [{CUT_CROSS_ENTROPY_PLUGIN}]` (which turns `cut_cross_entropy` on)")
+    if not fused:
+        return []
+    return [
+        f"`use_eaft: true` weights each token's loss by the entropy of its logits, and {' and '.join(fused)} fuses "
+        "the LM head into the loss so that the logits never exist. Remove one of them (without the fused loss, a "
+        "micro-batch's logits take tokens x vocabulary x 4 bytes of memory; with the plugin, `cut_cross_entropy: "
+        "false` turns the fused loss off)."
+    ]

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from hellbender.chat_templates import resolve_chat_template
 from hellbender.config import HellbenderConfig
+from hellbender.config.config_class import config_class
 from hellbender.config.model import is_hub_kernel
 from hellbender.config.model_sources import local_source_problem
 from hellbender.config.precision import torch_dtype
@@ -233,14 +234,17 @@ def check_new_embeddings_are_trained(cfg: HellbenderConfig, model: Any, added: i
 
 
 def model_config(cfg: HellbenderConfig, source: str | Path) -> Any:
-    """The model's config from `source`, with `overrides_of_model_config` applied (each must be one of its
-    settings, or of its text model's)."""
-    from transformers import AutoConfig
+    """The model's config from `source`, read by `cls_model_config` (default `AutoConfig`), with
+    `overrides_of_model_config` applied (each must be one of its settings, or of its text model's)."""
+    if cfg.cls_model_config in (None, "AutoConfig"):
+        from transformers import AutoConfig
 
-    with remote_code_refused(source):
-        config = AutoConfig.from_pretrained(
-            source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model
-        )
+        with remote_code_refused(source):
+            config = AutoConfig.from_pretrained(
+                source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model
+            )
+    else:
+        config = _config_read_by_class(cfg, source)
     for key, value in cfg.overrides_of_model_config.items():
         owner = next((c for c in (config, config.get_text_config()) if hasattr(c, key)), None)
         if owner is None:
@@ -250,6 +254,30 @@ def model_config(cfg: HellbenderConfig, source: str | Path) -> Any:
             )
         setattr(owner, key, value)
     return config
+
+
+def _config_read_by_class(cfg: HellbenderConfig, source: str | Path) -> Any:
+    """`cls_model_config`'s class reads the config.json itself or, for a config of several models (a vision-language
+    model's), the section of its own model type; a config.json of another model would be read into settings of the
+    wrong model (transformers only warns), so it is refused."""
+    cls = config_class(cfg)
+    try:
+        raw, _ = cls.get_config_dict(str(source), revision=cfg.revision_of_model)
+    except OSError as exc:
+        raise ConfigError(
+            f"Could not read the model's config from `{source}`: {str(exc).rstrip('.')}. Check `base_model` (a hub id "
+            "needs network access; a local path must hold config.json)."
+        ) from None
+    described = {raw.get("model_type")} | {v.get("model_type") for v in raw.values() if isinstance(v, dict)}
+    described.discard(None)
+    if described and cls.model_type not in described:
+        raise ConfigError(
+            f"`cls_model_config: {cfg.cls_model_config}` reads configs of model type `{cls.model_type}`, and the "
+            f"config.json of `{source}` describes {', '.join(f'`{t}`' for t in sorted(described))}, with no "
+            f"`{cls.model_type}` section. Name the config class of that model's family, or remove `cls_model_config` "
+            "(`AutoConfig` reads any config)."
+        )
+    return cls.from_pretrained(str(source), revision=cfg.revision_of_model)
 
 
 def model_skeleton(cfg: HellbenderConfig) -> Any:

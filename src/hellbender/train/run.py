@@ -23,6 +23,7 @@ from hellbender.train.arguments import training_arguments
 from hellbender.train.deepspeed import deepspeed_before_loading
 from hellbender.train.distributed import is_main_process, main_process_first, world_size
 from hellbender.train.divergence import Divergence
+from hellbender.train.eaft import eaft_loss_function
 from hellbender.train.fsdp import (
     announce_host_offload,
     check_fsdp_processes,
@@ -119,6 +120,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     divergence = Divergence()
     trainer = HellbenderTrainer(
         fused_loss=cfg.fuses_the_loss,
+        **({"compute_loss_func": eaft_loss_function(cfg.eaft_alpha, cfg.eaft_k)} if cfg.use_eaft else {}),
         lr_factor=own_lr_factor(cfg, schedule),
         run=run,
         divergence=divergence,

@@ -55,11 +55,15 @@ class HellbenderTrainer(Trainer):
         it is then given the accumulated batch's trained-token count, so accumulation stays exact. `lr_factor`: the
         learning rate's fraction of its peak after each step, for schedules transformers does not name. `run`: the
         identity of this run (main process), recorded in the final manifest and checked before each save.
-        `divergence`: filled in when the run stops on a non-finite loss, gradient or weight."""
+        `compute_loss_func` (a keyword of the Trainer): a loss in place of `causal_lm_loss` (`use_eaft`'s), with the
+        same arguments and reduction. `divergence`: filled in when the run stops on a non-finite loss, gradient or
+        weight."""
         self._lr_factor = lr_factor
         self.run = run
         self.divergence = divergence if divergence is not None else Divergence()
         self._loss_not_finite = False
+        if fused_loss and kwargs.get("compute_loss_func") is not None:
+            raise ValueError("a fused loss computes no logits, so no `compute_loss_func` can be used with it")
         if not fused_loss:
             kwargs.setdefault("compute_loss_func", causal_lm_loss)
         super().__init__(*args, **kwargs)
