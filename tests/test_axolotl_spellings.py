@@ -563,3 +563,11 @@ def test_axolotls_fused_module_patches_are_ligers_kernels(tmp_path, patch, liger
     same_config(tmp_path, {patch: False}, {})
     with pytest.raises(ConfigError, match=rf"`{patch}: true` asks for Liger's .* \(`{liger_key}`\), which is set"):
         validate_config(base_config(tmp_path, **{patch: True, liger_key: False}))
+
+
+@pytest.mark.parametrize("attn", [{}, {"attn_implementation": "flash_attention_2"}, {"attn_implementation": "sdpa"}])
+def test_gemma4_hybrid_attention_is_sdpa_on_every_layer(tmp_path, attn):
+    same_config(tmp_path, {"gemma4_hybrid_attn_impl": True, **attn}, {"attn_implementation": "sdpa"})
+    same_config(tmp_path, {"gemma4_hybrid_attn_impl": False}, {})
+    with pytest.raises(ConfigError, match=r"`gemma4_hybrid_attn_impl: true` picks Gemma 4's attention kernels"):
+        validate_config(base_config(tmp_path, gemma4_hybrid_attn_impl=True, attn_implementation="eager"))

@@ -56,6 +56,7 @@ def read_older_spellings(raw: dict[str, Any]) -> tuple[list[str], list[str]]:
             del raw[key]
             notices.append(f"`{key}: 0` is read as unset (as in Axolotl): the default schedule applies.")
     _fused_patches(raw, problems, notices)
+    _gemma4_hybrid_attention(raw, problems, notices)
     _warmup_fraction(raw, problems, notices)
     _activation_offloading(raw, problems, notices)
     _base_model_config(raw, problems, notices)
@@ -210,6 +211,29 @@ def _fused_patches(raw: dict[str, Any], problems: list[str], notices: list[str])
             f"`{patch}: true` (Axolotl's {what} patch) is read as `{liger_key}: true`: Liger's {what} computes the "
             "same, faster."
         )
+
+
+def _gemma4_hybrid_attention(raw: dict[str, Any], problems: list[str], notices: list[str]) -> None:
+    """Axolotl's `gemma4_hybrid_attn_impl` runs Gemma 4's sliding layers under flash attention and its 512-wide
+    full-attention layers (wider than flash attention takes) under SDPA. hellbender runs every Gemma 4 layer under
+    PyTorch's SDPA, whose flash and memory-efficient kernels take both widths without the math kernel
+    (`models/attention.py`): the same attention, by another kernel on the sliding layers."""
+    if not raw.pop("gemma4_hybrid_attn_impl", None):
+        return
+    attn = raw.get("attn_implementation")
+    if attn not in (None, "flash_attention_2", "sdpa"):
+        problems.append(
+            f"`gemma4_hybrid_attn_impl: true` picks Gemma 4's attention kernels, and `attn_implementation: {attn}` "
+            "picks another; keep one (hellbender reads the former as `attn_implementation: sdpa`)."
+        )
+        return
+    raw["attn_implementation"] = "sdpa"
+    raw.pop("flash_attention", None)
+    notices.append(
+        "`gemma4_hybrid_attn_impl: true` (Axolotl: flash attention on Gemma 4's sliding layers, SDPA on its 512-wide "
+        "full-attention layers) is read as `attn_implementation: sdpa`: hellbender runs every Gemma 4 layer under "
+        "PyTorch's SDPA, whose flash and memory-efficient kernels take both widths (never the math kernel)."
+    )
 
 
 def _move(raw: dict[str, Any], old: str, new: str, where: str, problems: list[str], notices: list[str]) -> None:
