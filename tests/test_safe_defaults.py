@@ -11,7 +11,7 @@ import torch
 
 from hellbender.config import validate_config
 from hellbender.errors import ConfigError
-from hellbender.storage import write_manifest
+from hellbender.storage import manifest_run, write_manifest
 from hellbender.train.run import train
 from tests.helpers import base_config
 from tests.test_checkpoints import finished_run  # noqa: F401 - the fixture
@@ -87,8 +87,9 @@ def test_a_checkpoint_that_would_run_code_when_unpickled_is_refused_without_runn
     shutil.copytree(finished_run["output_dir"], out)
     marker = tmp_path / "code-ran"
     checkpoint = out / "checkpoint-4"
+    run = manifest_run(checkpoint)  # the run that wrote it, so the checkpoint stays that run's
     torch.save({"python": _RunsCodeWhenUnpickled(marker)}, checkpoint / "rng_state.pth")
-    write_manifest(checkpoint)  # complete by every file-level check: only the load itself can refuse it
+    write_manifest(checkpoint, run=run)  # complete by every file-level check: only the load itself can refuse it
     cfg = validate_config({**finished_run, "output_dir": str(out), "resume_from_checkpoint": str(checkpoint)})
     with pytest.raises(
         ConfigError, match=r"checkpoint-4 failed: one of its files holds Python objects .*Unsupported global"

@@ -101,7 +101,7 @@ def test_swanlab_keys_stay_out_of_the_environment_when_swanlab_is_off(tmp_path):
 
 
 def test_the_wandb_name_names_the_swanlab_experiment_too(tmp_path):
-    from hellbender.config.tracking import run_name
+    from hellbender.config.tracking_checks import run_name
 
     cfg = validate_config(base_config(tmp_path, swanlab_project="p", wandb_name="shared"))
     assert run_name(cfg) == "shared"

@@ -17,7 +17,7 @@ from hellbender.config.model_sources import local_source_problem
 from hellbender.config.plugins import plugin_problems
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.streaming_checks import streaming_problems
-from hellbender.config.tracking import swanlab_notices, swanlab_problems
+from hellbender.config.tracking_checks import swanlab_notices, swanlab_problems
 from hellbender.config.training_checks import training_conflicts
 from hellbender.config.value_checks import value_conflicts
 from hellbender.storage import can_write

@@ -33,6 +33,14 @@ FLEX_COMPILE_KEYWORDS = ("dynamic", "mode", "fullgraph", "backend", "options")
 TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+# `model_quantization_config` names hellbender loads -> (the checkpoint's `quant_method` in its config.json, what it
+# stores); such checkpoints load dequantized for training (config/model_quantization.py).
+DEQUANTIZED_CONFIGS: dict[str, tuple[str, str]] = {
+    "Mxfp4Config": ("mxfp4", "MXFP4 (4-bit microscaling) weights, as gpt-oss ships its experts"),
+    "FineGrainedFP8Config": ("fp8", "block-wise FP8 weights"),
+}
+
+
 class ModelSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
@@ -205,8 +213,6 @@ class ModelSettings(BaseModel):
     @field_validator("model_quantization_config")
     @classmethod
     def _quantization_config_is_offered(cls, name: str | None) -> str | None:
-        from hellbender.config.model_quantization import DEQUANTIZED_CONFIGS
-
         if name is None or name in DEQUANTIZED_CONFIGS:
             return name
         import transformers

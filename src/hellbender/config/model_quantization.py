@@ -9,13 +9,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from hellbender.config.model import DEQUANTIZED_CONFIGS
 from hellbender.config.schema import HellbenderConfig
-
-# Accepted class name -> (the checkpoint's `quant_method` in its config.json, what it stores)
-DEQUANTIZED_CONFIGS: dict[str, tuple[str, str]] = {
-    "Mxfp4Config": ("mxfp4", "MXFP4 (4-bit microscaling) weights, as gpt-oss ships its experts"),
-    "FineGrainedFP8Config": ("fp8", "block-wise FP8 weights"),
-}
 
 
 def quantization_config_class(name: str) -> Any:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hellbender.config.tracking import SWANLAB_PLUGIN
 from hellbender.config.values import Name
 
 AXOLOTL_INTEGRATIONS = "axolotl.integrations."
+SWANLAB_PLUGIN = "axolotl.integrations.swanlab.SwanLabPlugin"
 CUT_CROSS_ENTROPY_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
 # plugins hellbender does natively -> how
 NATIVE_PLUGINS: dict[str, str] = {

@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from hellbender.data.images import ImagePolicy, ImageProblem, confined, decode_image
+from hellbender.data.image_decoding import ImagePolicy, ImageProblem, confined, decode_image
 
 REMOTE_TIMEOUT_S = 30
 REMOTE_MAX_BYTES = 64 * 1024 * 1024

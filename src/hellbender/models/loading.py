@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +15,7 @@ from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.models.hub_kernels import check_hub_kernel_packing, require_kernels_package
 from hellbender.models.mistral_tokenizer import load_mistral_common_tokenizer
 from hellbender.models.packed_attention import check_packed_masks
+from hellbender.models.remote_code import remote_code_refused
 from hellbender.models.tiny import is_tiny_model, tiny_model_dir
 
 
@@ -34,24 +33,6 @@ def resolve_model_path(name: str, key: str = "base_model", wanted: Literal["mode
     if problem := local_source_problem(name, key, wanted):
         raise ConfigError(problem)
     return name
-
-
-@contextmanager
-def remote_code_refused(source: str | Path) -> Iterator[None]:
-    """transformers refuses a repository whose classes live in its own Python files (`auto_map`) unless
-    `trust_remote_code` is on: say so in one paragraph."""
-    try:
-        yield
-    except ValueError as exc:
-        if "trust_remote_code" not in str(exc):
-            raise
-        raise ConfigError(
-            f"`{source}` needs Python code from its own repository to load (its config names custom classes in "
-            "`auto_map`). hellbender does not run a model repository's code unless the config asks for it "
-            "(`trust_remote_code` is off by default, so that loading a model cannot run code nobody reviewed). If "
-            "you trust this repository's code, add `trust_remote_code: true`; otherwise pick a model transformers "
-            "supports natively."
-        ) from None
 
 
 def _tokenizer_source(cfg: HellbenderConfig) -> tuple[str, str, Literal["tokenizer"]]:

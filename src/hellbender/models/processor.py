@@ -12,7 +12,7 @@ def load_processor(cfg: HellbenderConfig, source: str) -> Any:
     import transformers
 
     from hellbender.models.fixes import processor_loader, unsupported_reason
-    from hellbender.models.loading import remote_code_refused
+    from hellbender.models.remote_code import remote_code_refused
 
     reason = unsupported_reason(source)
     if reason:

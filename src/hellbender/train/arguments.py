@@ -10,7 +10,8 @@ from transformers import TrainingArguments
 
 from hellbender.config import HellbenderConfig
 from hellbender.config.defaults import machine_defaults
-from hellbender.config.tracking import SWANLAB_ENVIRONMENT, WANDB_ENVIRONMENT, run_name
+from hellbender.config.tracking import SWANLAB_ENVIRONMENT, WANDB_ENVIRONMENT
+from hellbender.config.tracking_checks import run_name
 from hellbender.errors import EnvironmentProblem
 from hellbender.train.deepspeed import deepspeed_config
 from hellbender.train.distributed import runs_on_cpu_processes
