@@ -25,6 +25,7 @@ from hellbender.config.schema import HellbenderConfig
 from hellbender.config.spellings import read_older_spellings
 from hellbender.config.strategies import read_strategies
 from hellbender.config.validation_errors import describe_validation_error, user_path
+from hellbender.config.values import lone_surrogate_problems
 from hellbender.config.yaml_file import read_yaml
 from hellbender.errors import ConfigError
 
@@ -39,6 +40,9 @@ def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
     """The validated config, with every default filled in; or a ConfigError listing every problem of `raw` at once:
     key names, values, combinations of keys and paths, one paragraph each (a problem that follows from one already
     listed is left out)."""
+    surrogates = lone_surrogate_problems(raw)
+    if surrogates:  # before anything that may echo a value: such text cannot be printed
+        raise ConfigError("\n\n".join(surrogates))
     problems: list[str] = []
     notices: list[str] = []
     # Axolotl's words, in hellbender's

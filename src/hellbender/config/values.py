@@ -7,6 +7,9 @@
   reads as text) are accepted;
 - `Name`: text that names something (a split, a column, a token, a class): not empty, no NUL byte;
 - `PathText`: a file, directory, hub id or URL: not empty, no NUL byte (the operating system refuses one).
+
+Lone surrogates (a `\\uD800` escape in YAML) are refused in every key and text value before the schema runs
+(`lone_surrogate_problems`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,37 @@ def _a_finite_number(value: Any) -> Any:
     if not math.isfinite(number):
         raise ValueError("must be a finite number (YAML's `.inf` and `.nan` are not)")
     return value
+
+
+def lone_surrogate_problems(raw: Any, where: str = "") -> list[str]:
+    """One paragraph for each key or text value of the raw config holding a lone surrogate (a `\\uD800` escape in
+    YAML: half of a UTF-16 pair, which no path, tokenizer or UTF-8 text can hold). Checked before the schema, because
+    any message that echoes such a value cannot be printed, and pydantic itself fails on one."""
+    problems = []
+    items = raw.items() if isinstance(raw, dict) else enumerate(raw) if isinstance(raw, list) else ()
+    for key, value in items:
+        name = f"{where}.{key}" if where else str(key)
+        if isinstance(key, str) and (bad := _lone_surrogate(key)):
+            problems.append(
+                f"The key {ascii(key)}{f' under `{where}`' if where else ''} holds a lone surrogate (`{bad}`){_SURROGATE_FIX}"
+            )
+        elif isinstance(value, str) and (bad := _lone_surrogate(value)):
+            problems.append(f"`{name}` holds a lone surrogate (`{bad}`){_SURROGATE_FIX}")
+        else:
+            problems += lone_surrogate_problems(value, name)
+    return problems
+
+
+_SURROGATE_FIX = (
+    ", half of a UTF-16 pair: not a character, and it cannot be written as UTF-8. Remove the escape or write the "
+    "character it was meant to be."
+)
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of `text` as a `\\uXXXX` escape, or None."""
+    bad = next((c for c in text if "\ud800" <= c <= "\udfff"), None)
+    return None if bad is None else f"\\u{ord(bad):04X}"
 
 
 def _a_name(value: str) -> str:

@@ -244,8 +244,9 @@ def json_depth(text: str) -> int:
 
 
 def refuse_deep_json(path: str, where: str) -> None:
-    """Refuse a JSON / JSONL file with a row nested deeper than MAX_JSON_DEPTH, naming the line and row, before the
-    loaders crash on it. A line with fewer brackets than the limit is passed over without a scan."""
+    """Refuse a JSON / JSONL file with a row nested deeper than MAX_JSON_DEPTH, or a JSONL line that is `null`,
+    naming the line, before the loaders crash on it (pyarrow's JSON reader ends the process with a segmentation fault
+    on a leading `null` line). A line with fewer brackets than the limit is passed over without a scan."""
     with open(path, encoding="utf-8", errors="replace") as f:
         head = f.read(1).lstrip()
         f.seek(0)
@@ -257,6 +258,11 @@ def refuse_deep_json(path: str, where: str) -> None:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
+            if line.strip() == "null":
+                raise DataError(
+                    f"{where}: `{path}` line {number} is not valid JSON (expected an object, got null). Fix or remove "
+                    "that line; each line of a JSONL file must be one JSON object."
+                )
             if line.count("[") + line.count("{") > MAX_JSON_DEPTH and json_depth(line) > MAX_JSON_DEPTH:
                 raise DataError(_too_deep(where, path, f"line {number} (row {row})"))
             row += 1
