@@ -43,10 +43,11 @@ KINDS = (
     GatedNormKind(
         "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", ("Qwen3_5MoeRMSNormGated",), "Qwen3.5-MoE", True, False
     ),
-    # transformers 5.17 calls Nemotron-H's `MambaRMSNormGated` (same computation), 5.24 `NemotronHRMSNormGated`
+    # transformers 5.24 gives Nemotron-H its own `NemotronHRMSNormGated`; 5.17 imports Zamba2's `Zamba2RMSNormGated`
+    # into the Nemotron-H module (same computation), and some releases between call it `MambaRMSNormGated`.
     GatedNormKind(
         "transformers.models.nemotron_h.modeling_nemotron_h",
-        ("NemotronHRMSNormGated", "MambaRMSNormGated"),
+        ("NemotronHRMSNormGated", "MambaRMSNormGated", "Zamba2RMSNormGated"),
         "Nemotron-H",
         False,
         True,
