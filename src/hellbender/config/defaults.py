@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from hellbender.config.machine import Machine, this_machine
 from hellbender.config.plugins import CUT_CROSS_ENTROPY_PLUGIN
 from hellbender.config.precision import run_precision
+from hellbender.config.preference import DEFAULT_BETA
 from hellbender.config.schema import DatasetEntry, HellbenderConfig
 from hellbender.config.tracking import swanlab_asked
 
@@ -128,6 +129,8 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
     default("streaming", bool(cfg.pretraining_dataset))
     default("eval_batch_size", cfg.micro_batch_size)
     default("chat_template", "tokenizer_default")
+    if cfg.rl in ("dpo", "ipo"):
+        default("rl_beta", DEFAULT_BETA)
     for key, value in ADAM_DEFAULTS.items():
         default(key, value)
     if cfg.warmup_ratio is None:
