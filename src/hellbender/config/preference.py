@@ -223,7 +223,10 @@ def _sft_only_problems(cfg: HellbenderConfig) -> list[str]:
             "the preference trainer computes log-probabilities through its own fused LM head, so Liger's fused "
             "cross-entropy (also asked for by `cut_cross_entropy`) would never run",
         ),
-        "use_eaft": (cfg.use_eaft, "it weights the cross-entropy of supervised fine-tuning, which DPO does not compute"),
+        "use_eaft": (
+            cfg.use_eaft,
+            "it weights the cross-entropy of supervised fine-tuning, which DPO does not compute",
+        ),
         "streaming": (cfg.uses_streaming, "preference pairs are prepared and cached before training, not streamed"),
         "processor_type": (cfg.is_multimodal, "vision-language preference tuning is not built yet"),
         "deepspeed": (bool(cfg.deepspeed), "preference tuning with DeepSpeed is not verified yet"),
