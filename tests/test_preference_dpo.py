@@ -129,7 +129,7 @@ def test_reference_log_probs_are_the_base_models_with_the_adapter_off(tmp_path):
 
 
 def test_a_tiny_model_learns_a_preference_on_held_out_pairs(tmp_path):
-    cfg = dpo_config(tmp_path, max_steps=40, learning_rate=1e-2, rl_beta=0.5, micro_batch_size=16)
+    cfg = dpo_config(tmp_path, max_steps=16, learning_rate=2e-2, rl_beta=0.5, micro_batch_size=16)
     held_out = preference_pairs(64, seed=99)
     trainer = dpo_trainer(cfg, preference_pairs(128, seed=2))
     chosen, rejected = answer_log_probs(trainer.model, held_out)
