@@ -256,3 +256,23 @@ def dpo_loss_weights(cfg: HellbenderConfig) -> list[float] | None:
         return list(cfg.dpo_loss_weights) if cfg.dpo_loss_weights is not None else None
     preference = list(cfg.dpo_loss_weights) if cfg.dpo_loss_weights is not None else [1.0] * (len(dpo_losses(cfg)) - 1)
     return [*preference, cfg.rpo_alpha]
+
+
+# What leaving each key out means (docs/config.md and `hellbender validate --print` state it).
+PREFERENCE_UNSET_MEANS: dict[str, str] = {
+    "rl": "no preference tuning (supervised fine-tuning)",
+    "rl_beta": "0.1 with `rl`",
+    "dpo_loss_type": "`[sigmoid]` (`[ipo]` with `rl: ipo`)",
+    "dpo_loss_weights": "1.0 for each loss",
+    "dpo_label_smoothing": "0 (labels trusted)",
+    "rpo_alpha": "no cross-entropy term",
+    "dpo_use_weighting": "every pair weighs the same",
+    "dpo_norm_loss": "summed log-probabilities",
+    "precompute_ref_log_probs": "the reference scores each batch as it trains",
+    "kto_desirable_weight": "1.0",
+    "kto_undesirable_weight": "1.0",
+    "orpo_alpha": "TRL's default",
+    "simpo_gamma": "TRL's default",
+    "cpo_alpha": "TRL's default",
+    "reward_model": "no reward model",
+}
