@@ -17,10 +17,10 @@ from hellbender.config.distributed import DistributedSettings, FsdpSettings
 from hellbender.config.hub import HubSettings
 from hellbender.config.kernels import KernelSettings
 from hellbender.config.loss import LossSettings
-from hellbender.config.preference import PreferenceSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.plugins import PluginSettings
+from hellbender.config.preference import PreferenceSettings
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.tracking import TrackingSettings
 from hellbender.config.training import TrainingSettings
