@@ -143,6 +143,10 @@ def test_a_tiny_model_learns_a_preference_on_held_out_pairs(tmp_path):
     logged = [e for e in trainer.state.log_history if "rewards/margins" in e]
     assert logged[-1]["rewards/margins"] > logged[0]["rewards/margins"]
     assert logged[-1]["rewards/accuracies"] >= 0.9
+    from hellbender.train.plots import report_plots
+
+    plots = report_plots(trainer.state.log_history, "off")  # the run report draws the DPO metrics per step
+    assert isinstance(plots["rewards.png"], bytes) and isinstance(plots["preference_accuracy.png"], bytes)
 
 
 def test_rpo_alpha_adds_the_sft_loss_with_its_weight(tmp_path):
