@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from hellbender.config.unsupported import planned_feature
 from hellbender.config.values import Float
 
 if TYPE_CHECKING:
@@ -23,6 +24,8 @@ DpoLossType = Literal[
 # The loss types that read `dpo_label_smoothing` (TRL's `label_smoothing`); every other one ignores it.
 SMOOTHED_LOSSES = frozenset({"robust", "exo_pair", "aot", "aot_unpaired"})
 DEFAULT_BETA = 0.1
+# Axolotl's `rl` values for methods that generate during training: the planned online reinforcement learning.
+ONLINE_METHODS = ("grpo", "gdpo", "ebft")
 
 # method-specific key -> the `rl` methods it tunes
 METHOD_KEYS: dict[str, tuple[str, ...]] = {
@@ -53,6 +56,17 @@ class PreferenceSettings(BaseModel):
         "model with the adapter switched off (LoRA / QLoRA), or a frozen copy of the starting weights (full "
         "fine-tuning; see `precompute_ref_log_probs`). See docs/preference.md.",
     )
+
+    @field_validator("rl", mode="before")
+    @classmethod
+    def _online_methods_are_planned(cls, value: Any) -> Any:
+        if value in ONLINE_METHODS:
+            raise ValueError(
+                f"`rl: {value}` belongs to {planned_feature('trl')}, which hellbender does not offer yet; the "
+                "preference-tuning methods offered are `dpo` and `ipo`"
+            )
+        return value
+
     rl_beta: Float | None = Field(
         None,
         gt=0,
