@@ -13,7 +13,7 @@ from typing import Any
 from trl import DPOConfig, DPOTrainer
 
 from hellbender.config import HellbenderConfig
-from hellbender.config.preference import dpo_loss_weights, dpo_losses
+from hellbender.config.preference_checks import dpo_loss_weights, dpo_losses
 from hellbender.errors import ConfigError
 from hellbender.models.activation_checkpointing import CHANNEL_ATTRIBUTE, OFFLOADER_ATTRIBUTE
 from hellbender.train.trainer import HellbenderMixin
