@@ -75,7 +75,7 @@ def test_every_unknown_key_is_reported_at_once():
     ("key", "value", "why"),
     [
         ("neftune_noise_alpha", 5, " is not supported yet: hellbender does not implement it"),
-        ("rl", "dpo", " is not supported yet: it belongs to preference tuning"),
+        ("process_reward_model", True, " is not supported yet: it belongs to preference tuning"),
         ("lisa_step_interval", 20, ": LISA (training a random subset of layers at a time) is not offered"),
         (
             "relora",

@@ -15,6 +15,7 @@ from hellbender.config.model import is_hub_kernel
 from hellbender.config.model_quantization import model_quantization_problems
 from hellbender.config.model_sources import local_source_problem
 from hellbender.config.plugins import plugin_problems
+from hellbender.config.preference_checks import preference_problems
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.streaming_checks import streaming_problems
 from hellbender.config.tracking_checks import swanlab_notices, swanlab_problems
@@ -120,6 +121,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     problems += data_order_problems(cfg)
     problems += mistral_common_problems(cfg)
     problems += model_quantization_problems(cfg)
+    problems += preference_problems(cfg)
     problems += config_class_problems(cfg)
     problems += _multimodal_conflicts(cfg)
     problems += _distributed_conflicts(cfg)

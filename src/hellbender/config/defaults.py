@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from hellbender.config.machine import Machine, this_machine
 from hellbender.config.plugins import CUT_CROSS_ENTROPY_PLUGIN
 from hellbender.config.precision import run_precision
+from hellbender.config.preference import DEFAULT_BETA, PREFERENCE_UNSET_MEANS
 from hellbender.config.schema import DatasetEntry, HellbenderConfig
 from hellbender.config.tracking import swanlab_asked
 
@@ -39,6 +40,7 @@ TORCH_COMPILE_DEFAULTS = {"torch_compile_backend": "inductor", "torch_compile_mo
 # below). A test keeps every null of a validated config in these lists, so a new key either gets its default decided
 # in this module or says here why it stays open.
 UNSET_MEANS: dict[str, str] = {
+    **PREFERENCE_UNSET_MEANS,
     "tokenizer_config": "the tokenizer of `base_model`",
     "revision_of_model": "the default branch of `base_model`",
     "cls_model_config": "`AutoConfig` reads the model's config",
@@ -128,6 +130,8 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
     default("streaming", bool(cfg.pretraining_dataset))
     default("eval_batch_size", cfg.micro_batch_size)
     default("chat_template", "tokenizer_default")
+    if cfg.rl in ("dpo", "ipo"):
+        default("rl_beta", DEFAULT_BETA)
     for key, value in ADAM_DEFAULTS.items():
         default(key, value)
     if cfg.warmup_ratio is None:

@@ -20,6 +20,7 @@ from hellbender.config.loss import LossSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.plugins import PluginSettings
+from hellbender.config.preference import PreferenceSettings
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.tracking import TrackingSettings
 from hellbender.config.training import TrainingSettings
@@ -33,6 +34,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("Entries of `pretraining_dataset:`", PretrainingDatasetEntry),
     ("Training", TrainingSettings),
     ("Loss", LossSettings),
+    ("Preference tuning", PreferenceSettings),
     ("Fused kernels and compilation", KernelSettings),
     ("Several GPUs and machines", DistributedSettings),
     ("`fsdp_config:`", FsdpSettings),

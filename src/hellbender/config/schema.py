@@ -11,6 +11,7 @@ from hellbender.config.loss import LossSettings
 from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.plugins import PluginSettings
+from hellbender.config.preference import PreferenceSettings
 from hellbender.config.tracking import TrackingSettings
 from hellbender.config.training import TrainingSettings
 
@@ -24,6 +25,7 @@ class HellbenderConfig(
     DataSettings,
     TrainingSettings,
     LossSettings,
+    PreferenceSettings,
     KernelSettings,
     DistributedSettings,
     PluginSettings,

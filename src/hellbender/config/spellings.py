@@ -15,6 +15,7 @@ TOP_LEVEL: dict[str, str] = {
     "bfloat16": "bf16",  # no mixed precision: hellbender's `bf16` trains the bfloat16 weights as loaded
     "float16": "fp16",
     "pretrain_multipack_buffer_size": "streaming_multipack_buffer_size",
+    "dpo_beta": "rl_beta",
 }
 # Axolotl's fused-module patches -> the Liger kernel that fuses the same computation (speed only, never the result)
 FUSED_PATCHES: dict[str, tuple[str, str]] = {

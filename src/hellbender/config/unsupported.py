@@ -6,11 +6,9 @@ from __future__ import annotations
 
 PLANNED: dict[str, tuple[str, ...]] = {
     "preference tuning (DPO, IPO, KTO, ORPO, SimPO) and reward models": (
-        "rl", "rl_beta", "dpo_beta", "dpo_loss_type", "dpo_label_smoothing", "dpo_use_weighting", "dpo_norm_loss",
         "dpo_padding_free", "dpo_use_liger_kernel", "dpo_use_logits_to_keep", "dpo_generate_during_eval",
-        "dpo_loss_weights", "rpo_alpha", "kto_desirable_weight", "kto_undesirable_weight", "orpo_alpha",
-        "simpo_gamma", "cpo_alpha", "reward_model", "process_reward_model", "num_labels",
-        "center_rewards_coefficient", "precompute_ref_log_probs", "max_prompt_len", "field_chosen", "field_rejected",
+        "process_reward_model", "num_labels", "center_rewards_coefficient", "max_prompt_len", "field_chosen",
+        "field_rejected",
         "step_separator", "train_on_last_step_only",
         # SwanLab's table of preference-training completions
         "swanlab_log_completions", "swanlab_completion_log_interval", "swanlab_completion_max_buffer",

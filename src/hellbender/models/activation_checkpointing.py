@@ -206,10 +206,13 @@ def enable_activation_checkpointing(
     # Frozen input embeddings (adapters) give the first layer an input without grad; transformers does the same.
     base.enable_input_require_grads()
     setattr(model, CHANNEL_ATTRIBUTE, channel)
-    model.register_forward_pre_hook(lambda module, args: channel.clear())
+    # Only a forward that will be back-propagated starts a new step: a forward without gradients between a training
+    # forward and its backward (preference tuning's reference pass through the same model with the adapter off) must
+    # leave that step's routed arguments and parked activations in place.
+    model.register_forward_pre_hook(lambda module, args: channel.clear() if torch.is_grad_enabled() else None)
     if offloader is not None:
         setattr(model, OFFLOADER_ATTRIBUTE, offloader)
-        model.register_forward_pre_hook(lambda module, args: offloader.new_step())
+        model.register_forward_pre_hook(lambda module, args: offloader.new_step() if torch.is_grad_enabled() else None)
     return channel
 
 

@@ -73,16 +73,22 @@ def trainer_compile_arguments(cfg: HellbenderConfig) -> dict[str, Any]:
 
 
 def training_arguments(
-    cfg: HellbenderConfig, schedule: Schedule, has_eval: bool, data_resumes_itself: bool = False
+    cfg: HellbenderConfig,
+    schedule: Schedule,
+    has_eval: bool,
+    data_resumes_itself: bool = False,
+    arguments_class: type[TrainingArguments] = TrainingArguments,
+    method_arguments: dict[str, Any] | None = None,
 ) -> TrainingArguments:
     """`data_resumes_itself`: the training data starts at the right row on resume by itself, so the Trainer
-    must not skip batches."""
+    must not skip batches. `arguments_class`: a subclass of TrainingArguments a training method's trainer reads
+    (TRL's `DPOConfig`), given the same settings plus `method_arguments`."""
     import torch
 
     os.environ.update(tracker_environment(cfg))  # read when the W&B callback starts the run
     on_this_machine = machine_defaults(cfg)
     precision = on_this_machine["bf16"]
-    args = TrainingArguments(
+    args = arguments_class(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.micro_batch_size,
         per_device_eval_batch_size=cfg.eval_batch_size,
@@ -129,6 +135,7 @@ def training_arguments(
         deepspeed=deepspeed_config(cfg),
         **trainer_compile_arguments(cfg),
         **fsdp_arguments(cfg),
+        **(method_arguments or {}),
     )
     check_fsdp_plugin_arguments(cfg, getattr(args, "fsdp_plugin_args", None))
     if args.n_gpu > 1:  # one process, several GPUs: the Trainer would split every batch with nn.DataParallel

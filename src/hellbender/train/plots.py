@@ -16,6 +16,11 @@ PLOTS = {
     "tokens_per_second": "tokens_per_second.png",
     "memory": "memory.png",
 }
+# Drawn when the run logs preference metrics (TRL's DPO: `rewards/*`, the implicit rewards beta * log-ratio).
+PREFERENCE_PLOTS = {
+    "rewards": "rewards.png",
+    "preference_accuracy": "preference_accuracy.png",
+}
 GIB = 1024**3
 MIB = 1024**2
 
@@ -108,6 +113,23 @@ def report_plots(history: list[dict], memory: list[tuple[int, int, int]] | str) 
             [_series("tokens/s", train, "tokens_per_second")], "Throughput", "input tokens per second"
         ),
         PLOTS["memory"]: _memory_plot(memory),
+        **(_preference_plots(train) if any("rewards/margins" in e for e in train) else {}),
+    }
+
+
+def _preference_plots(train: list[dict]) -> dict[str, bytes | str]:
+    rewards = [
+        _series("chosen", train, "rewards/chosen"),
+        _series("rejected", train, "rewards/rejected"),
+        _series("margin", train, "rewards/margins"),
+    ]
+    return {
+        PREFERENCE_PLOTS["rewards"]: _plot_or_reason(rewards, "Rewards", "implicit reward (beta x log-ratio)"),
+        PREFERENCE_PLOTS["preference_accuracy"]: _plot_or_reason(
+            [_series("accuracy", train, "rewards/accuracies")],
+            "Preference accuracy",
+            "pairs whose chosen reward is higher",
+        ),
     }
 
 

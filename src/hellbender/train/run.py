@@ -51,7 +51,7 @@ from hellbender.train.resume import (
 from hellbender.train.run_identity import claim_output_dir, record_owner
 from hellbender.train.schedule import plan_schedule
 from hellbender.train.tokens import StreamPosition, TokenCounter
-from hellbender.train.trainer import HellbenderTrainer
+from hellbender.train.trainer import HellbenderMixin, HellbenderTrainer
 
 logger = logging.getLogger("hellbender")
 RESOLVED_CONFIG_NAME = "hellbender_config.yml"
@@ -110,26 +110,24 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
         logger.info("fp32_norms: %d norm modules kept in float32", sharded)
     train_rows = len(train_data) if not cfg.uses_streaming else None
     schedule = plan_schedule(cfg, train_rows, world_size())
-    args = training_arguments(cfg, schedule, eval_data is not None, streams_images)
-    collator = build_collator(cfg, tokenizer, processor)
+    args = training_arguments(cfg, schedule, eval_data is not None, streams_images, *_method_arguments(cfg))
     stop_on_signal = StopOnSignal()
     loss_watchdog = (
         LossWatchdog(cfg.loss_watchdog_threshold, cfg.loss_watchdog_patience) if cfg.loss_watchdog_threshold else None
     )
     watchdog = MemoryWatchdog(cfg.memory_watchdog) if cfg.memory_watchdog != "off" else None
     divergence = Divergence()
-    trainer = HellbenderTrainer(
-        fused_loss=cfg.fuses_the_loss,
-        **({"compute_loss_func": eaft_loss_function(cfg.eaft_alpha, cfg.eaft_k)} if cfg.use_eaft else {}),
+    trainer = _method_trainer(
+        cfg,
+        model,
+        args,
+        train_data,
+        eval_data,
+        tokenizer,
+        processor,
         lr_factor=own_lr_factor(cfg, schedule),
         run=run,
         divergence=divergence,
-        model=model,
-        args=args,
-        train_dataset=train_data,
-        eval_dataset=eval_data,
-        data_collator=collator,
-        processing_class=processor or tokenizer,
         callbacks=[
             TokenCounter(),
             *([StreamPosition()] if streams_images else []),
@@ -201,6 +199,49 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     if publisher is not None and is_main_process():
         publisher.final_model_saved(Path(cfg.output_dir), extra_files=[RESOLVED_CONFIG_NAME])
     return metrics
+
+
+def _method_arguments(cfg: HellbenderConfig) -> tuple[type, dict[str, Any] | None]:
+    """The TrainingArguments class the method's trainer reads, and the settings only that method has."""
+    if cfg.rl is not None:
+        from trl import DPOConfig
+
+        from hellbender.train.preference import dpo_arguments
+
+        return DPOConfig, dpo_arguments(cfg)
+    from transformers import TrainingArguments
+
+    return TrainingArguments, None
+
+
+def _method_trainer(
+    cfg: HellbenderConfig,
+    model: Any,
+    args: Any,
+    train_data: Any,
+    eval_data: Any,
+    tokenizer: Any,
+    processor: Any,
+    **hellbender: Any,
+) -> HellbenderMixin:
+    """The trainer of the config's training method: preference tuning with `rl`, else supervised fine-tuning (or
+    continued pretraining). `hellbender`: the keywords every hellbender trainer takes (`HellbenderMixin`'s and the
+    callbacks)."""
+    if cfg.rl is not None:
+        from hellbender.train.preference import build_preference_trainer
+
+        return build_preference_trainer(cfg, model, args, train_data, eval_data, tokenizer, **hellbender)
+    return HellbenderTrainer(
+        fused_loss=cfg.fuses_the_loss,
+        **({"compute_loss_func": eaft_loss_function(cfg.eaft_alpha, cfg.eaft_k)} if cfg.use_eaft else {}),
+        model=model,
+        args=args,
+        train_dataset=train_data,
+        eval_dataset=eval_data,
+        data_collator=build_collator(cfg, tokenizer, processor),
+        processing_class=processor or tokenizer,
+        **hellbender,
+    )
 
 
 def _training_data(

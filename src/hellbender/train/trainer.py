@@ -1,4 +1,7 @@
-"""The transformers Trainer, with token counting and throughput logging added."""
+"""The transformers Trainer, with hellbender's run behaviour (`HellbenderMixin`: run identity checks before saves, a
+stop on a non-finite loss or gradient, the atomic final save, own learning-rate schedules, exact RNG restore, step
+lines on the console, throughput logs) shared by every training method, and supervised fine-tuning's loss, token
+counting and packed attention (`HellbenderTrainer`)."""
 
 from __future__ import annotations
 
@@ -41,36 +44,26 @@ def causal_lm_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch
     return ForCausalLMLoss(logits, labels, logits.shape[-1], num_items_in_batch=num_items_in_batch)
 
 
-class HellbenderTrainer(Trainer):
+class HellbenderMixin:
+    """What every hellbender trainer does, whatever its loss: put before the transformers / TRL trainer class it
+    extends (`class X(HellbenderMixin, Trainer)`)."""
+
     def __init__(
         self,
         *args: Any,
-        fused_loss: bool = False,
         lr_factor: Callable[[int], float] | None = None,
         run: RunIdentity | None = None,
         divergence: Divergence | None = None,
         **kwargs: Any,
     ) -> None:
-        """`fused_loss`: the model computes its loss itself without logits (Liger's fused linear cross-entropy);
-        it is then given the accumulated batch's trained-token count, so accumulation stays exact. `lr_factor`: the
-        learning rate's fraction of its peak after each step, for schedules transformers does not name. `run`: the
-        identity of this run (main process), recorded in the final manifest and checked before each save.
-        `compute_loss_func` (a keyword of the Trainer): a loss in place of `causal_lm_loss` (`use_eaft`'s), with the
-        same arguments and reduction. `divergence`: filled in when the run stops on a non-finite loss, gradient or
-        weight."""
+        """`lr_factor`: the learning rate's fraction of its peak after each step, for schedules transformers does not
+        name. `run`: the identity of this run (main process), recorded in the final manifest and checked before each
+        save. `divergence`: filled in when the run stops on a non-finite loss, gradient or weight."""
         self._lr_factor = lr_factor
         self.run = run
         self.divergence = divergence if divergence is not None else Divergence()
         self._loss_not_finite = False
-        if fused_loss and kwargs.get("compute_loss_func") is not None:
-            raise ValueError("a fused loss computes no logits, so no `compute_loss_func` can be used with it")
-        if not fused_loss:
-            kwargs.setdefault("compute_loss_func", causal_lm_loss)
         super().__init__(*args, **kwargs)
-        if fused_loss:
-            # The Trainer passes `num_items_in_batch` to models that declare they accept loss kwargs; Liger's fused
-            # forwards take it for every family, including those whose stock forward declares they do not.
-            self.model_accepts_loss_kwargs = True
         self._rng_checkpoint: str | None = None
         if self.pop_callback(ProgressCallback) is not None:  # present unless the progress bar is disabled
             self.add_callback(StepLines)
@@ -186,6 +179,32 @@ class HellbenderTrainer(Trainer):
             write_manifest(staging, FINAL_MANIFEST, run=self.run.record() if self.run is not None else None)
             move_files_into(staging, final, FINAL_MANIFEST, remove=superseded_outputs(final, staging))
 
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:  # training logs, not evaluation or the final summary
+            logs.update(self.token_counter().throughput_logs())
+        if self.divergence.step is not None:  # the summary's mean loss counts the diverged step as a logged one
+            logs.pop("train_loss", None)
+        super().log(logs, start_time)
+
+
+class HellbenderTrainer(HellbenderMixin, Trainer):
+    """Supervised fine-tuning and continued pretraining: next-token cross-entropy on the trained tokens."""
+
+    def __init__(self, *args: Any, fused_loss: bool = False, **kwargs: Any) -> None:
+        """`fused_loss`: the model computes its loss itself without logits (Liger's fused linear cross-entropy);
+        it is then given the accumulated batch's trained-token count, so accumulation stays exact.
+        `compute_loss_func` (a keyword of the Trainer): a loss in place of `causal_lm_loss` (`use_eaft`'s), with the
+        same arguments and reduction. The other keywords are `HellbenderMixin`'s and the Trainer's."""
+        if fused_loss and kwargs.get("compute_loss_func") is not None:
+            raise ValueError("a fused loss computes no logits, so no `compute_loss_func` can be used with it")
+        if not fused_loss:
+            kwargs.setdefault("compute_loss_func", causal_lm_loss)
+        super().__init__(*args, **kwargs)
+        if fused_loss:
+            # The Trainer passes `num_items_in_batch` to models that declare they accept loss kwargs; Liger's fused
+            # forwards take it for every family, including those whose stock forward declares they do not.
+            self.model_accepts_loss_kwargs = True
+
     def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         real_tokens = inputs.pop(REAL_TOKENS_KEY, None)
         stream_rows = inputs.pop(STREAM_ROW_KEY, None)
@@ -197,13 +216,6 @@ class HellbenderTrainer(Trainer):
         inputs.update(forward_kwargs(inputs))
         inputs.update(packed_attention_mask(model, inputs))
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if "loss" in logs:  # training logs, not evaluation or the final summary
-            logs.update(self.token_counter().throughput_logs())
-        if self.divergence.step is not None:  # the summary's mean loss counts the diverged step as a logged one
-            logs.pop("train_loss", None)
-        super().log(logs, start_time)
 
 
 def superseded_outputs(final: Path, staging: Path) -> list[str]:

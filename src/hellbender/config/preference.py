@@ -1,0 +1,156 @@
+"""Config keys for preference tuning (`rl:`) and reward models, with Axolotl's names, and which method each
+method-specific key belongs to (the rules are in `preference_checks.py`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hellbender.config.unsupported import planned_feature
+from hellbender.config.values import Float
+
+PreferenceMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo"]
+# The methods whose trainer is built; the others are accepted by the schema and refused at validation.
+BUILT_METHODS: frozenset[str] = frozenset({"dpo", "ipo"})
+# The loss types TRL's DPOTrainer computes (its `DPOConfig.loss_type`); a test checks this list against TRL's.
+DpoLossType = Literal[
+    "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
+    "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm",
+]  # fmt: skip
+# The loss types that read `dpo_label_smoothing` (TRL's `label_smoothing`); every other one ignores it.
+SMOOTHED_LOSSES = frozenset({"robust", "exo_pair", "aot", "aot_unpaired"})
+DEFAULT_BETA = 0.1
+# Axolotl's `rl` values for methods that generate during training: the planned online reinforcement learning.
+ONLINE_METHODS = ("grpo", "gdpo", "ebft")
+
+# method-specific key -> the `rl` methods it tunes
+METHOD_KEYS: dict[str, tuple[str, ...]] = {
+    "rl_beta": ("dpo", "ipo", "kto", "simpo"),
+    "dpo_loss_type": ("dpo", "ipo"),
+    "dpo_loss_weights": ("dpo",),
+    "dpo_label_smoothing": ("dpo",),
+    "rpo_alpha": ("dpo", "ipo"),
+    "dpo_use_weighting": ("dpo", "ipo"),
+    "dpo_norm_loss": ("dpo",),
+    "precompute_ref_log_probs": ("dpo", "ipo"),
+    "kto_desirable_weight": ("kto",),
+    "kto_undesirable_weight": ("kto",),
+    "orpo_alpha": ("orpo",),
+    "simpo_gamma": ("simpo",),
+    "cpo_alpha": ("simpo",),
+}
+
+
+class PreferenceSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rl: PreferenceMethod | None = Field(
+        None,
+        description="Preference tuning on pairs of a chosen and a rejected answer to the same prompt, with TRL's "
+        "trainers: `dpo` (Direct Preference Optimization; the loss is `dpo_loss_type`) or `ipo` (DPO with the IPO "
+        "loss). `kto`, `orpo` and `simpo` are named but not built yet (refused). The reference model is the base "
+        "model with the adapter switched off (LoRA / QLoRA), or a frozen copy of the starting weights (full "
+        "fine-tuning; see `precompute_ref_log_probs`). See docs/preference.md.",
+    )
+
+    @field_validator("rl", mode="before")
+    @classmethod
+    def _online_methods_are_planned(cls, value: Any) -> Any:
+        if value in ONLINE_METHODS:
+            raise ValueError(
+                f"`rl: {value}` belongs to {planned_feature('trl')}, which hellbender does not offer yet; the "
+                "preference-tuning methods offered are `dpo` and `ipo`"
+            )
+        return value
+
+    rl_beta: Float | None = Field(
+        None,
+        gt=0,
+        description="How far the policy may move from the reference model: the DPO beta (the IPO tau with `rl: ipo` "
+        "or `dpo_loss_type: [ipo]`); higher stays closer. Default 0.1 with `rl`. `dpo_beta` is its older spelling.",
+    )
+    dpo_loss_type: Annotated[list[DpoLossType], Field(min_length=1)] | None = Field(
+        None,
+        description="With `rl: dpo`: the loss, or several losses summed with `dpo_loss_weights` (TRL's `loss_type`): "
+        "`sigmoid` (DPO, the default), `hinge`, `ipo`, `exo_pair`, `nca_pair`, `robust`, `bco_pair`, `sppo_hard`, "
+        "`aot`, `aot_unpaired`, `apo_zero`, `apo_down`, `discopop`, `sft` (cross-entropy on the chosen answer), "
+        "`sigmoid_norm` (DPO on per-token mean log-probabilities). With `rl: ipo` it is `[ipo]`.",
+    )
+    dpo_loss_weights: Annotated[list[Float], Field(min_length=1)] | None = Field(
+        None,
+        description="With several `dpo_loss_type`s: one weight per loss, in the same order; default 1.0 each.",
+    )
+    dpo_label_smoothing: Float | None = Field(
+        None,
+        ge=0,
+        lt=0.5,
+        description="With `rl: dpo`: the assumed probability that a preference label is flipped, read by the "
+        "`robust`, `exo_pair`, `aot` and `aot_unpaired` losses (TRL's `label_smoothing`); refused with losses that "
+        "ignore it, such as the default `sigmoid`.",
+    )
+    rpo_alpha: Float | None = Field(
+        None,
+        ge=0,
+        description="RPO: add the chosen answer's mean token cross-entropy, weighted by this number, to the preference "
+        "loss (TRL's `sft` loss type beside the others, with this weight).",
+    )
+    dpo_use_weighting: bool | None = Field(
+        None,
+        description="WPO: weight each pair's loss by the policy's length-normalised probability of its chosen and "
+        "rejected answers (TRL's `use_weighting`).",
+    )
+    dpo_norm_loss: bool | None = Field(
+        None,
+        description="With the `sigmoid` loss: compare per-token mean log-probabilities instead of sums, so long "
+        "answers do not dominate (read as `dpo_loss_type: [sigmoid_norm]`).",
+    )
+    precompute_ref_log_probs: bool | None = Field(
+        None,
+        description="Compute the reference model's log-probabilities of every pair once before training, so no "
+        "reference model is kept in memory (full fine-tuning) and no reference forward pass runs per step.",
+    )
+    kto_desirable_weight: Float | None = Field(
+        None, gt=0, description="With `rl: kto`: the weight of the loss on desirable answers (not built yet)."
+    )
+    kto_undesirable_weight: Float | None = Field(
+        None, gt=0, description="With `rl: kto`: the weight of the loss on undesirable answers (not built yet)."
+    )
+    orpo_alpha: Float | None = Field(
+        None,
+        gt=0,
+        description="With `rl: orpo`: the weight of the odds-ratio term beside the cross-entropy (not built yet).",
+    )
+    simpo_gamma: Float | None = Field(
+        None, ge=0, description="With `rl: simpo`: the target reward margin (not built yet)."
+    )
+    cpo_alpha: Float | None = Field(
+        None,
+        ge=0,
+        description="With `rl: simpo`: the weight of the cross-entropy on the chosen answer (not built yet).",
+    )
+    reward_model: bool | None = Field(
+        None,
+        description="Train a Bradley-Terry reward model (a sequence-classification head scoring chosen above "
+        "rejected) instead of a language model; not with `rl` (not built yet).",
+    )
+
+
+# What leaving each key out means (docs/config.md and `hellbender validate --print` state it).
+PREFERENCE_UNSET_MEANS: dict[str, str] = {
+    "rl": "no preference tuning (supervised fine-tuning)",
+    "rl_beta": "0.1 with `rl`",
+    "dpo_loss_type": "`[sigmoid]` (`[ipo]` with `rl: ipo`)",
+    "dpo_loss_weights": "1.0 for each loss",
+    "dpo_label_smoothing": "0 (labels trusted)",
+    "rpo_alpha": "no cross-entropy term",
+    "dpo_use_weighting": "every pair weighs the same",
+    "dpo_norm_loss": "summed log-probabilities",
+    "precompute_ref_log_probs": "the reference scores each batch as it trains",
+    "kto_desirable_weight": "1.0",
+    "kto_undesirable_weight": "1.0",
+    "orpo_alpha": "TRL's default",
+    "simpo_gamma": "TRL's default",
+    "cpo_alpha": "TRL's default",
+    "reward_model": "no reward model",
+}
