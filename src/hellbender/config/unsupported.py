@@ -10,7 +10,7 @@ PLANNED: dict[str, tuple[str, ...]] = {
         "dpo_padding_free", "dpo_use_liger_kernel", "dpo_use_logits_to_keep", "dpo_generate_during_eval",
         "dpo_loss_weights", "rpo_alpha", "kto_desirable_weight", "kto_undesirable_weight", "orpo_alpha",
         "simpo_gamma", "cpo_alpha", "reward_model", "process_reward_model", "num_labels",
-        "center_rewards_coefficient", "precompute_ref_log_probs", "max_prompt_len", "field_chosen", "field_rejected",
+        "center_rewards_coefficient", "precompute_ref_log_probs",
         "step_separator", "train_on_last_step_only",
         # SwanLab's table of preference-training completions
         "swanlab_log_completions", "swanlab_completion_log_interval", "swanlab_completion_max_buffer",
