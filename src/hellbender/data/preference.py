@@ -128,10 +128,10 @@ def tokenize_texts(texts: PreferenceText, tokenizer: Any) -> dict[str, Any]:
         if full_ids[: len(prompt_ids)] != prompt_ids:
             raise RowError(
                 f"the {name} answer's first tokens merge with the prompt's last ones (the prompt tokenized alone ends "
-                f"{tokenizer.decode(prompt_ids[-3:])!r}, followed by the answer it ends "
+                f"{tokenizer.decode(prompt_ids[-3:])!r}; with the answer after it, those tokens read "
                 f"{tokenizer.decode(full_ids[max(len(prompt_ids) - 3, 0) : len(prompt_ids)])!r}), so the answer "
-                "would not continue the prompt's tokens; end the prompt on a token boundary (e.g. a newline or a "
-                "special token) or start the answer with one"
+                "would not continue the prompt's tokens; end the prompt on a token boundary (a newline or a special "
+                "token, not a space)"
             )
         out[f"{name}_ids"] = full_ids[len(prompt_ids) :]
     if texts.label is not None:
