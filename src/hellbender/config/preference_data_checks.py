@@ -4,6 +4,7 @@ combinations cannot work. Each problem is one paragraph naming the keys."""
 from __future__ import annotations
 
 from hellbender.config.data import KTO_PREFERENCE_TYPES, USER_DEFINED_KEYS, is_preference_type
+from hellbender.config.defaults import preference_keys_read
 from hellbender.config.schema import HellbenderConfig
 
 # The entry keys each preference type reads beyond `path` and the loading keys (`chat_template` keys aside).
@@ -14,7 +15,6 @@ READS: dict[str, tuple[str, ...]] = {
     "chat_template.argilla_chat": ("field_chosen", "field_rejected", *_MESSAGE_KEYS, *_TEMPLATE_KEYS),
     "chat_template.argilla": ("field_chosen", "field_rejected", *_MESSAGE_KEYS, *_TEMPLATE_KEYS),
     "bradley_terry.chat_template": ("field_chosen", "field_rejected", *_TEMPLATE_KEYS),
-    "user_defined.default": tuple(USER_DEFINED_KEYS),
 }
 # Entry keys that only preference types read: set on another type, they would do nothing.
 PREFERENCE_ONLY_KEYS = tuple(USER_DEFINED_KEYS)
@@ -85,7 +85,7 @@ def preference_data_problems(cfg: HellbenderConfig) -> list[str]:
                 + ", ".join(f"`{t}`" for t in KTO_PREFERENCE_TYPES)
                 + "."
             )
-        reads = READS.get(e.type, ())
+        reads = preference_keys_read(e.type, kto) if e.type == "user_defined.default" else READS.get(e.type, ())
         unread = [k for k in (*_MESSAGE_KEYS, *_TEMPLATE_KEYS, "field_messages", "field_chosen", "field_rejected",
                               *USER_DEFINED_KEYS, *SFT_ONLY_KEYS)
                   if k in e.model_fields_set and k not in reads and getattr(e, k) not in (None, False)]  # fmt: skip
