@@ -298,7 +298,7 @@ def test_dropped_rows_are_counted_per_reason(tok):
 @pytest.mark.parametrize(
     ("kind", "row", "rl", "needles"),
     [
-        ("chatml.intel", {"question": "Q", "rejected": "No."}, None, ["column `chosen` with the chosen answer"]),
+        ("chatml.intel", {"question": "Q", "rejected": "No."}, None, ["no chosen answer: column `chosen` is missing"]),
         ("chatml.intel", {"question": "Q", "chosen": "Yes.", "rejected": " "}, None, ["rejected answer", "empty"]),
         ("chat_template.default", {"messages": [{"role": "user", "content": "Q"}], "chosen": "A",
                                    "rejected": {"role": "assistant", "content": ""}}, None, ["rejected", "empty"]),
@@ -454,7 +454,7 @@ def test_preprocess_names_a_bad_row(tmp_path):
     import yaml
 
     config = write_config(tmp_path / "config.yml", yaml.safe_dump(pref_config(tmp_path, data)))
-    assert_user_error(invoke("preprocess", config), "pairs.jsonl", "row 2", "column `chosen`")
+    assert_user_error(invoke("preprocess", config), "pairs.jsonl", "row 2", "no chosen answer: column `chosen`")
 
 
 def test_the_bundled_dpo_example_data_reads_as_pairs(tiny_tokenizer):

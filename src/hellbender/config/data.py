@@ -248,7 +248,7 @@ class DatasetEntry(ImageEntryKeys):
         wrong = [name for name in names if name not in allowed]
         if wrong:
             raise ValueError(
-                f"names `{{{wrong[0]}}}`; it may only hold {', '.join(f'`{{{n}}}`' for n in allowed)} (write `{{{{` "
+                f"`{info.field_name}` names `{{{wrong[0]}}}`; it may only hold {', '.join(f'`{{{n}}}`' for n in allowed)} (write `{{{{` "
                 "and `}}` for literal braces)"
             )
         return value

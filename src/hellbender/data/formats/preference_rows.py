@@ -116,14 +116,22 @@ def _what(value: Any) -> str:
 
 
 def _column(row: dict[str, Any], column: str) -> Any:
-    if column not in row:
-        raise RowError(f"column `{column}` is missing (columns: {', '.join(sorted(row))})")
+    # Rows of a JSON file that lack a key other rows have hold null there.
+    if row.get(column) is None:
+        raise RowError(f"column `{column}` is missing or null (columns: {', '.join(sorted(row))})")
+    return row[column]
+
+
+def _answer_value(row: dict[str, Any], column: str, name: str) -> Any:
+    if row.get(column) is None:
+        raise RowError(
+            f"the row has no {name} answer: column `{column}` is missing or null (columns: {', '.join(sorted(row))})"
+        )
     return row[column]
 
 
 def _answer_text(row: dict[str, Any], column: str, name: str) -> str:
-    if column not in row:
-        raise RowError(f"column `{column}` with the {name} answer is missing (columns: {', '.join(sorted(row))})")
+    _answer_value(row, column, name)
     text = text_value(row, column)
     if not text.strip():
         raise RowError(f"the {name} answer (column `{column}`) is empty; every answer must say something")
@@ -146,8 +154,8 @@ def _conversation_pair(row: dict[str, Any], ctx: FormatContext, chosen_col: str,
     """(prompt messages, chosen answer, rejected answer) of rows whose `chosen` and `rejected` hold whole
     conversations: the answers are their last messages, and the messages before must be the same prompt."""
     lists = {}
-    for column in (chosen_col, rejected_col):
-        value = _column(row, column)
+    for column, name in ((chosen_col, "chosen"), (rejected_col, "rejected")):
+        value = _answer_value(row, column, name)
         if not isinstance(value, list) or len(value) < 2:
             raise RowError(
                 f"column `{column}` must hold the conversation: the prompt's messages, then the answer (it holds "
@@ -239,7 +247,8 @@ def _family_row(row: dict[str, Any], ctx: PreferenceContext, family: str, varian
     prompt = _family_turns(family, _system_and_user(row, column))
     if variant == "ultra":  # ultrafeedback: the answers are conversations ending with the assistant's answer
         answers = {
-            name: _checked_answer(_message(_column(row, name), name, ctx.messages), name, name)["content"] + end
+            name: _checked_answer(_message(_answer_value(row, name, name), name, ctx.messages), name, name)["content"]
+            + end
             for name in ("chosen", "rejected")
         }
     else:
@@ -331,7 +340,7 @@ def _template_row(row: dict[str, Any], ctx: PreferenceContext) -> PreferenceText
             prompt = _messages(value, column, ctx.messages)
         answers = {}
         for name, col in (("chosen", chosen_col), ("rejected", rejected_col)):
-            answers[name] = _checked_answer(_message(_column(row, col), col, ctx.messages), col, name)
+            answers[name] = _checked_answer(_message(_answer_value(row, col, name), col, ctx.messages), col, name)
         chosen, rejected = answers["chosen"], answers["rejected"]
         both = [row[chosen_col], row[rejected_col]]
         if all(isinstance(v, list) and len(v) > 1 for v in both):  # whole conversations: their prompts must agree
