@@ -375,6 +375,7 @@ def pair_rows(n: int) -> list[dict]:
     [
         ({"sample_packing": True}, {}, "`sample_packing: true` is not supported with preference data"),
         ({"train_on_inputs": True}, {}, "`train_on_inputs: true` asks to train the prompt"),
+        ({"group_by_length": True}, {}, "`group_by_length: true` is not supported with preference data"),
         ({}, {"prompt_format": "{prompt}"}, "does not read `prompt_format`"),
         ({}, {"roles_to_train": ["assistant"]}, "does not read `roles_to_train`"),
         ({"test_datasets": [{"path": "x.jsonl", "type": "chat_template"}]}, {}, "mix preference data"),

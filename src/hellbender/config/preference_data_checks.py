@@ -61,6 +61,11 @@ def preference_data_problems(cfg: HellbenderConfig) -> list[str]:
                 f"`{key}: true` is not supported with preference data yet: a pair's chosen and rejected sequences "
                 f"share their prompt and are batched together, not packed. Remove `{key}`."
             )
+    if cfg.group_by_length:
+        problems.append(
+            "`group_by_length: true` is not supported with preference data yet (it groups supervised rows by their "
+            "length). Remove `group_by_length`."
+        )
     if cfg.streaming:
         problems.append(
             "`streaming: true` streams supervised rows only; preference data is prepared before training. Remove "
