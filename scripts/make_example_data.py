@@ -148,6 +148,33 @@ def shape_pretrain_rows(chat_rows: list[dict]) -> list[dict]:
     return rows
 
 
+def preference_rows(rng: random.Random, n: int) -> list[dict]:
+    """`chat_template.default` preference pairs with a learnable preference: the right capital over a wrong one, and
+    a calm answer over a shouted one."""
+    countries = sorted(CAPITALS)
+    rows = []
+    for i in range(n):
+        country = rng.choice(countries)
+        if i % 3:
+            wrong = rng.choice([c for c in countries if c != country])
+            prompt = f"What is the capital of {country}?"
+            chosen = f"The capital of {country} is {CAPITALS[country]}."
+            rejected = f"The capital of {country} is {CAPITALS[wrong]}."
+        else:
+            word = rng.choice(WORDS)
+            prompt = f"Tell me about the {word}."
+            chosen = f"The {word} is calm and quiet."
+            rejected = f"THE {word.upper()} IS LOUD!"
+        rows.append(
+            {
+                "messages": [{"role": "user", "content": prompt}],
+                "chosen": {"role": "assistant", "content": chosen},
+                "rejected": {"role": "assistant", "content": rejected},
+            }
+        )
+    return rows
+
+
 def write_jsonl(name: str, rows: list[dict]) -> None:
     with open(OUT / name, "w") as f:
         for row in rows:
@@ -163,3 +190,4 @@ if __name__ == "__main__":
     shapes = shape_rows(rng, 60)
     write_jsonl("shapes.jsonl", shapes)
     write_jsonl("shapes_pretrain.jsonl", shape_pretrain_rows(shapes))
+    write_jsonl("preference.jsonl", preference_rows(random.Random(1), 300))

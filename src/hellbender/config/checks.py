@@ -16,6 +16,7 @@ from hellbender.config.model_quantization import model_quantization_problems
 from hellbender.config.model_sources import local_source_problem
 from hellbender.config.plugins import plugin_problems
 from hellbender.config.preference_checks import preference_problems
+from hellbender.config.preference_data_checks import preference_data_problems
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.streaming_checks import streaming_problems
 from hellbender.config.tracking_checks import swanlab_notices, swanlab_problems
@@ -118,6 +119,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     problems += plugin_problems(cfg.plugins)
     problems += swanlab_problems(cfg)
     problems += _roles_to_train_problems(cfg)
+    problems += preference_data_problems(cfg)
     problems += data_order_problems(cfg)
     problems += mistral_common_problems(cfg)
     problems += model_quantization_problems(cfg)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from string import Formatter
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hellbender.chat_templates import NAMED_TEMPLATES
 from hellbender.config.values import Float, Int, Name, PathText
@@ -13,10 +14,64 @@ from hellbender.config.values import Float, Int, Name, PathText
 MAX_SEQUENCE_LEN = 2**31 - 1
 
 DsType = Literal["json", "jsonl", "parquet", "csv", "text", "arrow"]
-DatasetType = Literal["alpaca", "chat_template", "completion", "pretokenized", "multimodal_pretrain"]
+SftDatasetType = Literal["alpaca", "chat_template", "completion", "pretokenized", "multimodal_pretrain"]
 TrainOnEos = Literal["turn", "all", "last", "none"]
 # Axolotl's row formats of preference data (`chatml.intel`, `chat_template.default`, ...): `<family>.<format>`.
 PREFERENCE_FORMAT_FAMILIES = ("chatml", "llama3", "chat_template", "zephyr", "user_defined", "bradley_terry")
+# The preference types hellbender reads: each gives (prompt, chosen, rejected) rows; under `rl: kto` the types of
+# `KTO_PREFERENCE_TYPES` give unpaired (prompt, completion, label) rows instead. `chatml` / `llama3` alone are
+# Axolotl's spelling of `<family>.default`.
+PreferenceDatasetType = Literal[
+    "chat_template.default",
+    "chat_template.argilla_chat",
+    "chat_template.argilla",
+    "chatml",
+    "chatml.default",
+    "chatml.argilla",
+    "chatml.argilla_chat",
+    "chatml.icr",
+    "chatml.intel",
+    "chatml.prompt_pairs",
+    "chatml.ultra",
+    "llama3",
+    "llama3.default",
+    "llama3.argilla",
+    "llama3.argilla_chat",
+    "llama3.icr",
+    "llama3.intel",
+    "llama3.prompt_pairs",
+    "llama3.ultra",
+    "zephyr.nectar",
+    "user_defined.default",
+    "bradley_terry.chat_template",
+]
+PREFERENCE_TYPES: tuple[str, ...] = get_args(PreferenceDatasetType)
+KTO_PREFERENCE_TYPES = tuple(
+    f"{family}.{name}"
+    for family in ("chatml", "llama3")
+    for name in ("argilla", "argilla_chat", "intel", "prompt_pairs", "ultra")
+) + ("user_defined.default",)
+DatasetType = SftDatasetType | PreferenceDatasetType
+# Keys of `user_defined.default` (Axolotl writes them in a mapping under `type:`), each with Axolotl's default.
+USER_DEFINED_KEYS = {
+    "field_prompt": "prompt",
+    "field_system": "system",
+    "field_chosen": "chosen",
+    "field_rejected": "rejected",
+    "field_completion": "completion",
+    "field_label": "label",
+    "prompt_format": "{prompt}",
+    "chosen_format": "{chosen}",
+    "rejected_format": "{rejected}",
+    "completion_format": "{completion}",
+}
+
+
+def is_preference_type(kind: str | None) -> bool:
+    """Whether a dataset `type` is a preference-data format."""
+    return kind in PREFERENCE_TYPES
+
+
 # The roles of chat-template messages; dataset role names map onto these (`roles:` adds more).
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
@@ -57,7 +112,12 @@ class DatasetEntry(ImageEntryKeys):
         description="Local file, directory or glob; a hub dataset id; or an fsspec URL (s3://, gs://, az://)."
     )
     type: DatasetType | None = Field(
-        None, description="Row format. Default `pretokenized`: rows that already hold `input_ids` are passed through."
+        None,
+        description="Row format. Default `pretokenized`: rows that already hold `input_ids` are passed through. "
+        "Preference data (pairs of chosen and rejected answers, or KTO's labelled answers): "
+        + ", ".join(f"`{name}`" for name in PREFERENCE_TYPES)
+        + " (see docs/preference.md); Axolotl's mapping of `user_defined.default` keys under `type:` is read as "
+        "`type: user_defined.default` with those keys.",
     )
     ds_type: DsType | None = Field(None, description="File format; guessed from the file extension when unset.")
     data_files: list[PathText] | PathText | None = Field(
@@ -106,11 +166,92 @@ class DatasetEntry(ImageEntryKeys):
         description="`chat_template`: the column holding each row's tool list (default `tools`), JSON schemas handed "
         "to the chat template as `tools`.",
     )
+    field_chosen: Name | None = Field(
+        None,
+        description="Preference data: the column holding the chosen answer (default `chosen`; `chatml.default` / "
+        "`llama3.default` also look for `chosen_response`).",
+    )
+    field_rejected: Name | None = Field(
+        None,
+        description="Preference data: the column holding the rejected answer (default `rejected`; `chatml.default` / "
+        "`llama3.default` also look for `rejected_response`).",
+    )
+    field_prompt: Name | None = Field(None, description="`user_defined.default`: the prompt column (default `prompt`).")
+    field_system: Name | None = Field(
+        None, description="`user_defined.default`: the system-message column (default `system`; may be absent)."
+    )
+    field_completion: Name | None = Field(
+        None, description="`user_defined.default` under `rl: kto`: the answer column (default `completion`)."
+    )
+    field_label: Name | None = Field(
+        None,
+        description="`user_defined.default` under `rl: kto`: the column saying whether the answer is desirable "
+        "(true / false; default `label`).",
+    )
+    prompt_format: str | None = Field(
+        None,
+        description="`user_defined.default`: the prompt text, with `{prompt}` and optionally `{system}` (default "
+        "`{prompt}`).",
+    )
+    chosen_format: str | None = Field(
+        None, description="`user_defined.default`: the chosen answer's text, with `{chosen}` (default `{chosen}`)."
+    )
+    rejected_format: str | None = Field(
+        None,
+        description="`user_defined.default`: the rejected answer's text, with `{rejected}` (default `{rejected}`).",
+    )
+    completion_format: str | None = Field(
+        None,
+        description="`user_defined.default` under `rl: kto`: the answer's text, with `{completion}` (default "
+        "`{completion}`).",
+    )
     chat_template: Name | None = Field(
         None, description="Per-dataset chat template (same values as the top-level `chat_template`)."
     )
     chat_template_jinja: str | None = Field(None, description="Per-dataset Jinja template for `chat_template: jinja`.")
     train_on_inputs: bool | None = Field(None, description="Per-dataset override of the top-level `train_on_inputs`.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _user_defined_mapping(cls, data: Any) -> Any:
+        """Axolotl writes `user_defined.default` as a mapping of its keys under `type:`; they are entry keys here."""
+        if not isinstance(data, dict) or not isinstance(data.get("type"), dict):
+            return data
+        unknown = sorted(str(key) for key in data["type"] if key not in USER_DEFINED_KEYS)
+        if unknown:
+            raise ValueError(
+                f"`type:` is a mapping (Axolotl's `user_defined.default`) with the key(s) {', '.join(unknown)}, which "
+                f"it does not read; its keys are {', '.join(USER_DEFINED_KEYS)}"
+            )
+        clash = sorted(key for key in data["type"] if key in data)
+        if clash:
+            raise ValueError(
+                f"{', '.join(f'`{key}`' for key in clash)} is set both under `type:` and in the entry; keep one"
+            )
+        return {**data, **data["type"], "type": "user_defined.default"}
+
+    @field_validator("prompt_format", "chosen_format", "rejected_format", "completion_format")
+    @classmethod
+    def _format_names_only_its_fields(cls, value: str | None, info: Any) -> str | None:
+        if value is None:
+            return value
+        allowed = {
+            "prompt_format": ("prompt", "system"),
+            "chosen_format": ("chosen",),
+            "rejected_format": ("rejected",),
+            "completion_format": ("completion",),
+        }[info.field_name]
+        try:
+            names = [name for _, name, _, _ in Formatter().parse(value) if name is not None]
+        except ValueError as exc:
+            raise ValueError(f"is not a format string ({exc}); write `{{{{` and `}}}}` for literal braces") from None
+        wrong = [name for name in names if name not in allowed]
+        if wrong:
+            raise ValueError(
+                f"`{info.field_name}` names `{{{wrong[0]}}}`; it may only hold {', '.join(f'`{{{n}}}`' for n in allowed)} (write `{{{{` "
+                "and `}}` for literal braces)"
+            )
+        return value
 
     @field_validator("template_thinking_key")
     @classmethod
@@ -131,12 +272,12 @@ class DatasetEntry(ImageEntryKeys):
                 "`stepwise_supervised` is process-reward data (reasoning steps, each labelled right or wrong); it "
                 "belongs to preference tuning and reward models, which hellbender does not offer yet"
             )
-        if not isinstance(value, str) or "." not in value:
+        if not isinstance(value, str) or "." not in value or value in PREFERENCE_TYPES:
             return value
         if value.split(".")[0] in PREFERENCE_FORMAT_FAMILIES:
             raise ValueError(
-                f"`{value}` is a preference-data format (pairs of chosen and rejected answers); preference tuning "
-                "is not supported yet, so hellbender cannot train on it"
+                f"`{value}` is not a preference-data format hellbender reads; the preference formats are "
+                + ", ".join(f"`{name}`" for name in PREFERENCE_TYPES)
             )
         raise ValueError(
             f"`{value}` names a transform function in a Python file; hellbender does not run user transform "
@@ -206,6 +347,13 @@ class DataSettings(BaseModel):
     excess_length_strategy: Literal["drop", "truncate", "raise"] = Field(
         "drop",
         description="Rows longer than `sequence_len`: `drop` and count them, `truncate` them, or `raise` an error naming the row.",
+    )
+    max_prompt_len: Int | None = Field(
+        None,
+        gt=0,
+        description="Preference data: prompts longer than this many tokens follow `excess_length_strategy` "
+        "(`truncate` keeps the prompt's last tokens, next to the answer; `drop` drops and counts the row; `raise` "
+        "fails naming it). Default: no limit of its own (prompt and answer together must fit `sequence_len`).",
     )
     sample_packing: bool | None = Field(
         None,

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from hellbender.config.data import PREFERENCE_TYPES, USER_DEFINED_KEYS
 from hellbender.config.machine import Machine, this_machine
 from hellbender.config.plugins import CUT_CROSS_ENTROPY_PLUGIN
 from hellbender.config.precision import run_precision
@@ -41,6 +42,7 @@ TORCH_COMPILE_DEFAULTS = {"torch_compile_backend": "inductor", "torch_compile_mo
 # in this module or says here why it stays open.
 UNSET_MEANS: dict[str, str] = {
     **PREFERENCE_UNSET_MEANS,
+    "max_prompt_len": "no limit on prompts of their own (prompt and answer together must fit `sequence_len`)",
     "tokenizer_config": "the tokenizer of `base_model`",
     "revision_of_model": "the default branch of `base_model`",
     "cls_model_config": "`AutoConfig` reads the model's config",
@@ -186,6 +188,35 @@ def _updated(model: ModelT, updates: dict[str, Any]) -> ModelT:
     return copied
 
 
+# Preference types rendered with a chat template (the dataset's `chat_template`, else the top-level one).
+PREFERENCE_TEMPLATE_TYPES = (
+    "chat_template.default",
+    "chat_template.argilla_chat",
+    "chat_template.argilla",
+    "bradley_terry.chat_template",
+)
+_PREFERENCE_DEFAULTS: dict[str, Any] = {
+    "field_messages": "messages",
+    "message_property_mappings": {"role": "role", "content": "content"},
+}
+_CHOSEN_REJECTED = ("field_chosen", "field_rejected")
+_MAPPINGS = ("message_property_mappings",)
+
+
+def preference_keys_read(kind: str, kto: bool) -> tuple[str, ...]:
+    """The entry keys of a preference type that validation fills (`kto`: the run is `rl: kto`)."""
+    if kind == "user_defined.default":
+        answers = ("field_completion", "field_label", "completion_format") if kto else (
+            "field_chosen", "field_rejected", "chosen_format", "rejected_format")  # fmt: skip
+        return ("field_prompt", "field_system", "prompt_format", *answers)
+    return {
+        "chat_template.default": ("field_messages", *_CHOSEN_REJECTED, *_MAPPINGS),
+        "chat_template.argilla_chat": (*_CHOSEN_REJECTED, *_MAPPINGS),
+        "chat_template.argilla": (*_CHOSEN_REJECTED, *_MAPPINGS),
+        "bradley_terry.chat_template": _CHOSEN_REJECTED,
+    }.get(kind, ())
+
+
 ENTRY_UNSET_MEANS: dict[str, str] = {
     "ds_type": "guessed from the file extension",
     "data_files": "every file of the path",
@@ -207,6 +238,15 @@ ENTRY_UNSET_MEANS: dict[str, str] = {
     "chat_template": "not a `chat_template` dataset",
     "train_on_inputs": "not a dataset with prompts (`chat_template`, `alpaca`)",
     "text_column": "not a raw-text dataset (`completion`, `multimodal_pretrain`)",
+    "field_chosen": "not a preference dataset that names its answer columns",
+    "field_rejected": "not a preference dataset that names its answer columns",
+    **dict.fromkeys(
+        ("field_prompt", "field_system", "prompt_format", "chosen_format", "rejected_format"),
+        "not a `user_defined.default` dataset",
+    ),
+    **dict.fromkeys(
+        ("field_completion", "field_label", "completion_format"), "not a `user_defined.default` dataset of `rl: kto`"
+    ),
 }
 
 # The entry keys each dataset type reads, which validation fills when they are unset (a test holds this to it).
@@ -225,7 +265,10 @@ KEYS_FILLED_FOR_TYPE: dict[str, tuple[str, ...]] = {
     "completion": ("text_column",),
     "multimodal_pretrain": ("text_column",),
     "pretokenized": (),
+    **{kind: preference_keys_read(kind, kto=False) for kind in PREFERENCE_TYPES},
 }
+for _kind in PREFERENCE_TEMPLATE_TYPES:  # the top-level `chat_template` always has a value
+    KEYS_FILLED_FOR_TYPE[_kind] += ("chat_template",)
 
 
 def entry_with_defaults(entry: DatasetEntry, cfg: HellbenderConfig) -> DatasetEntry:
@@ -244,6 +287,16 @@ def entry_with_defaults(entry: DatasetEntry, cfg: HellbenderConfig) -> DatasetEn
         updates["field_thinking"] = entry.field_thinking or "reasoning_content"
         updates["template_thinking_key"] = entry.template_thinking_key or "reasoning_content"
         updates["field_tools"] = entry.field_tools or "tools"  # Axolotl's default column
+        updates["chat_template"] = entry.chat_template or cfg.chat_template
+        if updates["chat_template"] == "jinja" and entry.chat_template_jinja is None:
+            updates["chat_template_jinja"] = cfg.chat_template_jinja
+    updates.update(
+        {
+            key: getattr(entry, key) or USER_DEFINED_KEYS.get(key) or _PREFERENCE_DEFAULTS[key]
+            for key in preference_keys_read(kind, getattr(cfg, "rl", None) == "kto")
+        }
+    )
+    if kind in PREFERENCE_TEMPLATE_TYPES:
         updates["chat_template"] = entry.chat_template or cfg.chat_template
         if updates["chat_template"] == "jinja" and entry.chat_template_jinja is None:
             updates["chat_template_jinja"] = cfg.chat_template_jinja

@@ -45,6 +45,12 @@ def drop_exact_duplicates(ds: Any, stats: TokenizeStats, num_proc: int | None = 
         return ds
     kept = set(keep)
     dropped = ds.select([i for i in range(len(ds)) if i not in kept])
+    if "labels" not in dropped.column_names:  # preference rows: prompt and answers instead of tokens and labels
+        from hellbender.data.preference import row_token_counts
+
+        counts = [row_token_counts(row) for row in dropped]
+        stats.drop(DROP_DUPLICATE, len(dropped), sum(c[0] for c in counts), sum(c[1] for c in counts))
+        return ds.select(keep).flatten_indices()
     trainable = sum(sum(1 for label in labels[1:] if label != IGNORE_INDEX) for labels in dropped["labels"])
     stats.drop(DROP_DUPLICATE, len(dropped), sum(dropped["length"]), trainable)
     return ds.select(keep).flatten_indices()

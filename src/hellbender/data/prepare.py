@@ -14,10 +14,19 @@ from typing import Any
 
 from hellbender.chat_templates import named_template_text
 from hellbender.config import DatasetEntry, HellbenderConfig
+from hellbender.config.data import is_preference_type
 from hellbender.data import cache
 from hellbender.data.contexts import format_context
 from hellbender.data.dedup import drop_exact_duplicates
 from hellbender.data.packing import pack_dataset
+from hellbender.data.preference import (
+    DROP_PROMPT_TOO_LONG,
+    PREFERENCE_FORMAT_VERSION,
+    Limits,
+    is_kto,
+    preference_context,
+    tokenize_preference_dataset,
+)
 from hellbender.data.progress import quiet_progress
 from hellbender.data.sources import first_non_utf8_line, is_url, load_rows, local_data_files, looks_local
 from hellbender.data.tokenize import TokenizeStats, tokenize_dataset
@@ -66,6 +75,11 @@ def tokenize_entries(
         rows = load_rows(entry, where=where)
         if len(rows) == 0:
             raise DataError(f"{where} has no rows. Check the file or the `split`.")
+        if is_preference_type(entry.type):
+            kept, entry_stats = _tokenize_preference_entry(rows, entry, cfg, tokenizer, where)
+            stats.add(entry_stats)
+            parts.append(kept)
+            continue
         fmt = row_format(entry, rows.column_names, processor is not None, where)
         try:
             kept, entry_stats = tokenize_dataset(
@@ -85,6 +99,16 @@ def tokenize_entries(
         parts.append(kept)
     merged = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
     return merged, stats
+
+
+def _tokenize_preference_entry(rows: Any, entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any, where: str):
+    """A preference entry's rows as TRL's trainers take them (`data/preference.py`)."""
+    limits = Limits(cfg.sequence_len, cfg.max_prompt_len, cfg.excess_length_strategy, cfg.min_sample_len)
+    ctx = preference_context(entry, cfg, tokenizer)
+    try:
+        return tokenize_preference_dataset(rows, ctx, limits, where, _worker_processes(cfg))
+    except UnicodeDecodeError:
+        raise DataError(_not_utf8(entry, where)) from None
 
 
 def _not_utf8(entry: DatasetEntry, where: str) -> str:
@@ -144,7 +168,20 @@ def _cache_parts(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> dict[
         "vision_tokens_to_mask",
         "cache_images",
     ]
+    entries = training_entries(cfg) + cfg.test_datasets
+    # Only preference data depends on these, so adding them leaves every other cache's key as it was.
+    preference = (
+        {
+            "version": PREFERENCE_FORMAT_VERSION,
+            "max_prompt_len": cfg.max_prompt_len,
+            "kto": is_kto(cfg),
+            "named_template": named_template_text(cfg.chat_template) if cfg.chat_template else None,
+        }
+        if any(is_preference_type(e.type) for e in entries)
+        else None
+    )
     return {
+        **({"preference": preference} if preference else {}),
         "datasets": [e.model_dump() for e in training_entries(cfg)],
         "test_datasets": [e.model_dump() for e in cfg.test_datasets],
         "files": [cache.files_fingerprint(e.path) for e in training_entries(cfg) + cfg.test_datasets],
@@ -228,6 +265,7 @@ DROP_HINTS = {
     "empty": "check that the text column holds text (`field` / `text_column`, default `text`)",
     "shorter than min_sample_len": "lower `min_sample_len`",
     "duplicate": "set `dataset_exact_deduplication: false` to keep repeated rows",
+    DROP_PROMPT_TOO_LONG: "raise `max_prompt_len`, or set `excess_length_strategy: truncate`",
     "no trainable tokens": "check `roles_to_train` (the roles whose turns are trained, default `[assistant]`), "
     "`train_on_inputs`, `train_on_eos` and the messages' `weight` (0 leaves a turn untrained)",
 }
