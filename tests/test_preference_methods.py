@@ -174,7 +174,7 @@ def test_kto_step_zero_has_no_kl_and_no_rewards(tmp_path, tiny_model_path, tiny_
         undesirable_weight=0.5,
     )
     assert set(trainer.model.peft_config) == {"default"}  # no second ("ref") adapter in memory
-    batch = trainer.data_collator([data[i] for i in range(8)])
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(8)])
     # Only the answer is scored: the completion mask covers exactly the answer tokens.
     for i in range(8):
         n_prompt, n_answer = len(data[i]["prompt_ids"]), len(data[i]["completion_ids"])
