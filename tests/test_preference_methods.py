@@ -74,6 +74,7 @@ def arguments(tmp_path, **overrides) -> TrainingArguments:
         bf16=False,
         seed=0,
         dataloader_num_workers=0,
+        disable_tqdm=True,
     )
     values.update(overrides)
     return TrainingArguments(**values)
@@ -104,7 +105,8 @@ def preference_accuracy(model, dataset: Dataset) -> float:
     was_training = model.training
     model.eval()
     wins = [
-        answer_logps(model, r["prompt_ids"], r["chosen_ids"]).sum() > answer_logps(model, r["prompt_ids"], r["rejected_ids"]).sum()
+        answer_logps(model, r["prompt_ids"], r["chosen_ids"]).sum()
+        > answer_logps(model, r["prompt_ids"], r["rejected_ids"]).sum()
         for r in dataset
     ]
     model.train(was_training)
@@ -114,9 +116,7 @@ def preference_accuracy(model, dataset: Dataset) -> float:
 @torch.no_grad()
 def reward_scores(model, rows, side: str) -> torch.Tensor:
     model.eval()
-    return torch.stack(
-        [model(input_ids=torch.tensor([r["prompt_ids"] + r[side]])).logits[0, 0].float() for r in rows]
-    )
+    return torch.stack([model(input_ids=torch.tensor([r["prompt_ids"] + r[side]])).logits[0, 0].float() for r in rows])
 
 
 def ranking_accuracy(model, dataset: Dataset) -> float:
@@ -178,7 +178,9 @@ def test_kto_step_zero_has_no_kl_and_no_rewards(tmp_path, tiny_model_path, tiny_
     # Only the answer is scored: the completion mask covers exactly the answer tokens.
     for i in range(8):
         n_prompt, n_answer = len(data[i]["prompt_ids"]), len(data[i]["completion_ids"])
-        assert batch["input_ids"][i, : n_prompt + n_answer].tolist() == data[i]["prompt_ids"] + data[i]["completion_ids"]
+        assert (
+            batch["input_ids"][i, : n_prompt + n_answer].tolist() == data[i]["prompt_ids"] + data[i]["completion_ids"]
+        )
         assert batch["completion_mask"][i].tolist()[: n_prompt + n_answer] == [0] * n_prompt + [1] * n_answer
     labels = torch.tensor(data[:8]["label"])
     expected = torch.where(labels, 1.5, 0.5).mul(0.5).mean()
@@ -225,14 +227,15 @@ def test_kto_full_fine_tuning_refuses_to_load_its_own_reference(tmp_path, tiny_m
 
 def test_kto_learns_a_preference_from_unpaired_rows(tmp_path, tiny_model_path, tiny_tokenizer):
     eos = tiny_tokenizer.eos_token_id
-    train, held_out = unpaired_dataset(256, seed=1, eos=eos), paired_dataset(64, seed=2, eos=eos)
-    model = with_lora(causal_lm(tiny_model_path))
+    train, held_out = unpaired_dataset(256, seed=1, eos=eos), paired_dataset(32, seed=2, eos=eos)
+    model = causal_lm(tiny_model_path)
     before = preference_accuracy(model, held_out)
     trainer = build_kto_trainer(
         model,
-        arguments(tmp_path, max_steps=32, learning_rate=1e-2),
+        arguments(tmp_path, max_steps=20),
         tiny_tokenizer,
         train,
+        ref_model=causal_lm(tiny_model_path),
         beta=0.1,
         desirable_weight=1.0,
         undesirable_weight=1.0,
@@ -278,9 +281,7 @@ def hand_terms(model, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def test_orpo_step_zero_loss_matches_a_hand_computation(tmp_path, tiny_model_path, tiny_tokenizer):
     data = paired_dataset(8, seed=3, eos=tiny_tokenizer.eos_token_id)
-    trainer = build_orpo_trainer(
-        causal_lm(tiny_model_path), arguments(tmp_path), tiny_tokenizer, data, orpo_alpha=0.25
-    )
+    trainer = build_orpo_trainer(causal_lm(tiny_model_path), arguments(tmp_path), tiny_tokenizer, data, orpo_alpha=0.25)
     rows = [data[i] for i in range(8)]
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(8)])
     with torch.no_grad():
@@ -294,10 +295,10 @@ def test_orpo_step_zero_loss_matches_a_hand_computation(tmp_path, tiny_model_pat
 
 def test_orpo_learns_a_preference_without_a_reference_model(tmp_path, tiny_model_path, tiny_tokenizer):
     eos = tiny_tokenizer.eos_token_id
-    train, held_out = paired_dataset(128, seed=4, eos=eos), paired_dataset(64, seed=5, eos=eos)
+    train, held_out = paired_dataset(128, seed=4, eos=eos), paired_dataset(32, seed=5, eos=eos)
     model = causal_lm(tiny_model_path)
     before = preference_accuracy(model, held_out)
-    trainer = build_orpo_trainer(model, arguments(tmp_path, max_steps=32), tiny_tokenizer, train, orpo_alpha=0.1)
+    trainer = build_orpo_trainer(model, arguments(tmp_path, max_steps=12), tiny_tokenizer, train, orpo_alpha=0.1)
     assert not hasattr(trainer, "ref_model") or trainer.ref_model is None
     trainer.train()
     after = preference_accuracy(trainer.model, held_out)
@@ -330,11 +331,11 @@ def test_simpo_step_zero_loss_matches_a_hand_computation(tmp_path, tiny_model_pa
 
 def test_simpo_learns_a_preference(tmp_path, tiny_model_path, tiny_tokenizer):
     eos = tiny_tokenizer.eos_token_id
-    train, held_out = paired_dataset(128, seed=7, eos=eos), paired_dataset(64, seed=8, eos=eos)
+    train, held_out = paired_dataset(128, seed=7, eos=eos), paired_dataset(32, seed=8, eos=eos)
     model = causal_lm(tiny_model_path)
     before = preference_accuracy(model, held_out)
     trainer = build_simpo_trainer(
-        model, arguments(tmp_path, max_steps=32), tiny_tokenizer, train, beta=2.0, simpo_gamma=0.5, cpo_alpha=0.0
+        model, arguments(tmp_path, max_steps=12), tiny_tokenizer, train, beta=2.0, simpo_gamma=0.5, cpo_alpha=0.0
     )
     trainer.train()
     after = preference_accuracy(trainer.model, held_out)
@@ -351,9 +352,9 @@ def reward_model(path):
 
 def test_reward_model_ranks_held_out_pairs_and_loads_in_plain_transformers(tmp_path, tiny_model_path, tiny_tokenizer):
     eos = tiny_tokenizer.eos_token_id
-    train, held_out = paired_dataset(128, seed=9, eos=eos), paired_dataset(64, seed=10, eos=eos)
+    train, held_out = paired_dataset(128, seed=9, eos=eos), paired_dataset(32, seed=10, eos=eos)
     model = reward_model(tiny_model_path)
-    trainer = build_reward_trainer(model, arguments(tmp_path, max_steps=32), tiny_tokenizer, train)
+    trainer = build_reward_trainer(model, arguments(tmp_path, max_steps=12), tiny_tokenizer, train)
     assert trainer.train_dataset[0]["chosen_ids"] == train[0]["prompt_ids"] + train[0]["chosen_ids"]
     before = ranking_accuracy(trainer.model, held_out)
     trainer.train()
@@ -376,11 +377,11 @@ def test_reward_model_with_lora_trains_and_saves_the_score_head(tmp_path, tiny_m
     from safetensors.torch import load_file
 
     eos = tiny_tokenizer.eos_token_id
-    train, held_out = paired_dataset(128, seed=11, eos=eos), paired_dataset(64, seed=12, eos=eos)
+    train, held_out = paired_dataset(128, seed=11, eos=eos), paired_dataset(32, seed=12, eos=eos)
     config = LoraConfig(task_type="SEQ_CLS", r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
     model = get_peft_model(reward_model(tiny_model_path), config)
     head_before = model.get_base_model().score.modules_to_save["default"].weight.detach().clone()
-    trainer = build_reward_trainer(model, arguments(tmp_path, max_steps=32, learning_rate=1e-2), tiny_tokenizer, train)
+    trainer = build_reward_trainer(model, arguments(tmp_path, max_steps=16, learning_rate=1e-2), tiny_tokenizer, train)
     trainer.train()
     assert ranking_accuracy(trainer.model, held_out) >= 0.9
     head_after = model.get_base_model().score.modules_to_save["default"].weight
@@ -392,7 +393,9 @@ def test_reward_model_with_lora_trains_and_saves_the_score_head(tmp_path, tiny_m
     assert any("score" in name for name in saved), sorted(saved)
     loaded = PeftModel.from_pretrained(reward_model(tiny_model_path), out)
     rows = list(held_out)
-    torch.testing.assert_close(reward_scores(loaded, rows, "chosen_ids"), reward_scores(trainer.model, rows, "chosen_ids"))
+    torch.testing.assert_close(
+        reward_scores(loaded, rows, "chosen_ids"), reward_scores(trainer.model, rows, "chosen_ids")
+    )
 
 
 def test_reward_model_refuses_an_adapter_that_leaves_the_head_untrained(tmp_path, tiny_model_path, tiny_tokenizer):
@@ -401,4 +404,3 @@ def test_reward_model_refuses_an_adapter_that_leaves_the_head_untrained(tmp_path
     model = get_peft_model(reward_model(tiny_model_path), LoraConfig(r=4, target_modules=["q_proj"]))
     with pytest.raises(ValueError, match="score head"):
         build_reward_trainer(model, arguments(tmp_path), tiny_tokenizer, paired_dataset(8, 0, 0))
-

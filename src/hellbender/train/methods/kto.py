@@ -18,9 +18,7 @@ class PreTokenizedKTOTrainer(KTOTrainer):
     """KTOTrainer that takes hellbender's prepared rows as they are: no prompt extraction, no EOS added, no
     tokenization, no truncation."""
 
-    def _prepare_dataset(
-        self, dataset: Dataset, processing_class: Any, args: KTOConfig, dataset_name: str
-    ) -> Dataset:
+    def _prepare_dataset(self, dataset: Dataset, processing_class: Any, args: KTOConfig, dataset_name: str) -> Dataset:
         require_columns(dataset, UNPAIRED_COLUMNS, "KTO")
         if not self.calculate_KL:
             return dataset
@@ -68,7 +66,9 @@ def build_kto_trainer(
     """
     adapter = is_peft_model(model)
     if adapter and ref_model is not None:
-        raise ValueError("With an adapter the reference is the base model with the adapter disabled: pass no ref_model.")
+        raise ValueError(
+            "With an adapter the reference is the base model with the adapter disabled: pass no ref_model."
+        )
     if not adapter and ref_model is None and (not precompute_ref_log_probs or args.fsdp):
         # TRL would load a second copy itself from the hub id in the model's config, outside hellbender's loading.
         raise ValueError(
