@@ -10,6 +10,7 @@ from transformers import TrainerCallback
 from tests.conftest import EXAMPLES
 
 CHAT_DATA = str(EXAMPLES / "data" / "chat.jsonl")
+PREFERENCE_DATA = str(EXAMPLES / "data" / "preference.jsonl")
 TEXT_DATA = str(EXAMPLES / "data" / "text.jsonl")
 SHAPES_DATA = EXAMPLES / "data" / "shapes.jsonl"  # coloured squares, image chat rows
 

@@ -210,7 +210,9 @@ def _keys_of(kinds: tuple[str, ...]) -> list[tuple[str, str, str]]:
             for base, metadata in typed:
                 kind = _value_kind(base, metadata)
                 if kind in kinds:
-                    found.append((f"{prefix}{key}", kind, key))
+                    # a list of numbers: its first item carries the value (lists of names take a lone name too)
+                    item = ".0" if typing.get_origin(base) is list and kind in ("int", "float") else ""
+                    found.append((f"{prefix}{key}{item}", kind, key))
                     break
     return found
 
@@ -230,6 +232,8 @@ def _value_kind(base: Any, metadata: Any) -> str | None:
 
 
 def _set(shown_key: str, key: str, value: Any) -> dict[str, Any]:
+    if shown_key.endswith(f"{key}.0"):  # a list key: the value is its only item
+        value = [value]
     return _entry_config(key, value) if shown_key.startswith("datasets.") else {key: value}
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hellbender.config.loading import validate_config
-from tests.helpers import base_config
+from tests.helpers import PREFERENCE_DATA, base_config
 
 # Token ids of the tiny tokenizer's byte-level vocabulary used to build pairs: a cue at the start of the prompt says
 # which of two endings is preferred.
@@ -37,7 +37,11 @@ def preference_pairs(count: int, seed: int):
 
 
 def dpo_config(tmp_path: Path, adapter: str | None = "lora", **overrides):
-    settings = {"rl": "dpo", "micro_batch_size": 8}
+    settings = {
+        "rl": "dpo",
+        "micro_batch_size": 8,
+        "datasets": [{"path": PREFERENCE_DATA, "type": "chat_template.default"}],
+    }
     if adapter:
         settings.update(adapter=adapter, lora_r=8, lora_alpha=16)
     return validate_config(base_config(tmp_path, **{**settings, **overrides}))

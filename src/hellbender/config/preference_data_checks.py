@@ -39,6 +39,21 @@ def preference_data_problems(cfg: HellbenderConfig) -> list[str]:
         for where, e in entries
         if not is_preference_type(e.type) and (keys := [k for k in PREFERENCE_ONLY_KEYS if k in e.model_fields_set])
     ]
+    trains_preferences = cfg.rl is not None or cfg.reward_model
+    if trains_preferences and not preference and (cfg.datasets or cfg.pretraining_dataset):
+        method = f"`rl: {cfg.rl}`" if cfg.rl else "`reward_model: true`"
+        problems.append(
+            f"{method} trains on preference data, and no entry of `datasets` has a preference `type` "
+            "(`chat_template.default`, `chatml.intel`, ...; docs/preference.md lists them with a row of each). Set the "
+            f"`type` your rows have, or remove {method.split(':')[0]}` to train with supervised fine-tuning."
+        )
+    if preference and not trains_preferences:
+        where, entry = preference[0]
+        problems.append(
+            f"`{where}` (`{entry.path}`) has the preference type `{entry.type}`, and neither `rl` nor `reward_model` is "
+            "set, so nothing would train on its pairs. Set `rl: dpo` (or another method, docs/preference.md) or "
+            "`reward_model: true`; for supervised fine-tuning on chat rows use `type: chat_template`."
+        )
     if not preference:
         if cfg.max_prompt_len is not None:
             problems.append(
