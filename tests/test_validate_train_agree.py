@@ -241,3 +241,25 @@ def test_a_config_validate_accepts_trains_or_is_refused_at_start(tmp_path_factor
 
     check()
     assert snapshot(tiny_model_path) == models, "a run changed the tiny model's files"
+
+
+def test_validate_notes_what_this_machine_lacks_and_train_stops_on_it(tmp_path, monkeypatch, caplog):
+    """A config is validated on one machine and may train on another: `validate` accepts it with a note, `train`
+    stops on the same words before writing anything."""
+    from hellbender.config import machine_needs
+    from hellbender.config.machine import Machine
+
+    monkeypatch.setattr(machine_needs, "this_machine", lambda: Machine(cuda=False, bf16=False, cpus=2))
+    monkeypatch.setattr(machine_needs, "_installed", lambda module: False)
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump(base_config(tmp_path, bf16=True, optimizer="adamw_torch_4bit")))
+    with caplog.at_level(logging.WARNING, logger="hellbender"):
+        checked = _invoke("validate", config)
+    assert checked.exit_code == 0, checked.output
+    notes = caplog.text
+    assert "On this machine `train` would stop: `bf16: true` trains in bfloat16" in notes
+    assert "`optimizer: adamw_torch_4bit` is built from the `torchao` package" in notes
+    trained = _invoke("train", config)
+    assert trained.exit_code == 2, trained.output
+    assert "`bf16: true` trains in bfloat16" in trained.stderr and "`torchao`" in trained.stderr
+    assert not (tmp_path / "out").exists()

@@ -66,7 +66,9 @@ class TrainingSettings(BaseModel):
         description="Optimizer name as transformers knows it (`adamw_torch_fused`, `adamw_torch`, `adamw_bnb_8bit`, "
         "`sgd`, ...). `auto`: `adamw_torch_fused` on a GPU (5% faster than `adamw_torch` on a 1B full fine-tune, "
         "docs/benchmarks.md), `adamw_torch` on CPU, decided on the machine that trains. Checked against the "
-        "installed transformers' names.",
+        "installed transformers' names; an optimizer built from another package (`torchao`, `bitsandbytes`, "
+        "`schedulefree`, ...) needs it on the machine that trains, or `train` stops at its start (`validate` notes "
+        "it).",
     )
     weight_decay: Float = Field(0.0, ge=0, description="Decoupled weight decay.")
     adam_beta1: Float | None = Field(
