@@ -77,7 +77,12 @@ class TrainingSettings(BaseModel):
     adam_beta2: Float | None = Field(
         None, ge=0, lt=1, description="Adam beta2, at least 0 and below 1; default 0.999 (transformers' default)."
     )
-    adam_epsilon: Float | None = Field(None, ge=0, description="Adam epsilon; default 1e-8 (transformers' default).")
+    adam_epsilon: Float | None = Field(
+        None,
+        gt=0,
+        description="Adam epsilon, above 0 (with 0, a weight whose gradient is zero, such as an unused embedding row, "
+        "becomes 0/0 = NaN at the first step); default 1e-8 (transformers' default).",
+    )
     max_grad_norm: Float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables clipping.")
     gradient_checkpointing: bool | Literal["offload"] = Field(
         False,
