@@ -1,7 +1,7 @@
-"""What a run asks of the machine that trains it, beyond the config: a GPU for the precision it names, and the package
-its optimizer is built from. A config may be validated on a laptop and trained on a GPU server, so `validate` notes
-each problem as it stands on its own machine, and `train` stops on it before any file is written or data prepared
-(transformers would otherwise refuse only once the model is loaded, with a traceback)."""
+"""What a run asks of the machine that trains it, beyond the config: a GPU for the precision and attention it names,
+and the package its optimizer is built from. A config may be validated on a laptop and trained on a GPU server, so
+`validate` notes each problem as it stands on its own machine, and `train` stops on it before any file is written or
+data prepared (transformers would otherwise fail only once the model is loaded, with a traceback)."""
 
 from __future__ import annotations
 
@@ -87,9 +87,22 @@ def precision_problems(cfg: HellbenderConfig, machine: Machine) -> list[str]:
     return problems
 
 
+def attention_problem(cfg: HellbenderConfig, machine: Machine) -> str | None:
+    """PyTorch's flex attention has no backward pass on a CPU: the run would fail at its first step."""
+    if cfg.attn_implementation != "flex_attention" or machine.cuda:
+        return None
+    return (
+        f"`attn_implementation: flex_attention` cannot train on this machine ({machine.describe()}): PyTorch's flex "
+        "attention has no backward pass on a CPU. Use `attn_implementation: sdpa`, or train on a GPU."
+    )
+
+
 def machine_problems(cfg: HellbenderConfig, machine: Machine | None = None) -> list[str]:
     """Why `cfg` cannot train on `machine` (default: this one), though it is a valid config."""
-    problems = precision_problems(cfg, machine or this_machine())
+    machine = machine or this_machine()
+    problems = precision_problems(cfg, machine)
+    if problem := attention_problem(cfg, machine):
+        problems.append(problem)
     if problem := optimizer_package_problem(cfg.optimizer):
         problems.append(problem)
     return problems
