@@ -395,8 +395,9 @@ def validate(
     def action() -> None:
         cfg = load_config(config, set_)
         from hellbender.config.deepspeed import deepspeed_notices
+        from hellbender.config.machine_needs import machine_notices
 
-        for notice in deepspeed_notices(cfg):  # `train` stops on it instead
+        for notice in deepspeed_notices(cfg) + machine_notices(cfg):  # `train` stops on them instead
             logging.getLogger("hellbender").warning(notice)
         resolved = dump_config(cfg, this_machine())
         if output is not None:

@@ -102,10 +102,20 @@ class ModelSettings(BaseModel):
     )
     revision_of_model: Name | None = Field(None, description="Git revision (branch, tag, commit) of `base_model`.")
     bf16: bool | Literal["auto"] = Field(
-        "auto", description="Train in bfloat16 mixed precision; `auto` uses it where the GPU supports it."
+        "auto",
+        description="Train in bfloat16 mixed precision; `auto` uses it where the GPU supports it. `true` on a machine "
+        "without such a GPU: `train` stops at its start (`validate` notes it).",
     )
-    fp16: bool = Field(False, description="Train in float16 mixed precision.")
-    tf32: bool = Field(False, description="Allow TF32 matrix multiplies on Ampere and newer GPUs.")
+    fp16: bool = Field(
+        False,
+        description="Train in float16 mixed precision. Needs a CUDA GPU: without one `train` stops at its start "
+        "(`validate` notes it).",
+    )
+    tf32: bool = Field(
+        False,
+        description="Allow TF32 matrix multiplies on Ampere and newer GPUs. Without one `train` stops at its start "
+        "(`validate` notes it).",
+    )
     attn_implementation: str | None = Field(
         None,
         description="Attention backend: `eager`, `sdpa` (default), `flash_attention_2`, `flash_attention_3`, "

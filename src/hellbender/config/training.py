@@ -66,7 +66,9 @@ class TrainingSettings(BaseModel):
         description="Optimizer name as transformers knows it (`adamw_torch_fused`, `adamw_torch`, `adamw_bnb_8bit`, "
         "`sgd`, ...). `auto`: `adamw_torch_fused` on a GPU (5% faster than `adamw_torch` on a 1B full fine-tune, "
         "docs/benchmarks.md), `adamw_torch` on CPU, decided on the machine that trains. Checked against the "
-        "installed transformers' names.",
+        "installed transformers' names; an optimizer built from another package (`torchao`, `bitsandbytes`, "
+        "`schedulefree`, ...) needs it on the machine that trains, or `train` stops at its start (`validate` notes "
+        "it).",
     )
     weight_decay: Float = Field(0.0, ge=0, description="Decoupled weight decay.")
     adam_beta1: Float | None = Field(
@@ -75,7 +77,12 @@ class TrainingSettings(BaseModel):
     adam_beta2: Float | None = Field(
         None, ge=0, lt=1, description="Adam beta2, at least 0 and below 1; default 0.999 (transformers' default)."
     )
-    adam_epsilon: Float | None = Field(None, ge=0, description="Adam epsilon; default 1e-8 (transformers' default).")
+    adam_epsilon: Float | None = Field(
+        None,
+        gt=0,
+        description="Adam epsilon, above 0 (with 0, a weight whose gradient is zero, such as an unused embedding row, "
+        "becomes 0/0 = NaN at the first step); default 1e-8 (transformers' default).",
+    )
     max_grad_norm: Float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables clipping.")
     gradient_checkpointing: bool | Literal["offload"] = Field(
         False,

@@ -35,6 +35,8 @@ def first_occurrences(hashes: list[str]) -> list[int]:
 
 def drop_exact_duplicates(ds: Any, stats: TokenizeStats, num_proc: int | None = None) -> Any:
     """`ds` without rows equal to an earlier row; the dropped rows are counted in `stats` as duplicates."""
+    if len(ds) == 0:  # every row was dropped before; `map` would then add no hash column at all
+        return ds
     columns = sorted(ds.column_names)
     with quiet_progress():
         hashes = ds.map(

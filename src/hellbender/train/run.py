@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hellbender.config import HellbenderConfig, dump_config
+from hellbender.config.machine_needs import require_machine
 from hellbender.config.precision import torch_dtype
 from hellbender.data.batching import build_collator
 from hellbender.data.prepare import prepare_datasets
@@ -65,6 +66,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     """
     from transformers import EarlyStoppingCallback, set_seed
 
+    require_machine(cfg)  # a GPU or package the config needs: before anything is written
     set_seed(cfg.seed)
     announce_host_offload(cfg)  # before anything opens the process group
     if not is_main_process():  # one process reports; the others speak only of problems
