@@ -139,3 +139,30 @@ def test_dynamic_false_without_fixed_lengths_gets_a_notice(tmp_path):
     fixed = find_notices(validate_config(base_config(tmp_path, pad_to_sequence_len=True, **flex)))
     assert any("compiles flex attention anew for every batch length" in n for n in varying)
     assert not any("flex attention" in n for n in fixed)
+
+
+def test_a_flex_layout_the_compiler_cannot_build_is_refused_before_training(tiny_model_path, monkeypatch):
+    """The start-up probe runs flex attention for the model's head layout (4 query / 2 key-value heads of 16 here)
+    and turns a compiler failure into one paragraph naming the layout and what to use instead."""
+    from transformers import AutoModelForCausalLM
+
+    from hellbender.models import flex_attention
+
+    seen = {}
+
+    class InductorError(RuntimeError):
+        pass
+
+    def failing_flex(query, key, value, enable_gqa=False):
+        seen.update(query=tuple(query.shape), key=tuple(key.shape), enable_gqa=enable_gqa)
+        raise InductorError("LoweringException: NoValidChoicesError: No choices to select.\n  target: flex_attention")
+
+    monkeypatch.setattr(flex_attention, "compiled_flex", lambda kwargs: failing_flex)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    with pytest.raises(ConfigError) as error:
+        flex_attention.check_flex_compiles(model, {"dynamic": False}, torch.float32, device=torch.device("cpu"))
+    assert seen == {"query": (1, 4, 128, 16), "key": (1, 2, 128, 16), "enable_gqa": True}
+    message = str(error.value)
+    assert "4 query / 2 key-value heads of size 16" in message
+    assert "InductorError: LoweringException: NoValidChoicesError" in message
+    assert "`attn_implementation: sdpa`" in message and "\n" not in message

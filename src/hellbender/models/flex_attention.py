@@ -134,3 +134,41 @@ def use_compiled_flex(model: Any, compile_kwargs: dict[str, Any]) -> str:
             "settings. Remove `flex_attn_compile_kwargs`."
         )
     return name
+
+
+def check_flex_compiles(
+    model: Any, compile_kwargs: dict[str, Any] | None, dtype: torch.dtype, device: torch.device | None = None
+) -> None:
+    """Compile flex attention for the model's head layout on this GPU and run one forward and backward pass, before
+    any data or training work. Inductor cannot lower every layout on every torch / Triton release: torch 2.11 with
+    Triton 3.6 on H200s fails on grouped-query attention (fewer key/value heads than query heads, as most current
+    models have) with `NoValidChoicesError`, at the first training step, whatever the dtype or head size. Found here,
+    it is one paragraph instead of a compiler traceback minutes into a run."""
+    if device is None and not torch.cuda.is_available():
+        return  # CPU runs are refused earlier (config/machine_needs.py)
+    text = model.config.get_text_config()
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    query = torch.randn(1, heads, 128, head_dim, device=device, dtype=dtype, requires_grad=True)
+    key, value = (torch.randn(1, kv_heads, 128, head_dim, device=device, dtype=dtype, requires_grad=True) for _ in "kv")
+    try:
+        if compile_kwargs is None:  # transformers' own compiled function, as its flex backend calls it
+            from transformers.integrations.flex_attention import compile_friendly_flex_attention
+
+            output = compile_friendly_flex_attention(query, key, value, training=True, enable_gqa=heads != kv_heads)
+        else:
+            output = compiled_flex(compile_kwargs)(query, key, value, enable_gqa=heads != kv_heads)
+        output.sum().backward()
+    except Exception as exc:  # the compiler's own errors: InductorError, BackendCompilerFailed, ...
+        import triton
+
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise ConfigError(
+            f"`attn_implementation: flex_attention` cannot compile for this model on this GPU: PyTorch "
+            f"{torch.__version__} with Triton {triton.__version__} fails to build flex attention for "
+            f"{heads} query / {kv_heads} key-value heads of size {head_dim} ({type(exc).__name__}: {reason[:200]}). "
+            "Use `attn_implementation: sdpa` (packed rows stay separated by their position ids) or "
+            "`flash_attention_2`, or a PyTorch release whose compiler handles this layout."
+        ) from None

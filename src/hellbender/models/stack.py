@@ -28,6 +28,11 @@ def load_base_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | 
         from hellbender.models.flex_attention import use_compiled_flex
 
         use_compiled_flex(model, cfg.flex_attn_compile_kwargs)
+    if cfg.attn_implementation == "flex_attention":
+        from hellbender.config.precision import torch_dtype
+        from hellbender.models.flex_attention import check_flex_compiles
+
+        check_flex_compiles(model, cfg.flex_attn_compile_kwargs, torch_dtype(cfg))
     return model
 
 
