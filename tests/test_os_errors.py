@@ -157,3 +157,30 @@ def test_an_image_without_read_permission_is_refused(tmp_path):
     (tmp_path / "a.png").chmod(0)
     with pytest.raises(ImageProblem, match="cannot be read: Permission denied"):
         open_image(tmp_path / "a.png", ImagePolicy(tmp_path, False, 10_000))
+
+
+def test_a_full_disk_while_training_saves_a_checkpoint_is_one_paragraph_and_keeps_the_complete_one(
+    tmp_path, monkeypatch
+):
+    """The Trainer's own writes (here the optimizer state of checkpoint-2) meet a full disk: exit 2 with one
+    paragraph naming the file, the step and the newest complete checkpoint; the half-written checkpoint has no
+    manifest, so it is never trusted, and the next start removes it."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    config = config_file(tmp_path, max_steps=3, save_steps=1, micro_batch_size=2, learning_rate=1e-3)
+    real_save = torch.save
+
+    def save(obj, path, *args, **kwargs):
+        if "checkpoint-2" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    result = CliRunner().invoke(app, ["train", str(config)])
+    assert_user_error(
+        result, "Training stopped at step 2", "checkpoint-2", "No space left on device", "`checkpoint-1` is the newest"
+    )
+    assert (tmp_path / "out" / "checkpoint-1" / storage.CHECKPOINT_MANIFEST).exists()
+    assert not (tmp_path / "out" / "checkpoint-2" / storage.CHECKPOINT_MANIFEST).exists()
+    assert [p.name for p in storage.complete_checkpoints(tmp_path / "out")] == ["checkpoint-1"]

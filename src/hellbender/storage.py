@@ -61,12 +61,17 @@ WRITE_ERRNOS = {
 }
 
 
+def write_errno(exc: OSError) -> int | None:
+    """The errno of an OSError that is the machine's (disk full, read-only, permissions; `WRITE_ERRNOS`), or None.
+    pyarrow and other writers report the errno only inside the message."""
+    if exc.errno in WRITE_ERRNOS:
+        return exc.errno
+    return next((c for c in WRITE_ERRNOS if f"[errno {c}]" in str(exc).lower()), None)
+
+
 def write_problem(path: Path, exc: OSError) -> EnvironmentProblem | None:
-    """The user's paragraph for an OSError met while writing `path`, or None when the error is not the machine's
-    (disk full, read-only, permissions). pyarrow and other writers report the errno only inside the message."""
-    code = exc.errno
-    if code not in WRITE_ERRNOS:
-        code = next((c for c in WRITE_ERRNOS if f"[errno {c}]" in str(exc).lower()), None)
+    """The user's paragraph for an OSError met while writing `path`, or None when the error is not the machine's."""
+    code = write_errno(exc)
     if code is None:
         return None
     return EnvironmentProblem(

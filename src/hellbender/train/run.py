@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,17 @@ from hellbender.data.batching import build_collator
 from hellbender.data.prepare import prepare_datasets
 from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
 from hellbender.data.streaming import streaming_dataset
-from hellbender.errors import ConfigError
+from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.models.activation_checkpointing import layers_left_unchecked
 from hellbender.models.loading import load_tokenizer_and_processor, model_skeleton
 from hellbender.models.stack import build_trainable_model
-from hellbender.storage import make_directory, write_file_atomically
+from hellbender.storage import (
+    WRITE_ERRNOS,
+    complete_checkpoints,
+    make_directory,
+    write_errno,
+    write_file_atomically,
+)
 from hellbender.train.arguments import training_arguments
 from hellbender.train.deepspeed import deepspeed_before_loading
 from hellbender.train.distributed import is_main_process, main_process_first, world_size
@@ -166,6 +173,8 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
             f"refuses ({_unpickling_reason(exc)}). hellbender never unpickles arbitrary objects, "
             "which could run code. Resume from a checkpoint you wrote yourself, or remove this one."
         ) from None
+    except OSError as exc:
+        raise _write_failure(exc, cfg, f"Training stopped at step {trainer.state.global_step}") or exc from None
     except RuntimeError as exc:
         if resume_from is None or "size mismatch" not in str(exc):
             raise
@@ -197,7 +206,10 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
         logger.error(loss_watchdog.message())
         metrics["exit_code"] = DIVERGED_EXIT_CODE
         return metrics
-    trainer.save_final_model(cfg.output_dir)
+    try:
+        trainer.save_final_model(cfg.output_dir)
+    except OSError as exc:
+        raise _write_failure(exc, cfg, "Saving the final model failed after training") or exc from None
     if publisher is not None and is_main_process():
         publisher.final_model_saved(Path(cfg.output_dir), extra_files=[RESOLVED_CONFIG_NAME])
     return metrics
@@ -262,6 +274,28 @@ def _training_data(
     prepared = prepare_datasets(cfg, tokenizer, processor)
     logger.info("Prepared data %s (%s)", prepared.cache_dir, "from cache" if prepared.from_cache else "new")
     return prepared.train, prepared.eval, prepared.stats
+
+
+def _write_failure(exc: OSError, cfg: HellbenderConfig, what_stopped: str) -> EnvironmentProblem | None:
+    """A checkpoint, log or report that the machine would not let training write (disk full, quota, read-only,
+    permissions), as one paragraph; None for other OS errors. The checkpoint being written has no manifest yet, so no
+    later run trusts it (the next start removes it); the newest complete one is named."""
+    code = write_errno(exc)
+    if code is None:
+        return None
+    complete = complete_checkpoints(cfg.output_dir)
+    kept = (
+        f"`{complete[-1].name}` is the newest complete checkpoint; run again with `auto_resume_from_checkpoints: "
+        "true` to continue from it"
+        if complete
+        else "no checkpoint was complete yet, so a new run starts from the beginning"
+    )
+    where = f"`{exc.filename}`" if exc.filename else f"into `{cfg.output_dir}`"
+    return EnvironmentProblem(
+        f"{what_stopped}: could not write {where}: {os.strerror(code)}. "
+        f"What was being written is not trusted by any later run (it is removed at the next start); {kept}. To go "
+        f"on, {WRITE_ERRNOS[code]}."
+    )
 
 
 def _stream_rows_consumed(checkpoint: Path | None) -> int:
