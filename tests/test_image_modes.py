@@ -154,3 +154,33 @@ def test_plain_rgb_and_grey_are_unchanged(tmp_path: Path):
     assert np.asarray(open_image(tmp_path / "c.png", POLICY)).tolist() == colours.tolist()
     grey = np.array([[7, 200]], dtype=np.uint8)
     assert rgb(encoded(Image.fromarray(grey, "L"))).tolist() == [[[7, 7, 7], [200, 200, 200]]]
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_exif_orientation_turns_the_image_as_it_is_shown(fmt):
+    """Stored 3 wide and 2 high with a red top-left pixel, tagged "turn 90 degrees clockwise to show" (EXIF
+    orientation 6): decoded 2 wide and 3 high, the red pixel at the top right, as transformers' `load_image` shows
+    it; the same pixels without the tag stay as stored."""
+    stored = Image.new("RGB", (3, 2), (0, 0, 255))
+    stored.putpixel((0, 0), (255, 0, 0))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation
+    buf = io.BytesIO()
+    stored.save(buf, format=fmt, exif=exif.tobytes(), **({"quality": 100, "subsampling": 0} if fmt == "JPEG" else {}))
+    shown = rgb(buf.getvalue())
+    assert shown.shape == (3, 2, 3)
+    assert shown[0, 1, 0] > 200 and shown[0, 1, 2] < 60  # red, top right
+    assert shown[0, 0, 2] > 200  # blue, top left
+    assert rgb(encoded(stored, fmt)).shape == (2, 3, 3)
+
+
+def test_the_header_size_of_a_turned_image_is_its_shown_size(tmp_path):
+    from hellbender.data.images import image_header_size
+
+    exif = Image.Exif()
+    exif[0x0112] = 8  # turn 90 degrees counter-clockwise to show
+    Image.new("RGB", (30, 20)).save(tmp_path / "turned.png", exif=exif.tobytes())
+    Image.new("RGB", (30, 20)).save(tmp_path / "plain.png")
+    policy = ImagePolicy(base_dir=tmp_path, allow_remote=False, max_pixels=1_000_000)
+    assert image_header_size(tmp_path / "turned.png", policy) == (20, 30)
+    assert image_header_size(tmp_path / "plain.png", policy) == (30, 20)

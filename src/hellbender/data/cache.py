@@ -20,8 +20,9 @@ from hellbender.data.sources import is_url, local_files, looks_local
 from hellbender.storage import write_directory_atomically, write_file_atomically
 
 # Bump whenever a format, the packing or the stored layout changes what a cache directory holds.
-PREPARE_FORMAT_VERSION = 3  # 2: message weights, tool calls and null contents change labels; 3: vision rows name the
-# directory their images must stay inside
+PREPARE_FORMAT_VERSION = 4  # 2: message weights, tool calls and null contents change labels; 3: vision rows name the
+# directory their images must stay inside; 4: images turned by their EXIF orientation (a turned image's size, and so
+# its number of image tokens, can differ)
 COMPLETE_MARKER = "hellbender_prepared.json"
 
 

@@ -85,7 +85,7 @@ def corrupt_image(path: Path | str, data: bytes, exc: Exception) -> ImageProblem
 
 def decode_image(data: bytes, name: Path | str, policy: ImagePolicy):
     """Decode image bytes as 8-bit RGB (resized when the config asks), refusing corrupt and oversized images."""
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     if not data:
         raise corrupt_image(name, data, ValueError("empty"))
@@ -93,7 +93,9 @@ def decode_image(data: bytes, name: Path | str, policy: ImagePolicy):
         with Image.open(io.BytesIO(data)) as img:
             check_pixels(Path(str(name)), img.size, policy)
             img.load()  # the whole file: a truncated one fails here
-            rgb = to_rgb(img, str(name))
+            # A camera's EXIF orientation says how the stored pixels are to be turned; transformers' `load_image`
+            # applies it, so an image is trained the way it is shown.
+            rgb = to_rgb(ImageOps.exif_transpose(img), str(name))
     except ImageProblem:
         raise
     except UnsupportedImage as exc:
