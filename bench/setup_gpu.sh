@@ -21,7 +21,7 @@ import importlib
 
 missing = []
 for name in ("torch", "transformers", "peft", "accelerate", "safetensors", "datasets", "pydantic", "yaml", "PIL",
-             "hellbender", "bitsandbytes"):
+             "hellbender", "bitsandbytes", "trl"):
     try:
         importlib.import_module(name)
     except Exception as exc:  # bitsandbytes raises more than ImportError when its CUDA library does not load
