@@ -106,6 +106,15 @@ EXIF_ORIENTATION = 0x0112
 TURNED_A_QUARTER = {5, 6, 7, 8}  # EXIF orientations that show the stored pixels turned by 90 or 270 degrees
 
 
+def _orientation(img: Any) -> int | None:
+    """The EXIF orientation an image's header states, or None. A PNG may keep its EXIF after the pixels, and a
+    truncated file fails to read it: the pixels' decoding names that corruption, not this size check."""
+    try:
+        return img.getexif().get(EXIF_ORIENTATION)
+    except (OSError, ValueError, SyntaxError):
+        return None
+
+
 def image_header_size(path: Path, policy: ImagePolicy) -> tuple[int, int]:
     """(width, height) of an image as its file header states it, without decoding the pixels; the size the
     model sees when the config resizes images. Refuses a file over `max_image_pixels`."""
@@ -115,7 +124,7 @@ def image_header_size(path: Path, policy: ImagePolicy) -> tuple[int, int]:
     try:
         with Image.open(io.BytesIO(data)) as img:
             size = img.size
-            if img.getexif().get(EXIF_ORIENTATION) in TURNED_A_QUARTER:  # shown turned, as decode_image turns it
+            if _orientation(img) in TURNED_A_QUARTER:  # shown turned, as decode_image turns it
                 size = size[::-1]
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise corrupt_image(path, data, exc) from None
