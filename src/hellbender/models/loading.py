@@ -234,6 +234,8 @@ def model_config(cfg: HellbenderConfig, source: str | Path) -> Any:
                 f"`{key}`. Check the name against the model's config.json."
             )
         setattr(owner, key, value)
+    if cfg.reward_model:  # a reward model's score head gives one number per sequence
+        config.num_labels = 1
     return config
 
 
