@@ -162,6 +162,8 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
     default("chat_template", "tokenizer_default")
     for key, value in preference_method_defaults(cfg).items():
         default(key, value)
+    if cfg.reward_model:
+        default("num_labels", 1)
     for key, value in ADAM_DEFAULTS.items():
         default(key, value)
     if cfg.warmup_ratio is None:

@@ -143,6 +143,11 @@ class PreferenceSettings(BaseModel):
         "sequence-classification model with one label (`model_type: AutoModelForSequenceClassification`), its score "
         "head trained (and saved beside a LoRA adapter), scoring chosen above rejected. Not with `rl`.",
     )
+    num_labels: int | None = Field(
+        None,
+        description="With `reward_model: true`: the score head's outputs, which must be 1 (one reward per sequence; "
+        "the default).",
+    )
 
 
 # What leaving each key out means (docs/config.md and `hellbender validate --print` state it).
@@ -162,4 +167,5 @@ PREFERENCE_UNSET_MEANS: dict[str, str] = {
     "simpo_gamma": "0.5 with `rl: simpo`",
     "cpo_alpha": "1.0 with `rl: simpo`",
     "reward_model": "no reward model",
+    "num_labels": "1 with `reward_model` (no score head otherwise)",
 }

@@ -38,6 +38,11 @@ def preference_problems(cfg: HellbenderConfig) -> list[str]:
         )
     if cfg.reward_model:
         problems += _reward_model_problems(cfg)
+    elif cfg.num_labels is not None:
+        problems.append(
+            f"`num_labels: {cfg.num_labels}` sizes the score head of a reward model, and `reward_model` is not set, "
+            "so it would change nothing. Set `reward_model: true`, or remove `num_labels`."
+        )
     if method in ("dpo", "ipo"):
         problems += _dpo_problems(cfg)
     if method == "kto" and cfg.micro_batch_size < 2:
@@ -100,6 +105,11 @@ def _dpo_problems(cfg: HellbenderConfig) -> list[str]:
 
 
 def _reward_model_problems(cfg: HellbenderConfig) -> list[str]:
+    if cfg.num_labels not in (None, 1):
+        return [
+            f"`num_labels: {cfg.num_labels}` with `reward_model: true`: a Bradley-Terry reward model gives one score "
+            "per sequence, so its head has one label. Set `num_labels: 1` or remove it."
+        ]
     if cfg.model_type is not None and not cfg.model_type.endswith("ForSequenceClassification"):
         return [
             f"`reward_model: true` trains a sequence-classification model (a score head on the model), and "
