@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hellbender.config.unsupported import planned_feature
-from hellbender.config.values import Float
+from hellbender.config.values import Float, Int
 
 PreferenceMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo"]
 # The loss types TRL's DPOTrainer computes (its `DPOConfig.loss_type`); a test checks this list against TRL's.
@@ -143,7 +143,7 @@ class PreferenceSettings(BaseModel):
         "sequence-classification model with one label (`model_type: AutoModelForSequenceClassification`), its score "
         "head trained (and saved beside a LoRA adapter), scoring chosen above rejected. Not with `rl`.",
     )
-    num_labels: int | None = Field(
+    num_labels: Int | None = Field(
         None,
         description="With `reward_model: true`: the score head's outputs, which must be 1 (one reward per sequence; "
         "the default).",
