@@ -17,6 +17,7 @@ PLOTS = {
     "memory": "memory.png",
 }
 
+
 @dataclass(frozen=True)
 class MetricsPlot:
     """A plot of logged metrics, drawn when the run logs any of them. `series`: (label, logged key)."""
@@ -62,6 +63,8 @@ def preference_plots_logged(train: list[dict[str, Any]]) -> dict[str, MetricsPlo
     """The preference plots whose metrics the run has logged."""
     logged = {key for entry in train for key in entry}
     return {name: plot for name, plot in PREFERENCE_PLOTS.items() if any(key in logged for _, key in plot.series)}
+
+
 GIB = 1024**3
 MIB = 1024**2
 
