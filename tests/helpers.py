@@ -173,3 +173,23 @@ def assert_user_error(result, *needles: str) -> None:
     assert "error:" in result.stderr, detail
     for needle in needles:
         assert needle in result.output, f"{needle!r} not in output:\n{result.output}"
+
+
+def preference_trainer(cfg, train_rows, eval_rows=None, callbacks=()):
+    """The trainer `hellbender train` builds for a preference config (`rl` or `reward_model`), on the given prepared
+    rows, with the model its config builds."""
+    from hellbender.models.loading import load_tokenizer_and_processor
+    from hellbender.models.stack import build_trainable_model
+    from hellbender.train.arguments import training_arguments
+    from hellbender.train.methods import preference_method
+    from hellbender.train.schedule import plan_schedule
+    from hellbender.train.tokens import TokenCounter
+
+    method = preference_method(cfg)
+    tokenizer, _ = load_tokenizer_and_processor(cfg)
+    model = build_trainable_model(cfg, tokenizer)
+    schedule = plan_schedule(cfg, len(train_rows), 1)
+    args = training_arguments(cfg, schedule, eval_rows is not None, False, *method.arguments(cfg))
+    return method.build_trainer(
+        cfg, model, args, train_rows, eval_rows, tokenizer, callbacks=[TokenCounter(), *callbacks]
+    )

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hellbender.config.loading import validate_config
-from tests.helpers import PREFERENCE_DATA, base_config
+from tests.helpers import PREFERENCE_DATA, base_config, preference_trainer
 
 # Token ids of the tiny tokenizer's byte-level vocabulary used to build pairs: a cue at the start of the prompt says
 # which of two endings is preferred.
@@ -49,22 +49,7 @@ def dpo_config(tmp_path: Path, adapter: str | None = "lora", **overrides):
 
 def dpo_trainer(cfg, train_rows, eval_rows=None, callbacks=()):
     """The trainer `hellbender train` builds for `cfg`, on the given prepared pairs."""
-    from trl import DPOConfig
-
-    from hellbender.models.loading import load_tokenizer_and_processor
-    from hellbender.models.stack import build_trainable_model
-    from hellbender.train.arguments import training_arguments
-    from hellbender.train.preference import build_preference_trainer, dpo_arguments
-    from hellbender.train.schedule import plan_schedule
-    from hellbender.train.tokens import TokenCounter
-
-    tokenizer, _ = load_tokenizer_and_processor(cfg)
-    model = build_trainable_model(cfg, tokenizer)
-    schedule = plan_schedule(cfg, len(train_rows), 1)
-    args = training_arguments(cfg, schedule, eval_rows is not None, False, DPOConfig, dpo_arguments(cfg))
-    return build_preference_trainer(
-        cfg, model, args, train_rows, eval_rows, tokenizer, callbacks=[TokenCounter(), *callbacks]
-    )
+    return preference_trainer(cfg, train_rows, eval_rows, callbacks)
 
 
 def answer_log_probs(model, rows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,7 +139,10 @@ def test_a_tiny_model_learns_a_preference_on_held_out_pairs(tmp_path):
 
 
 def test_rpo_alpha_adds_the_sft_loss_with_its_weight(tmp_path):
-    from hellbender.train.preference import dpo_arguments
+    from hellbender.train.methods.dpo import arguments
+
+    def dpo_arguments(cfg):
+        return arguments(cfg)[1]
 
     args = dpo_arguments(dpo_config(tmp_path, rpo_alpha=0.5, dpo_beta=0.3))
     assert args["loss_type"] == ["sigmoid", "sft"] and args["loss_weights"] == [1.0, 0.5]
@@ -180,7 +168,8 @@ def test_the_loss_types_offered_are_those_trl_computes():
     ("overrides", "needles"),
     [
         ({"rl": "grpo"}, ["rl", "dpo"]),
-        ({"rl": "kto"}, ["rl: kto", "not built yet"]),
+        ({"rl": "kto", "micro_batch_size": 1}, ["rl: kto", "micro_batch_size: 1", "at least 2"]),
+        ({"reward_model": True, "model_type": "AutoModelForCausalLM"}, ["reward_model", "model_type"]),
         ({"rl": "dpo", "orpo_alpha": 0.1}, ["orpo_alpha", "rl: orpo", "rl: dpo"]),
         ({"kto_desirable_weight": 1.0}, ["kto_desirable_weight", "rl: kto", "`rl` is not set"]),
         ({"rl": "dpo", "reward_model": True}, ["reward_model", "rl: dpo"]),

@@ -13,14 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, TrainingArguments
+from transformers import AutoModelForSequenceClassification
 
-from hellbender.train.methods.kto import build_kto_trainer
-from hellbender.train.methods.orpo import build_orpo_trainer
-from hellbender.train.methods.reward_model import build_reward_trainer
-from hellbender.train.methods.rows import legacy_pair_columns
-from hellbender.train.methods.simpo import build_simpo_trainer
-from hellbender.train.methods.trl_config import trl_config
+from hellbender.config.loading import validate_config
+from hellbender.train.methods.legacy_pairs import legacy_pair_columns
+from tests.helpers import PREFERENCE_DATA, base_config, preference_trainer
 
 WORDS = range(100, 300)  # prompt and body tokens
 GOOD = tuple(range(300, 316))
@@ -58,37 +55,24 @@ def unpaired_dataset(n: int, seed: int, eos: int) -> Dataset:
     return Dataset.from_list(rows)
 
 
-def arguments(tmp_path, **overrides) -> TrainingArguments:
-    values = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=8,
-        per_device_eval_batch_size=8,
-        learning_rate=3e-3,
-        lr_scheduler_type="constant",
-        max_steps=40,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        remove_unused_columns=False,
-        bf16=False,
-        seed=0,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
-    values.update(overrides)
-    return TrainingArguments(**values)
+# A KTO-capable type for validation; the tests hand the trainers prepared rows directly.
+KTO_DATA = [{"path": PREFERENCE_DATA, "type": "chatml.prompt_pairs"}]
+PAIR_DATA = [{"path": PREFERENCE_DATA, "type": "chat_template.default"}]
+LORA = {"adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_target_modules": ["q_proj", "v_proj", "o_proj"]}
 
 
-def causal_lm(path):
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-
-
-def with_lora(model):
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "o_proj"])
-    return get_peft_model(model, config)
+def method_config(tmp_path, **overrides):
+    """A config of `hellbender train` for a preference method: the tiny Llama, fp32, 8 rows a micro-batch."""
+    kto = overrides.get("rl") == "kto"
+    settings = {
+        "datasets": KTO_DATA if kto else PAIR_DATA,
+        "micro_batch_size": 8,
+        "max_steps": 40,
+        "learning_rate": 3e-3,
+        "save_steps": 1000,
+        **overrides,
+    }
+    return validate_config(base_config(tmp_path, **settings))
 
 
 @torch.no_grad()
@@ -128,61 +112,56 @@ def logged(trainer, key: str) -> list[float]:
     return [entry[key] for entry in trainer.state.log_history if key in entry]
 
 
-# --- the shared configuration copy ------------------------------------------------------------------------------
+# --- the arguments every method is given -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config", ["kto", "orpo", "cpo", "reward"])
-def test_trl_config_keeps_every_training_argument(tmp_path, config):
-    from trl import KTOConfig, RewardConfig
-    from trl.experimental.cpo import CPOConfig
-    from trl.experimental.orpo import ORPOConfig
+@pytest.mark.parametrize("method", ["kto", "orpo", "simpo", "reward_model"])
+def test_every_method_gets_the_runs_training_arguments(tmp_path, method):
+    """`training_arguments` builds each method's TRL config: TRL's own defaults (checkpointing and bf16 on, learning
+    rate 1e-6, logging every 10 steps, dropout off) do not apply."""
+    from hellbender.train.arguments import training_arguments
+    from hellbender.train.methods import preference_method
+    from hellbender.train.schedule import plan_schedule
 
-    config_class = {"kto": KTOConfig, "orpo": ORPOConfig, "cpo": CPOConfig, "reward": RewardConfig}[config]
-    args = arguments(tmp_path, learning_rate=2e-3, logging_steps=3, gradient_accumulation_steps=2, warmup_steps=5)
-    copied = trl_config(config_class, args, disable_dropout=False)
-    assert type(copied) is config_class
-    given, copy = args.to_dict(), copied.to_dict()
-    assert {name: copy[name] for name in given} == given
-    # TRL's own defaults (checkpointing and bf16 on, learning rate 1e-6, logging every 10 steps) do not apply.
-    assert (copied.gradient_checkpointing, copied.bf16, copied.learning_rate, copied.logging_steps) == (
-        False,
-        False,
-        2e-3,
-        3,
-    )
-    assert copied.disable_dropout is False
-    with pytest.raises(TypeError, match="no field"):
-        trl_config(config_class, args, not_a_field=1)
+    kind = {"reward_model": True} if method == "reward_model" else {"rl": method}
+    cfg = method_config(tmp_path, learning_rate=2e-3, logging_steps=3, gradient_accumulation_steps=2, **kind)
+    config_class, settings = preference_method(cfg).arguments(cfg)
+    args = training_arguments(cfg, plan_schedule(cfg, 64, 1), False, False, config_class, settings)
+    assert type(args) is config_class
+    assert (args.gradient_checkpointing, args.bf16, args.learning_rate, args.logging_steps) == (False, False, 2e-3, 3)
+    assert args.gradient_accumulation_steps == 2 and args.disable_dropout is False
+    expected = {
+        "kto": {
+            "beta": 0.1,
+            "desirable_weight": 1.0,
+            "undesirable_weight": 1.0,
+            "train_sampling_strategy": "sequential",
+        },
+        "orpo": {"beta": 0.1},
+        "simpo": {"beta": 0.1, "simpo_gamma": 0.5, "cpo_alpha": 1.0, "loss_type": "simpo"},
+        "reward_model": {"max_length": None},
+    }[method]
+    assert {key: getattr(args, key) for key in expected} == expected
 
 
 # --- KTO -----------------------------------------------------------------------------------------------------------
 
 
-def test_kto_step_zero_has_no_kl_and_no_rewards(tmp_path, tiny_model_path, tiny_tokenizer):
+def test_kto_step_zero_has_no_kl_and_no_rewards(tmp_path, tiny_tokenizer):
     """With the policy equal to the reference (a fresh adapter: the base with it disabled), the log-ratios are 0:
     KL, rewards and margins are exactly 0 and every row's loss is weight * (1 - sigmoid(0)) = weight / 2."""
-    eos = tiny_tokenizer.eos_token_id
-    data = unpaired_dataset(16, seed=0, eos=eos)
-    model = with_lora(causal_lm(tiny_model_path))
-    trainer = build_kto_trainer(
-        model,
-        arguments(tmp_path, max_steps=1),
-        tiny_tokenizer,
-        data,
-        beta=0.1,
-        desirable_weight=1.5,
-        undesirable_weight=0.5,
-    )
+    data = unpaired_dataset(16, seed=0, eos=tiny_tokenizer.eos_token_id)
+    cfg = method_config(tmp_path, rl="kto", max_steps=1, kto_desirable_weight=1.5, kto_undesirable_weight=0.5, **LORA)
+    trainer = preference_trainer(cfg, data)
     assert set(trainer.model.peft_config) == {"default"}  # no second ("ref") adapter in memory
-    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(8)])
+    rows = [trainer.train_dataset[i] for i in range(8)]
+    batch = trainer.data_collator(rows)
     # Only the answer is scored: the completion mask covers exactly the answer tokens.
-    for i in range(8):
-        n_prompt, n_answer = len(data[i]["prompt_ids"]), len(data[i]["completion_ids"])
-        assert (
-            batch["input_ids"][i, : n_prompt + n_answer].tolist() == data[i]["prompt_ids"] + data[i]["completion_ids"]
-        )
+    for i, row in enumerate(rows):
+        n_prompt, n_answer = len(row["prompt_ids"]), len(row["completion_ids"])
+        assert batch["input_ids"][i, : n_prompt + n_answer].tolist() == row["prompt_ids"] + row["completion_ids"]
         assert batch["completion_mask"][i].tolist()[: n_prompt + n_answer] == [0] * n_prompt + [1] * n_answer
-    labels = torch.tensor(data[:8]["label"])
+    labels = torch.tensor([row["label"] for row in rows])
     expected = torch.where(labels, 1.5, 0.5).mul(0.5).mean()
     with torch.no_grad():
         loss = trainer.compute_loss(trainer.model, batch)
@@ -194,52 +173,38 @@ def test_kto_step_zero_has_no_kl_and_no_rewards(tmp_path, tiny_model_path, tiny_
     assert first["rewards/chosen"] == 0.0 and first["rewards/rejected"] == 0.0 and first["rewards/margins"] == 0.0
 
 
-def test_kto_full_fine_tuning_step_zero_with_a_reference_copy(tmp_path, tiny_model_path, tiny_tokenizer):
+def test_kto_shuffles_its_rows_once_with_the_seed(tmp_path, tiny_tokenizer):
+    """TRL reads KTO rows in order (each row's KL completion is its neighbour's answer), so the rows are shuffled
+    before training: the same order for the same seed, another for another seed, no row lost."""
+    data = unpaired_dataset(32, seed=0, eos=tiny_tokenizer.eos_token_id)
+
+    def order(seed: int) -> list:
+        cfg = method_config(tmp_path / str(seed), rl="kto", max_steps=1, seed=seed, **LORA)
+        return [
+            (tuple(r["prompt_ids"]), tuple(r["completion_ids"])) for r in preference_trainer(cfg, data).train_dataset
+        ]
+
+    given = [(tuple(r["prompt_ids"]), tuple(r["completion_ids"])) for r in data]
+    first, again, other = order(1), order(1), order(2)
+    assert first == again and first != given and first != other
+    assert sorted(first) == sorted(given)
+
+
+def test_kto_full_fine_tuning_step_zero_with_a_frozen_reference_copy(tmp_path, tiny_tokenizer):
     data = unpaired_dataset(16, seed=0, eos=tiny_tokenizer.eos_token_id)
-    trainer = build_kto_trainer(
-        causal_lm(tiny_model_path),
-        arguments(tmp_path, max_steps=1),
-        tiny_tokenizer,
-        data,
-        ref_model=causal_lm(tiny_model_path),
-        beta=0.1,
-        desirable_weight=1.0,
-        undesirable_weight=1.0,
-    )
+    trainer = preference_trainer(method_config(tmp_path, rl="kto", max_steps=1), data)
+    assert trainer.ref_model is not None and trainer.ref_model is not trainer.model
+    assert not any(p.requires_grad for p in trainer.ref_model.parameters())
     trainer.train()
     first = trainer.state.log_history[0]
     assert first["kl"] == 0.0 and first["rewards/chosen"] == 0.0 and first["rewards/rejected"] == 0.0
 
 
-def test_kto_full_fine_tuning_refuses_to_load_its_own_reference(tmp_path, tiny_model_path, tiny_tokenizer):
-    data = unpaired_dataset(8, seed=0, eos=tiny_tokenizer.eos_token_id)
-    with pytest.raises(ValueError, match="needs a reference model"):
-        build_kto_trainer(
-            causal_lm(tiny_model_path),
-            arguments(tmp_path),
-            tiny_tokenizer,
-            data,
-            beta=0.1,
-            desirable_weight=1.0,
-            undesirable_weight=1.0,
-        )
-
-
-def test_kto_learns_a_preference_from_unpaired_rows(tmp_path, tiny_model_path, tiny_tokenizer):
+def test_kto_learns_a_preference_from_unpaired_rows(tmp_path, tiny_tokenizer):
     eos = tiny_tokenizer.eos_token_id
     train, held_out = unpaired_dataset(256, seed=1, eos=eos), paired_dataset(32, seed=2, eos=eos)
-    model = causal_lm(tiny_model_path)
-    before = preference_accuracy(model, held_out)
-    trainer = build_kto_trainer(
-        model,
-        arguments(tmp_path, max_steps=20),
-        tiny_tokenizer,
-        train,
-        ref_model=causal_lm(tiny_model_path),
-        beta=0.1,
-        desirable_weight=1.0,
-        undesirable_weight=1.0,
-    )
+    trainer = preference_trainer(method_config(tmp_path, rl="kto", max_steps=20), train)
+    before = preference_accuracy(trainer.model, held_out)
     trainer.train()
     after = preference_accuracy(trainer.model, held_out)
     assert 0.25 <= before <= 0.75
@@ -279,9 +244,9 @@ def hand_terms(model, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return mean_chosen, mean_rejected, nll
 
 
-def test_orpo_step_zero_loss_matches_a_hand_computation(tmp_path, tiny_model_path, tiny_tokenizer):
+def test_orpo_step_zero_loss_matches_a_hand_computation(tmp_path, tiny_tokenizer):
     data = paired_dataset(8, seed=3, eos=tiny_tokenizer.eos_token_id)
-    trainer = build_orpo_trainer(causal_lm(tiny_model_path), arguments(tmp_path), tiny_tokenizer, data, orpo_alpha=0.25)
+    trainer = preference_trainer(method_config(tmp_path, rl="orpo", orpo_alpha=0.25), data)
     rows = [data[i] for i in range(8)]
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(8)])
     with torch.no_grad():
@@ -293,12 +258,11 @@ def test_orpo_step_zero_loss_matches_a_hand_computation(tmp_path, tiny_model_pat
     assert trainer._stored_metrics["train"]["nll_loss"][-1] == pytest.approx(nll.item(), rel=1e-5)
 
 
-def test_orpo_learns_a_preference_without_a_reference_model(tmp_path, tiny_model_path, tiny_tokenizer):
+def test_orpo_learns_a_preference_without_a_reference_model(tmp_path, tiny_tokenizer):
     eos = tiny_tokenizer.eos_token_id
     train, held_out = paired_dataset(128, seed=4, eos=eos), paired_dataset(32, seed=5, eos=eos)
-    model = causal_lm(tiny_model_path)
-    before = preference_accuracy(model, held_out)
-    trainer = build_orpo_trainer(model, arguments(tmp_path, max_steps=12), tiny_tokenizer, train, orpo_alpha=0.1)
+    trainer = preference_trainer(method_config(tmp_path, rl="orpo", max_steps=12), train)
+    before = preference_accuracy(trainer.model, held_out)
     assert not hasattr(trainer, "ref_model") or trainer.ref_model is None
     trainer.train()
     after = preference_accuracy(trainer.model, held_out)
@@ -308,18 +272,11 @@ def test_orpo_learns_a_preference_without_a_reference_model(tmp_path, tiny_model
     assert sum(margins[-5:]) / 5 > sum(margins[:5]) / 5
 
 
-def test_simpo_step_zero_loss_matches_a_hand_computation(tmp_path, tiny_model_path, tiny_tokenizer):
+def test_simpo_step_zero_loss_matches_a_hand_computation(tmp_path, tiny_tokenizer):
     data = paired_dataset(8, seed=6, eos=tiny_tokenizer.eos_token_id)
     beta, gamma, alpha = 2.0, 0.5, 0.3
-    trainer = build_simpo_trainer(
-        causal_lm(tiny_model_path),
-        arguments(tmp_path),
-        tiny_tokenizer,
-        data,
-        beta=beta,
-        simpo_gamma=gamma,
-        cpo_alpha=alpha,
-    )
+    cfg = method_config(tmp_path, rl="simpo", rl_beta=beta, simpo_gamma=gamma, cpo_alpha=alpha)
+    trainer = preference_trainer(cfg, data)
     rows = [data[i] for i in range(8)]
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(8)])
     with torch.no_grad():
@@ -329,14 +286,12 @@ def test_simpo_step_zero_loss_matches_a_hand_computation(tmp_path, tiny_model_pa
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
-def test_simpo_learns_a_preference(tmp_path, tiny_model_path, tiny_tokenizer):
+def test_simpo_learns_a_preference(tmp_path, tiny_tokenizer):
     eos = tiny_tokenizer.eos_token_id
     train, held_out = paired_dataset(128, seed=7, eos=eos), paired_dataset(32, seed=8, eos=eos)
-    model = causal_lm(tiny_model_path)
-    before = preference_accuracy(model, held_out)
-    trainer = build_simpo_trainer(
-        model, arguments(tmp_path, max_steps=12), tiny_tokenizer, train, beta=2.0, simpo_gamma=0.5, cpo_alpha=0.0
-    )
+    cfg = method_config(tmp_path, rl="simpo", max_steps=12, rl_beta=2.0, simpo_gamma=0.5, cpo_alpha=0.0)
+    trainer = preference_trainer(cfg, train)
+    before = preference_accuracy(trainer.model, held_out)
     trainer.train()
     after = preference_accuracy(trainer.model, held_out)
     assert 0.25 <= before <= 0.75
@@ -346,15 +301,10 @@ def test_simpo_learns_a_preference(tmp_path, tiny_model_path, tiny_tokenizer):
 # --- reward model --------------------------------------------------------------------------------------------------
 
 
-def reward_model(path):
-    return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
-
-
-def test_reward_model_ranks_held_out_pairs_and_loads_in_plain_transformers(tmp_path, tiny_model_path, tiny_tokenizer):
+def test_reward_model_ranks_held_out_pairs_and_loads_in_plain_transformers(tmp_path, tiny_tokenizer):
     eos = tiny_tokenizer.eos_token_id
     train, held_out = paired_dataset(128, seed=9, eos=eos), paired_dataset(32, seed=10, eos=eos)
-    model = reward_model(tiny_model_path)
-    trainer = build_reward_trainer(model, arguments(tmp_path, max_steps=12), tiny_tokenizer, train)
+    trainer = preference_trainer(method_config(tmp_path, reward_model=True, max_steps=12), train)
     assert trainer.train_dataset[0]["chosen_ids"] == train[0]["prompt_ids"] + train[0]["chosen_ids"]
     before = ranking_accuracy(trainer.model, held_out)
     trainer.train()
@@ -373,15 +323,21 @@ def test_reward_model_ranks_held_out_pairs_and_loads_in_plain_transformers(tmp_p
 
 
 def test_reward_model_with_lora_trains_and_saves_the_score_head(tmp_path, tiny_model_path, tiny_tokenizer):
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel
     from safetensors.torch import load_file
 
     eos = tiny_tokenizer.eos_token_id
     train, held_out = paired_dataset(128, seed=11, eos=eos), paired_dataset(32, seed=12, eos=eos)
-    config = LoraConfig(task_type="SEQ_CLS", r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
-    model = get_peft_model(reward_model(tiny_model_path), config)
+    cfg = method_config(
+        tmp_path,
+        reward_model=True,
+        max_steps=16,
+        learning_rate=1e-2,
+        **{**LORA, "lora_target_modules": ["q_proj", "v_proj"]},
+    )
+    trainer = preference_trainer(cfg, train)
+    model = trainer.model
     head_before = model.get_base_model().score.modules_to_save["default"].weight.detach().clone()
-    trainer = build_reward_trainer(model, arguments(tmp_path, max_steps=16, learning_rate=1e-2), tiny_tokenizer, train)
     trainer.train()
     assert ranking_accuracy(trainer.model, held_out) >= 0.9
     head_after = model.get_base_model().score.modules_to_save["default"].weight
@@ -391,16 +347,20 @@ def test_reward_model_with_lora_trains_and_saves_the_score_head(tmp_path, tiny_m
     trainer.save_model(str(out))
     saved = load_file(out / "adapter_model.safetensors")
     assert any("score" in name for name in saved), sorted(saved)
-    loaded = PeftModel.from_pretrained(reward_model(tiny_model_path), out)
+    base = AutoModelForSequenceClassification.from_pretrained(tiny_model_path, num_labels=1, dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, out)
     rows = list(held_out)
     torch.testing.assert_close(
         reward_scores(loaded, rows, "chosen_ids"), reward_scores(trainer.model, rows, "chosen_ids")
     )
 
 
-def test_reward_model_refuses_an_adapter_that_leaves_the_head_untrained(tmp_path, tiny_model_path, tiny_tokenizer):
+def test_reward_model_refuses_an_adapter_that_leaves_the_head_untrained(tiny_model_path):
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(reward_model(tiny_model_path), LoraConfig(r=4, target_modules=["q_proj"]))
-    with pytest.raises(ValueError, match="score head"):
-        build_reward_trainer(model, arguments(tmp_path), tiny_tokenizer, paired_dataset(8, 0, 0))
+    from hellbender.errors import ConfigError
+    from hellbender.train.methods.reward_model import check_score_head_trained
+
+    base = AutoModelForSequenceClassification.from_pretrained(tiny_model_path, num_labels=1)
+    with pytest.raises(ConfigError, match="score head"):
+        check_score_head_trained(get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"])))

@@ -20,7 +20,14 @@ from hellbender.config.data import PREFERENCE_TYPES, USER_DEFINED_KEYS
 from hellbender.config.machine import Machine, this_machine
 from hellbender.config.plugins import CUT_CROSS_ENTROPY_PLUGIN
 from hellbender.config.precision import run_precision
-from hellbender.config.preference import DEFAULT_BETA, PREFERENCE_UNSET_MEANS
+from hellbender.config.preference import (
+    DEFAULT_BETA,
+    DEFAULT_CPO_ALPHA,
+    DEFAULT_KTO_WEIGHT,
+    DEFAULT_ORPO_ALPHA,
+    DEFAULT_SIMPO_GAMMA,
+    PREFERENCE_UNSET_MEANS,
+)
 from hellbender.config.schema import DatasetEntry, HellbenderConfig
 from hellbender.config.tracking import swanlab_asked
 
@@ -114,8 +121,29 @@ UNSET_MEANS: dict[str, str] = {
 }
 
 
+# A reward model is a sequence-classification model with one label (its score).
+REWARD_MODEL_TYPE = "AutoModelForSequenceClassification"
+
+
 def default_model_type(cfg: HellbenderConfig) -> str:
+    if cfg.reward_model:
+        return REWARD_MODEL_TYPE
     return "AutoModelForImageTextToText" if cfg.is_multimodal else "AutoModelForCausalLM"
+
+
+def preference_method_defaults(cfg: HellbenderConfig) -> dict[str, Any]:
+    """The settings of the config's preference method that TRL would otherwise default (Axolotl's values)."""
+    return {
+        "dpo": {"rl_beta": DEFAULT_BETA},
+        "ipo": {"rl_beta": DEFAULT_BETA},
+        "kto": {
+            "rl_beta": DEFAULT_BETA,
+            "kto_desirable_weight": DEFAULT_KTO_WEIGHT,
+            "kto_undesirable_weight": DEFAULT_KTO_WEIGHT,
+        },
+        "orpo": {"orpo_alpha": DEFAULT_ORPO_ALPHA},
+        "simpo": {"rl_beta": DEFAULT_BETA, "simpo_gamma": DEFAULT_SIMPO_GAMMA, "cpo_alpha": DEFAULT_CPO_ALPHA},
+    }.get(cfg.rl or "", {})
 
 
 def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
@@ -132,8 +160,10 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
     default("streaming", bool(cfg.pretraining_dataset))
     default("eval_batch_size", cfg.micro_batch_size)
     default("chat_template", "tokenizer_default")
-    if cfg.rl in ("dpo", "ipo"):
-        default("rl_beta", DEFAULT_BETA)
+    for key, value in preference_method_defaults(cfg).items():
+        default(key, value)
+    if cfg.reward_model:
+        default("num_labels", 1)
     for key, value in ADAM_DEFAULTS.items():
         default(key, value)
     if cfg.warmup_ratio is None:

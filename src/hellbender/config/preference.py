@@ -8,11 +8,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hellbender.config.unsupported import planned_feature
-from hellbender.config.values import Float
+from hellbender.config.values import Float, Int
 
 PreferenceMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo"]
-# The methods whose trainer is built; the others are accepted by the schema and refused at validation.
-BUILT_METHODS: frozenset[str] = frozenset({"dpo", "ipo"})
 # The loss types TRL's DPOTrainer computes (its `DPOConfig.loss_type`); a test checks this list against TRL's.
 DpoLossType = Literal[
     "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
@@ -21,6 +19,12 @@ DpoLossType = Literal[
 # The loss types that read `dpo_label_smoothing` (TRL's `label_smoothing`); every other one ignores it.
 SMOOTHED_LOSSES = frozenset({"robust", "exo_pair", "aot", "aot_unpaired"})
 DEFAULT_BETA = 0.1
+# The method defaults TRL's configs have (KTOConfig, ORPOConfig, CPOConfig), which Axolotl leaves in place; validation
+# writes them into the config so `validate --print` shows what trains.
+DEFAULT_ORPO_ALPHA = 0.1
+DEFAULT_SIMPO_GAMMA = 0.5
+DEFAULT_CPO_ALPHA = 1.0
+DEFAULT_KTO_WEIGHT = 1.0
 # Axolotl's `rl` values for methods that generate during training: the planned online reinforcement learning.
 ONLINE_METHODS = ("grpo", "gdpo", "ebft")
 
@@ -48,10 +52,11 @@ class PreferenceSettings(BaseModel):
     rl: PreferenceMethod | None = Field(
         None,
         description="Preference tuning on pairs of a chosen and a rejected answer to the same prompt, with TRL's "
-        "trainers: `dpo` (Direct Preference Optimization; the loss is `dpo_loss_type`) or `ipo` (DPO with the IPO "
-        "loss). `kto`, `orpo` and `simpo` are named but not built yet (refused). The reference model is the base "
-        "model with the adapter switched off (LoRA / QLoRA), or a frozen copy of the starting weights (full "
-        "fine-tuning; see `precompute_ref_log_probs`). See docs/preference.md.",
+        "trainers: `dpo` (Direct Preference Optimization; the loss is `dpo_loss_type`), `ipo` (DPO with the IPO "
+        "loss), `kto` (unpaired rows labelled desirable or not), `orpo` (odds ratio beside the cross-entropy, no "
+        "reference model) or `simpo` (length-normalised margin, no reference model). The reference model of DPO, IPO "
+        "and KTO is the base model with the adapter switched off (LoRA / QLoRA), or a frozen copy of the starting "
+        "weights (full fine-tuning; see `precompute_ref_log_probs`). See docs/preference.md.",
     )
 
     @field_validator("rl", mode="before")
@@ -60,7 +65,7 @@ class PreferenceSettings(BaseModel):
         if value in ONLINE_METHODS:
             raise ValueError(
                 f"`rl: {value}` belongs to {planned_feature('trl')}, which hellbender does not offer yet; the "
-                "preference-tuning methods offered are `dpo` and `ipo`"
+                "preference-tuning methods offered are `dpo`, `ipo`, `kto`, `orpo` and `simpo`"
             )
         return value
 
@@ -68,7 +73,8 @@ class PreferenceSettings(BaseModel):
         None,
         gt=0,
         description="How far the policy may move from the reference model: the DPO beta (the IPO tau with `rl: ipo` "
-        "or `dpo_loss_type: [ipo]`); higher stays closer. Default 0.1 with `rl`. `dpo_beta` is its older spelling.",
+        "or `dpo_loss_type: [ipo]`), KTO's beta, SimPO's reward scale; higher stays closer. Default 0.1 with `rl: "
+        "dpo`, `ipo`, `kto` or `simpo`. `dpo_beta` is its older spelling.",
     )
     dpo_loss_type: Annotated[list[DpoLossType], Field(min_length=1)] | None = Field(
         None,
@@ -111,35 +117,43 @@ class PreferenceSettings(BaseModel):
         "reference model is kept in memory (full fine-tuning) and no reference forward pass runs per step.",
     )
     kto_desirable_weight: Float | None = Field(
-        None, gt=0, description="With `rl: kto`: the weight of the loss on desirable answers (not built yet)."
+        None, gt=0, description="With `rl: kto`: the weight of the loss on desirable answers (default 1.0)."
     )
     kto_undesirable_weight: Float | None = Field(
-        None, gt=0, description="With `rl: kto`: the weight of the loss on undesirable answers (not built yet)."
+        None, gt=0, description="With `rl: kto`: the weight of the loss on undesirable answers (default 1.0)."
     )
     orpo_alpha: Float | None = Field(
         None,
         gt=0,
-        description="With `rl: orpo`: the weight of the odds-ratio term beside the cross-entropy (not built yet).",
+        description="With `rl: orpo`: the weight of the odds-ratio term beside the cross-entropy of the chosen answer "
+        "(the ORPO paper's lambda; TRL's `beta`); default 0.1.",
     )
     simpo_gamma: Float | None = Field(
-        None, ge=0, description="With `rl: simpo`: the target reward margin (not built yet)."
+        None, ge=0, description="With `rl: simpo`: the target reward margin (gamma); default 0.5."
     )
     cpo_alpha: Float | None = Field(
         None,
         ge=0,
-        description="With `rl: simpo`: the weight of the cross-entropy on the chosen answer (not built yet).",
+        description="With `rl: simpo`: the weight of the cross-entropy on the chosen answer; default 1.0 (CPO-SimPO, "
+        "TRL's and Axolotl's default), 0 for the paper's SimPO.",
     )
     reward_model: bool | None = Field(
         None,
-        description="Train a Bradley-Terry reward model (a sequence-classification head scoring chosen above "
-        "rejected) instead of a language model; not with `rl` (not built yet).",
+        description="Train a Bradley-Terry reward model on preference pairs: the model is loaded as a "
+        "sequence-classification model with one label (`model_type: AutoModelForSequenceClassification`), its score "
+        "head trained (and saved beside a LoRA adapter), scoring chosen above rejected. Not with `rl`.",
+    )
+    num_labels: Int | None = Field(
+        None,
+        description="With `reward_model: true`: the score head's outputs, which must be 1 (one reward per sequence; "
+        "the default).",
     )
 
 
 # What leaving each key out means (docs/config.md and `hellbender validate --print` state it).
 PREFERENCE_UNSET_MEANS: dict[str, str] = {
     "rl": "no preference tuning (supervised fine-tuning)",
-    "rl_beta": "0.1 with `rl`",
+    "rl_beta": "0.1 with `rl: dpo`, `ipo`, `kto` or `simpo`",
     "dpo_loss_type": "`[sigmoid]` (`[ipo]` with `rl: ipo`)",
     "dpo_loss_weights": "1.0 for each loss",
     "dpo_label_smoothing": "0 (labels trusted)",
@@ -147,10 +161,11 @@ PREFERENCE_UNSET_MEANS: dict[str, str] = {
     "dpo_use_weighting": "every pair weighs the same",
     "dpo_norm_loss": "summed log-probabilities",
     "precompute_ref_log_probs": "the reference scores each batch as it trains",
-    "kto_desirable_weight": "1.0",
-    "kto_undesirable_weight": "1.0",
-    "orpo_alpha": "TRL's default",
-    "simpo_gamma": "TRL's default",
-    "cpo_alpha": "TRL's default",
+    "kto_desirable_weight": "1.0 with `rl: kto`",
+    "kto_undesirable_weight": "1.0 with `rl: kto`",
+    "orpo_alpha": "0.1 with `rl: orpo`",
+    "simpo_gamma": "0.5 with `rl: simpo`",
+    "cpo_alpha": "1.0 with `rl: simpo`",
     "reward_model": "no reward model",
+    "num_labels": "1 with `reward_model` (no score head otherwise)",
 }

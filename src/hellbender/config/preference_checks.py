@@ -1,11 +1,11 @@
-"""The rules of the preference keys (`preference.py`): each method-specific key under its method, the methods built,
-the combinations TRL's DPOTrainer cannot honour, and the losses and weights a config trains with."""
+"""The rules of the preference keys (`preference.py`): each method-specific key under its method, KTO's batch size, the
+reward model's class, the combinations TRL's trainers cannot honour, and the losses and weights a config trains with."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hellbender.config.preference import BUILT_METHODS, METHOD_KEYS, SMOOTHED_LOSSES
+from hellbender.config.preference import METHOD_KEYS, SMOOTHED_LOSSES
 from hellbender.config.schema import HellbenderConfig
 
 
@@ -36,19 +36,29 @@ def preference_problems(cfg: HellbenderConfig) -> list[str]:
             f"`reward_model: true` and `rl: {method}` are both set: a reward model is trained on its own (a scoring "
             "head on preference pairs), not with a preference-tuning method. Keep one of them."
         )
-    elif cfg.reward_model:
+    if cfg.reward_model:
+        problems += _reward_model_problems(cfg)
+    elif cfg.num_labels is not None:
         problems.append(
-            "`reward_model: true` asks for a Bradley-Terry reward model, which is not built yet: hellbender trains "
-            "`rl: dpo` and `rl: ipo` today. Remove `reward_model` (reward models are planned)."
+            f"`num_labels: {cfg.num_labels}` sizes the score head of a reward model, and `reward_model` is not set, "
+            "so it would change nothing. Set `reward_model: true`, or remove `num_labels`."
         )
-    if method is not None and method not in BUILT_METHODS:
-        problems.append(
-            f"`rl: {method}` is not built yet: hellbender's preference tuning offers `rl: dpo` and `rl: ipo` today "
-            f"(the {method.upper()} trainer is planned). Use `rl: dpo` (its `dpo_loss_type` offers further losses), "
-            "or remove `rl` to train with supervised fine-tuning."
-        )
-    if method in BUILT_METHODS:
+    if method in ("dpo", "ipo"):
         problems += _dpo_problems(cfg)
+    if method == "kto" and cfg.micro_batch_size < 2:
+        problems.append(
+            f"`rl: kto` with `micro_batch_size: {cfg.micro_batch_size}`: KTO estimates its KL term by scoring each "
+            "prompt with another row's answer from the same micro-batch, so a micro-batch needs at least 2 rows. Set "
+            "`micro_batch_size: 2` or more (lower `gradient_accumulation_steps` to keep the batch)."
+        )
+    if method == "kto" and cfg.curriculum_sampling:
+        problems.append(
+            "`curriculum_sampling` trains rows in dataset order, and `rl: kto` shuffles its rows once before training "
+            "(its KL term pairs each prompt with a neighbouring row's answer, which must be another prompt's). Remove "
+            "`curriculum_sampling`."
+        )
+    if method is not None or cfg.reward_model:
+        problems += _sft_only_problems(cfg)
     return problems
 
 
@@ -91,8 +101,22 @@ def _dpo_problems(cfg: HellbenderConfig) -> list[str]:
             "`dpo_use_weighting` weights each pair, and the `aot` losses sort the pairs of a batch, so the weights "
             "would land on other pairs. Remove `dpo_use_weighting`, or choose another loss."
         )
-    problems += _sft_only_problems(cfg)
     return problems
+
+
+def _reward_model_problems(cfg: HellbenderConfig) -> list[str]:
+    if cfg.num_labels not in (None, 1):
+        return [
+            f"`num_labels: {cfg.num_labels}` with `reward_model: true`: a Bradley-Terry reward model gives one score "
+            "per sequence, so its head has one label. Set `num_labels: 1` or remove it."
+        ]
+    if cfg.model_type is not None and not cfg.model_type.endswith("ForSequenceClassification"):
+        return [
+            f"`reward_model: true` trains a sequence-classification model (a score head on the model), and "
+            f"`model_type: {cfg.model_type}` loads another kind. Remove `model_type` (it defaults to "
+            "`AutoModelForSequenceClassification`), or name a `...ForSequenceClassification` class."
+        ]
+    return []
 
 
 def _sft_only_problems(cfg: HellbenderConfig) -> list[str]:
@@ -116,8 +140,9 @@ def _sft_only_problems(cfg: HellbenderConfig) -> list[str]:
         "deepspeed": (bool(cfg.deepspeed), "preference tuning with DeepSpeed is not verified yet"),
         "fsdp_version": (cfg.uses_fsdp2, "preference tuning with FSDP is not verified yet"),
     }
+    method = f"`rl: {cfg.rl}`" if cfg.rl else "`reward_model: true`"
     return [
-        f"`{key}` cannot be used with `rl: {cfg.rl}`: {why}. Remove `{key}` (preference tuning runs on one process "
+        f"`{key}` cannot be used with {method}: {why}. Remove `{key}` (preference tuning runs on one process "
         "or several with `--nproc`)."
         for key, (asked, why) in refused.items()
         if asked

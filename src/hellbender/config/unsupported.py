@@ -7,7 +7,7 @@ from __future__ import annotations
 PLANNED: dict[str, tuple[str, ...]] = {
     "preference tuning (DPO, IPO, KTO, ORPO, SimPO) and reward models": (
         "dpo_padding_free", "dpo_use_liger_kernel", "dpo_use_logits_to_keep", "dpo_generate_during_eval",
-        "process_reward_model", "num_labels", "center_rewards_coefficient",
+        "process_reward_model", "center_rewards_coefficient",
         "step_separator", "train_on_last_step_only",
         # SwanLab's table of preference-training completions
         "swanlab_log_completions", "swanlab_completion_log_interval", "swanlab_completion_max_buffer",

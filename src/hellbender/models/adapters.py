@@ -172,6 +172,7 @@ def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
         modules_to_save=list(cfg.lora_modules_to_save) or None,
         use_dora=cfg.peft_use_dora,
         use_rslora=cfg.peft_use_rslora,
-        task_type="CAUSAL_LM",
+        # A reward model's score head is new: PEFT's SEQ_CLS task trains it in full and saves it with the adapter.
+        task_type="SEQ_CLS" if cfg.reward_model else "CAUSAL_LM",
     )
     return get_peft_model(model, lora)

@@ -234,6 +234,8 @@ def model_config(cfg: HellbenderConfig, source: str | Path) -> Any:
                 f"`{key}`. Check the name against the model's config.json."
             )
         setattr(owner, key, value)
+    if cfg.reward_model:  # the score head: one number per sequence (`num_labels` is 1)
+        config.num_labels = cfg.num_labels or 1
     return config
 
 

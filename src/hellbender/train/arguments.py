@@ -82,13 +82,15 @@ def training_arguments(
 ) -> TrainingArguments:
     """`data_resumes_itself`: the training data starts at the right row on resume by itself, so the Trainer
     must not skip batches. `arguments_class`: a subclass of TrainingArguments a training method's trainer reads
-    (TRL's `DPOConfig`), given the same settings plus `method_arguments`."""
+    (TRL's `DPOConfig`, `KTOConfig`, ...), given the same settings, with `method_arguments` added or replacing
+    them. TRL's configs change several defaults of TrainingArguments (gradient checkpointing and bf16 on, learning
+    rate 1e-6, logging every 10 steps); every such field is set here, so none of them applies."""
     import torch
 
     os.environ.update(tracker_environment(cfg))  # read when the W&B callback starts the run
     on_this_machine = machine_defaults(cfg)
     precision = on_this_machine["bf16"]
-    args = arguments_class(
+    values: dict[str, Any] = dict(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.micro_batch_size,
         per_device_eval_batch_size=cfg.eval_batch_size,
@@ -135,8 +137,9 @@ def training_arguments(
         deepspeed=deepspeed_config(cfg),
         **trainer_compile_arguments(cfg),
         **fsdp_arguments(cfg),
-        **(method_arguments or {}),
     )
+    values.update(method_arguments or {})  # a method may set a field of every run its own way (KTO's row order)
+    args = arguments_class(**values)
     check_fsdp_plugin_arguments(cfg, getattr(args, "fsdp_plugin_args", None))
     if args.n_gpu > 1:  # one process, several GPUs: the Trainer would split every batch with nn.DataParallel
         raise EnvironmentProblem(

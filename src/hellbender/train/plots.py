@@ -16,11 +16,55 @@ PLOTS = {
     "tokens_per_second": "tokens_per_second.png",
     "memory": "memory.png",
 }
-# Drawn when the run logs preference metrics (TRL's DPO: `rewards/*`, the implicit rewards beta * log-ratio).
+
+
+@dataclass(frozen=True)
+class MetricsPlot:
+    """A plot of logged metrics, drawn when the run logs any of them. `series`: (label, logged key)."""
+
+    file: str
+    title: str
+    ylabel: str
+    series: tuple[tuple[str, str], ...]
+
+
+# The metrics of preference tuning and reward models, each plotted when the run's method logs it: the implicit rewards
+# of DPO, KTO, ORPO and SimPO (`rewards/*`), a reward model's margin and ranking accuracy, KTO's KL estimate, and the
+# likelihood and odds-ratio terms of ORPO and SimPO.
 PREFERENCE_PLOTS = {
-    "rewards": "rewards.png",
-    "preference_accuracy": "preference_accuracy.png",
+    "rewards": MetricsPlot(
+        "rewards.png",
+        "Rewards",
+        "reward (implicit: beta x log-ratio; a reward model's score)",
+        (
+            ("chosen", "rewards/chosen"),
+            ("rejected", "rewards/rejected"),
+            ("margin", "rewards/margins"),
+            ("margin (reward model)", "margin"),
+        ),
+    ),
+    "preference_accuracy": MetricsPlot(
+        "preference_accuracy.png",
+        "Preference accuracy",
+        "pairs whose chosen reward is higher",
+        (("accuracy", "rewards/accuracies"), ("accuracy (reward model)", "accuracy")),
+    ),
+    "kl": MetricsPlot("kl.png", "KL estimate (KTO)", "KL(policy || reference)", (("KL", "kl"),)),
+    "preference_terms": MetricsPlot(
+        "preference_terms.png",
+        "Loss terms",
+        "value per batch",
+        (("NLL of the chosen answer", "nll_loss"), ("log odds ratio", "log_odds_ratio")),
+    ),
 }
+
+
+def preference_plots_logged(train: list[dict[str, Any]]) -> dict[str, MetricsPlot]:
+    """The preference plots whose metrics the run has logged."""
+    logged = {key for entry in train for key in entry}
+    return {name: plot for name, plot in PREFERENCE_PLOTS.items() if any(key in logged for _, key in plot.series)}
+
+
 GIB = 1024**3
 MIB = 1024**2
 
@@ -113,23 +157,14 @@ def report_plots(history: list[dict], memory: list[tuple[int, int, int]] | str) 
             [_series("tokens/s", train, "tokens_per_second")], "Throughput", "input tokens per second"
         ),
         PLOTS["memory"]: _memory_plot(memory),
-        **(_preference_plots(train) if any("rewards/margins" in e for e in train) else {}),
+        **_preference_plots(train),
     }
 
 
 def _preference_plots(train: list[dict]) -> dict[str, bytes | str]:
-    rewards = [
-        _series("chosen", train, "rewards/chosen"),
-        _series("rejected", train, "rewards/rejected"),
-        _series("margin", train, "rewards/margins"),
-    ]
     return {
-        PREFERENCE_PLOTS["rewards"]: _plot_or_reason(rewards, "Rewards", "implicit reward (beta x log-ratio)"),
-        PREFERENCE_PLOTS["preference_accuracy"]: _plot_or_reason(
-            [_series("accuracy", train, "rewards/accuracies")],
-            "Preference accuracy",
-            "pairs whose chosen reward is higher",
-        ),
+        plot.file: _plot_or_reason([_series(label, train, key) for label, key in plot.series], plot.title, plot.ylabel)
+        for plot in preference_plots_logged(train).values()
     }
 
 

@@ -28,7 +28,15 @@ from hellbender.metrics import perplexity
 from hellbender.storage import write_file_atomically
 from hellbender.train.divergence import Divergence
 from hellbender.train.memory_watchdog import MemoryWatchdog
-from hellbender.train.plots import GIB, MIB, PLOTS, PREFERENCE_PLOTS, memory_labels, report_plots, train_logs
+from hellbender.train.plots import (
+    GIB,
+    MIB,
+    PLOTS,
+    memory_labels,
+    preference_plots_logged,
+    report_plots,
+    train_logs,
+)
 
 logger = logging.getLogger("hellbender")
 REPORT_DIR = "report"
@@ -124,7 +132,7 @@ class RunReport(TrainerCallback):
         if self.drawn_at_step is not None and self.drawn_at_step < state.global_step:
             share = f"{MAX_DRAWING_SHARE:.0%}"
             lines += [f"As of step {self.drawn_at_step} (redrawn when that costs under {share} of the run's time).", ""]
-        preference = PREFERENCE_PLOTS if any("rewards/margins" in e for e in train) else {}
+        preference = {name: plot.file for name, plot in preference_plots_logged(train).items()}
         for key, name in {**PLOTS, **preference}.items():
             alt = key.replace("_", " ")
             drawn = self.drawn.get(name, "not drawn yet (at a later save, or at the end)")

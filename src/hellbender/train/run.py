@@ -44,6 +44,7 @@ from hellbender.train.hub import HubApi, HubPush, hub_publisher
 from hellbender.train.loss_watchdog import DIVERGED_EXIT_CODE, LossWatchdog
 from hellbender.train.lr_schedule import own_lr_factor
 from hellbender.train.memory_watchdog import MemoryWatchdog
+from hellbender.train.methods import preference_method
 from hellbender.train.preemption import StopOnSignal
 from hellbender.train.report import RunReport
 from hellbender.train.resume import (
@@ -217,12 +218,9 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
 
 def _method_arguments(cfg: HellbenderConfig) -> tuple[type, dict[str, Any] | None]:
     """The TrainingArguments class the method's trainer reads, and the settings only that method has."""
-    if cfg.rl is not None:
-        from trl import DPOConfig
-
-        from hellbender.train.preference import dpo_arguments
-
-        return DPOConfig, dpo_arguments(cfg)
+    method = preference_method(cfg)
+    if method is not None:
+        return method.arguments(cfg)
     from transformers import TrainingArguments
 
     return TrainingArguments, None
@@ -238,13 +236,12 @@ def _method_trainer(
     processor: Any,
     **hellbender: Any,
 ) -> HellbenderMixin:
-    """The trainer of the config's training method: preference tuning with `rl`, else supervised fine-tuning (or
-    continued pretraining). `hellbender`: the keywords every hellbender trainer takes (`HellbenderMixin`'s and the
-    callbacks)."""
-    if cfg.rl is not None:
-        from hellbender.train.preference import build_preference_trainer
-
-        return build_preference_trainer(cfg, model, args, train_data, eval_data, tokenizer, **hellbender)
+    """The trainer of the config's training method: preference tuning with `rl` or a reward model with
+    `reward_model` (train/methods/), else supervised fine-tuning (or continued pretraining). `hellbender`: the
+    keywords every hellbender trainer takes (`HellbenderMixin`'s and the callbacks)."""
+    method = preference_method(cfg)
+    if method is not None:
+        return method.build_trainer(cfg, model, args, train_data, eval_data, tokenizer, **hellbender)
     return HellbenderTrainer(
         fused_loss=cfg.fuses_the_loss,
         **({"compute_loss_func": eaft_loss_function(cfg.eaft_alpha, cfg.eaft_k)} if cfg.use_eaft else {}),

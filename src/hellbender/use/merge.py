@@ -71,10 +71,11 @@ def merge_lora(
     model = with_saved_adapter(cfg, load_model(load_cfg, tokenizer), trained.path)
     with torch.no_grad():
         merged = model.merge_and_unload(safe_merge=True)  # safe_merge: refuse weights that become NaN
-    merged.generation_config.eos_token_id = stop_token_ids(
-        tokenizer, processor or tokenizer, processor is not None, merged.generation_config
-    )
-    merged.generation_config.pad_token_id = tokenizer.pad_token_id
+    if getattr(merged, "generation_config", None) is not None:  # a reward model (sequence classification) has none
+        merged.generation_config.eos_token_id = stop_token_ids(
+            tokenizer, processor or tokenizer, processor is not None, merged.generation_config
+        )
+        merged.generation_config.pad_token_id = tokenizer.pad_token_id
     dtype = next(merged.parameters()).dtype
     info = {
         "base_model": cfg.base_model,

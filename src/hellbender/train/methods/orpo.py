@@ -1,22 +1,26 @@
-"""ORPO (`rl: orpo`) on TRL's experimental ORPOTrainer, from prepared pairs (`prompt_ids`, `chosen_ids`,
-`rejected_ids`). No reference model."""
+"""ORPO (`rl: orpo`) on TRL's experimental ORPOTrainer, from prepared pairs. No reference model."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-from hellbender.train.methods.rows import IGNORE_INDEX, PAIRED_COLUMNS, PreTokenizedPairs, require_columns
-from hellbender.train.methods.trl_config import trl_config
+from hellbender.config import HellbenderConfig
+from hellbender.train.methods.legacy_pairs import PreTokenizedPairs
+from hellbender.train.methods.shared import IGNORE_INDEX, PreferenceMixin, shared_arguments
+from hellbender.train.trainer import HellbenderMixin
 
 
-class PreTokenizedORPOTrainer(PreTokenizedPairs, ORPOTrainer):
+def arguments(cfg: HellbenderConfig) -> tuple[type[ORPOConfig], dict[str, Any]]:
+    """TRL names the weight of the odds-ratio term (the paper's lambda, Axolotl's `orpo_alpha`) `beta`.
+    `max_length` bounds only TRL's own tokenization, which the prepared rows skip."""
+    return ORPOConfig, {**shared_arguments(), "beta": cfg.orpo_alpha}
+
+
+class ORPOPreferenceTrainer(HellbenderMixin, PreTokenizedPairs, PreferenceMixin, ORPOTrainer):
     """ORPOTrainer on prepared pairs, with its likelihood (NLL) term on the chosen answer's tokens only.
 
     TRL's ORPOTrainer takes the NLL over the whole chosen sequence, prompt included; the ORPO paper's SFT term, and
@@ -34,31 +38,22 @@ class PreTokenizedORPOTrainer(PreTokenizedPairs, ORPOTrainer):
         return (*outputs[:4], nll, *outputs[5:])
 
 
-def build_orpo_trainer(
-    model: PreTrainedModel,
-    args: TrainingArguments,
-    tokenizer: PreTrainedTokenizerBase,
-    train_dataset: Dataset,
-    eval_dataset: Dataset | None = None,
-    callbacks: Sequence[TrainerCallback] = (),
-    *,
-    orpo_alpha: float,
-    disable_dropout: bool = True,
-    trainer_class: type[PreTokenizedORPOTrainer] = PreTokenizedORPOTrainer,
-) -> PreTokenizedORPOTrainer:
-    """The ORPO trainer for `model` (a causal LM, or a PeftModel). The loss per batch is the mean NLL of the chosen
-    answers' tokens minus `orpo_alpha` times the mean log-sigmoid of the log odds ratio of the chosen over the rejected
-    answer (length-averaged log-probabilities); TRL names that weight (the paper's lambda) `beta`."""
-    for dataset in (train_dataset, eval_dataset):
-        if dataset is not None:
-            require_columns(dataset, PAIRED_COLUMNS, "ORPO")
-    # `max_length` only bounds TRL's own tokenization, which the prepared rows skip.
-    config = trl_config(ORPOConfig, args, beta=orpo_alpha, disable_dropout=disable_dropout)
-    return trainer_class(
+def build_trainer(
+    cfg: HellbenderConfig,
+    model: Any,
+    args: ORPOConfig,
+    train_dataset: Any,
+    eval_dataset: Any,
+    tokenizer: Any,
+    **hellbender: Any,
+) -> ORPOPreferenceTrainer:
+    """The loss per batch is the mean NLL of the chosen answers' tokens minus `orpo_alpha` times the mean log-sigmoid
+    of the log odds ratio of the chosen over the rejected answer (length-averaged log-probabilities)."""
+    return ORPOPreferenceTrainer(
         model=model,
-        args=config,
+        args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        callbacks=list(callbacks),
+        **hellbender,
     )

@@ -1,59 +1,51 @@
-"""SimPO (`rl: simpo`) on TRL's experimental CPOTrainer with `loss_type="simpo"`, from prepared pairs
-(`prompt_ids`, `chosen_ids`, `rejected_ids`). No reference model."""
+"""SimPO (`rl: simpo`) on TRL's experimental CPOTrainer with `loss_type="simpo"`, from prepared pairs. No reference
+model."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
-from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback, TrainingArguments
 from trl.experimental.cpo import CPOConfig, CPOTrainer
 
-from hellbender.train.methods.rows import PAIRED_COLUMNS, PreTokenizedPairs, require_columns
-from hellbender.train.methods.trl_config import trl_config
+from hellbender.config import HellbenderConfig
+from hellbender.train.methods.legacy_pairs import PreTokenizedPairs
+from hellbender.train.methods.shared import PreferenceMixin, shared_arguments
+from hellbender.train.trainer import HellbenderMixin
 
 
-class PreTokenizedCPOTrainer(PreTokenizedPairs, CPOTrainer):
+def arguments(cfg: HellbenderConfig) -> tuple[type[CPOConfig], dict[str, Any]]:
+    """`max_length` bounds only TRL's own tokenization, which the prepared rows skip."""
+    return CPOConfig, {
+        **shared_arguments(),
+        "loss_type": "simpo",
+        "beta": cfg.rl_beta,
+        "simpo_gamma": cfg.simpo_gamma,
+        "cpo_alpha": cfg.cpo_alpha,
+    }
+
+
+class SimPOPreferenceTrainer(HellbenderMixin, PreTokenizedPairs, PreferenceMixin, CPOTrainer):
     """CPOTrainer on prepared pairs. Its NLL (behaviour-cloning) term already uses the chosen answers' labels,
     which hide the prompt."""
 
 
-def build_simpo_trainer(
-    model: PreTrainedModel,
-    args: TrainingArguments,
-    tokenizer: PreTrainedTokenizerBase,
-    train_dataset: Dataset,
-    eval_dataset: Dataset | None = None,
-    callbacks: Sequence[TrainerCallback] = (),
-    *,
-    beta: float,
-    simpo_gamma: float,
-    cpo_alpha: float,
-    disable_dropout: bool = True,
-    trainer_class: type[PreTokenizedCPOTrainer] = PreTokenizedCPOTrainer,
-) -> PreTokenizedCPOTrainer:
-    """The SimPO trainer for `model` (a causal LM, or a PeftModel). The loss per batch is the mean of
-    -log sigmoid(beta * (mean log-prob of the chosen answer - that of the rejected one) - simpo_gamma), plus
-    `cpo_alpha` times the mean NLL of the chosen answers' tokens (0 gives the paper's SimPO; TRL's and Axolotl's
-    default is 1.0, CPO-SimPO)."""
-    for dataset in (train_dataset, eval_dataset):
-        if dataset is not None:
-            require_columns(dataset, PAIRED_COLUMNS, "SimPO")
-    # `max_length` only bounds TRL's own tokenization, which the prepared rows skip.
-    config = trl_config(
-        CPOConfig,
-        args,
-        loss_type="simpo",
-        beta=beta,
-        simpo_gamma=simpo_gamma,
-        cpo_alpha=cpo_alpha,
-        disable_dropout=disable_dropout,
-    )
-    return trainer_class(
+def build_trainer(
+    cfg: HellbenderConfig,
+    model: Any,
+    args: CPOConfig,
+    train_dataset: Any,
+    eval_dataset: Any,
+    tokenizer: Any,
+    **hellbender: Any,
+) -> SimPOPreferenceTrainer:
+    """The loss per batch is the mean of -log sigmoid(beta * (mean log-prob of the chosen answer - that of the
+    rejected one) - simpo_gamma), plus `cpo_alpha` times the mean NLL of the chosen answers' tokens (0 gives the
+    paper's SimPO; TRL's and Axolotl's default, 1.0, is CPO-SimPO)."""
+    return SimPOPreferenceTrainer(
         model=model,
-        args=config,
+        args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
-        callbacks=list(callbacks),
+        **hellbender,
     )

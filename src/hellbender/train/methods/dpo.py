@@ -1,0 +1,65 @@
+"""DPO and IPO (`rl: dpo` / `rl: ipo`) on TRL's DPOTrainer, from prepared pairs.
+
+TRL receives the finished model (LoRA / QLoRA adapter or full weights) and the prepared pairs as token ids; it loads,
+wraps, quantizes and tokenizes nothing itself. The reference model is the base model with the adapter switched off
+(no second copy in memory) or, for full fine-tuning, a frozen copy of the starting weights, or no model at all when
+`precompute_ref_log_probs` scores every pair once before training."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trl import DPOConfig, DPOTrainer
+
+from hellbender.config import HellbenderConfig
+from hellbender.config.preference_checks import dpo_loss_weights, dpo_losses
+from hellbender.train.methods.shared import (
+    PreferenceMixin,
+    reference_model,
+    refuse_trained_output_head,
+    shared_arguments,
+)
+from hellbender.train.trainer import HellbenderMixin
+
+
+def arguments(cfg: HellbenderConfig) -> tuple[type[DPOConfig], dict[str, Any]]:
+    """DPOConfig and the fields the config sets, beside those every training method shares (`training_arguments`)."""
+    return DPOConfig, {
+        **shared_arguments(),
+        "beta": cfg.rl_beta,
+        "loss_type": dpo_losses(cfg),
+        "loss_weights": dpo_loss_weights(cfg),
+        "label_smoothing": cfg.dpo_label_smoothing or 0.0,
+        "use_weighting": bool(cfg.dpo_use_weighting),
+        "precompute_ref_log_probs": bool(cfg.precompute_ref_log_probs),
+        # Lengths are the data preparation's business (`sequence_len`): TRL must not cut pairs short again.
+        "max_length": None,
+        "pad_to_multiple_of": None,
+    }
+
+
+class DPOPreferenceTrainer(HellbenderMixin, PreferenceMixin, DPOTrainer):
+    """TRL's DPOTrainer with hellbender's run behaviour, on pre-tokenized pairs."""
+
+
+def build_trainer(
+    cfg: HellbenderConfig,
+    model: Any,
+    args: DPOConfig,
+    train_dataset: Any,
+    eval_dataset: Any,
+    tokenizer: Any,
+    **hellbender: Any,
+) -> DPOPreferenceTrainer:
+    """The DPO trainer for `cfg`, on `model` as built (`build_trainable_model`) and prepared pairs.
+    `hellbender`: `HellbenderMixin`'s keywords and the Trainer's `callbacks`."""
+    refuse_trained_output_head(model)
+    return DPOPreferenceTrainer(
+        model=model,
+        ref_model=reference_model(cfg, model),
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        **hellbender,
+    )

@@ -1,0 +1,151 @@
+"""What every preference trainer shares, whatever TRL trainer it extends: the model as hellbender built it (its own
+activation checkpointing, the adapter's dtype, no second adapter as the reference), the prepared rows passed through
+after a check of their columns, token counting, and no telemetry. A method's trainer is
+`class X(HellbenderMixin, PreferenceMixin, TRLTrainer)`."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hellbender.config import HellbenderConfig
+from hellbender.errors import ConfigError
+from hellbender.models.activation_checkpointing import CHANNEL_ATTRIBUTE, OFFLOADER_ATTRIBUTE
+
+# The columns of prepared pairs: prompt token ids, and the chosen and rejected answers' token ids that continue the
+# prompt exactly. KTO's unpaired rows: one answer per row and whether it is desirable.
+PAIR_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
+UNPAIRED_COLUMNS = ("prompt_ids", "completion_ids", "label")
+IGNORE_INDEX = -100
+# The name under which TRL adds a copy of the adapter as the reference; hellbender removes it (see below).
+REFERENCE_ADAPTER = "ref"
+
+
+def is_adapter_model(model: Any) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+def reference_model(cfg: HellbenderConfig, model: Any) -> Any | None:
+    """The model TRL scores the reference log-probabilities with (DPO, KTO): None with an adapter (TRL then switches
+    the adapter off) or with `precompute_ref_log_probs` (TRL scores the rows with the untrained model before the first
+    step); otherwise a frozen copy of the starting weights, which shares no tensor or per-model state with the
+    policy."""
+    if is_adapter_model(model) or cfg.precompute_ref_log_probs:
+        return None
+    reference = copy.deepcopy(model)
+    reference.requires_grad_(False)
+    # The copy would otherwise keep the policy's checkpoint function, whose side channel belongs to the policy.
+    for module in reference.modules():
+        if getattr(module, "gradient_checkpointing", False):
+            module.gradient_checkpointing = False
+    for attribute in (CHANNEL_ATTRIBUTE, OFFLOADER_ATTRIBUTE):
+        reference.__dict__.pop(attribute, None)
+    return reference.eval()
+
+
+def keep_own_checkpointing(model: Any) -> None:
+    """TRL switches transformers' activation checkpointing off around each reference pass and on again after it,
+    which would replace hellbender's checkpoint function (and its per-layer choices) on every layer. On this model
+    instance the two switches do nothing: checkpointing stays as `build_trainable_model` set it, and a layer called
+    without gradients (the reference pass) saves nothing to recompute anyway."""
+    base = model.get_base_model() if is_adapter_model(model) else model
+
+    def unchanged(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    for target in {id(model): model, id(base): base}.values():
+        target.gradient_checkpointing_disable = unchanged
+        target.gradient_checkpointing_enable = unchanged
+
+
+def refuse_trained_output_head(model: Any) -> None:
+    """DPO and KTO compute log-probabilities from the output embedding's weight directly, so a trained copy of it
+    (`lora_modules_to_save: [lm_head]`) would never be used nor learn."""
+    from peft.utils.other import AuxiliaryTrainingWrapper
+
+    head = model.get_output_embeddings()
+    if isinstance(head, AuxiliaryTrainingWrapper):
+        raise ConfigError(
+            "`lora_modules_to_save` names the output embedding (lm_head): this preference method scores answers with "
+            "the output embedding's own weight, so its trained copy would never be used. Remove it from "
+            "`lora_modules_to_save` (or train all weights without `adapter`)."
+        )
+
+
+def check_columns(dataset: Any, columns: tuple[str, ...], dataset_name: str) -> None:
+    present = getattr(dataset, "column_names", None) or []
+    missing = [c for c in columns if c not in present]
+    if missing:
+        kind = (
+            "unpaired rows (prompt ids, completion ids, label)"
+            if "label" in columns
+            else "pairs (prompt ids, chosen ids, rejected ids)"
+        )
+        raise ConfigError(
+            f"The {dataset_name} data has no column {', '.join(f'`{c}`' for c in missing)}: this method trains on "
+            f"prepared {kind}. Use a preference dataset `type:` (docs/preference.md), or remove `rl` / `reward_model`."
+        )
+
+
+def shared_arguments() -> dict[str, Any]:
+    """The TRL config fields every method sets the same way, beside those of every training method
+    (`training_arguments`)."""
+    return {
+        # hellbender checkpoints activations itself (models/stack.py); TRL's default would switch transformers' own
+        # checkpointing on over it.
+        "gradient_checkpointing": False,
+        # The dropout the config asks for (`lora_dropout`, the model's own) applies as in supervised fine-tuning.
+        "disable_dropout": False,
+    }
+
+
+class PreferenceMixin:
+    """Put between `HellbenderMixin` and the TRL trainer. `columns`: the prepared columns the method reads."""
+
+    columns: tuple[str, ...] = PAIR_COLUMNS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        model = kwargs["model"]
+        for name in ("train_dataset", "eval_dataset"):
+            if kwargs.get(name) is not None:
+                check_columns(kwargs[name], self.columns, name.split("_")[0])
+        keep_own_checkpointing(model)
+        # TRL casts trainable weights of a quantized base to bfloat16; the adapter keeps the dtype hellbender chose.
+        chosen_dtypes = {name: p.dtype for name, p in model.named_parameters() if p.requires_grad}
+        super().__init__(*args, **kwargs)
+        self._drop_reference_adapter()
+        for name, parameter in self.model.named_parameters():
+            if name in chosen_dtypes and parameter.dtype != chosen_dtypes[name]:
+                parameter.data = parameter.data.to(chosen_dtypes[name])
+
+    def _drop_reference_adapter(self) -> None:
+        """TRL gives a PEFT model a frozen copy of its adapter as the reference. Here the adapter is always new, so
+        the reference is the base model itself: the copy is removed, and TRL then scores the reference with the
+        adapter switched off (no second adapter in memory, nor in the saved checkpoints)."""
+        if is_adapter_model(self.model) and REFERENCE_ADAPTER in self.model.peft_config:
+            self.model.delete_adapter(REFERENCE_ADAPTER)
+
+    def _send_telemetry(self) -> None:
+        """No usage report leaves the machine from a hellbender run."""
+
+    def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
+        """The rows are tokenized already (data preparation): passed through, with what the method adds to them
+        (`_method_columns`)."""
+        return self._method_columns(dataset, args, dataset_name)
+
+    def _method_columns(self, dataset: Any, args: Any, dataset_name: str) -> Any:
+        return dataset
+
+    def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
+        self._drop_reference_adapter()  # TRL scores the rows inside its own __init__, before it returns to ours
+        return super()._precompute_ref_logps(dataset, name, batch_size)
+
+    def batch_tokens(self, inputs: dict[str, Any]) -> tuple[int, int]:
+        """(input tokens, trained tokens) of a collated batch: every row's real tokens, and its answer tokens (the
+        scored ones, never the prompt)."""
+        return int(inputs["attention_mask"].sum()), int(inputs["completion_mask"].sum())
+
+    def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
+        if model.training:
+            self.token_counter().add(*self.batch_tokens(inputs))
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
