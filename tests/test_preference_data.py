@@ -355,6 +355,7 @@ def test_family_markers_must_be_tokens_of_the_tokenizer(tiny_tokenizer):
 def pref_config(tmp_path: Path, data: Path, entry_keys: dict | None = None, **top) -> dict:
     return {
         "base_model": "hellbender/tiny-llama",
+        "rl": "dpo",
         "datasets": [{"path": str(data), "type": "chat_template.default", **(entry_keys or {})}],
         "dataset_prepared_path": str(tmp_path / "prepared"),
         "output_dir": str(tmp_path / "out"),
