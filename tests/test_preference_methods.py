@@ -331,7 +331,7 @@ def test_reward_model_with_lora_trains_and_saves_the_score_head(tmp_path, tiny_m
     cfg = method_config(
         tmp_path,
         reward_model=True,
-        max_steps=16,
+        max_steps=32,
         learning_rate=1e-2,
         **{**LORA, "lora_target_modules": ["q_proj", "v_proj"]},
     )
