@@ -203,15 +203,21 @@ def row_token_counts(row: dict[str, Any]) -> tuple[int, int]:
     return sum(len(row["prompt_ids"]) + len(a) for a in answers), sum(len(a) for a in answers)
 
 
-def tokenize_preference_dataset(ds: Any, ctx: PreferenceContext, limits: Limits, where: str, num_proc: int | None):
-    """Every row of one dataset entry tokenized; returns the kept rows and their stats."""
+def tokenize_preference_dataset(
+    ds: Any, ctx: PreferenceContext, limits: Limits, where: str, num_proc: int | None, vision: Any = None
+):
+    """Every row of one dataset entry tokenized; returns the kept rows and their stats. `vision` (a `VisionContext`):
+    the rows' prompts may hold images (`data/preference_images.py`)."""
+    from hellbender.data.preference_images import encode_vision_pair, vision_pair_features
 
     def encode(row: dict[str, Any], index: int) -> dict[str, Any]:
+        if vision is not None:
+            return encode_vision_pair(row, index, ctx, vision, limits, where)
         return encode_preference_row(row, index, ctx, limits, where)
 
     encoded = ds.map(
         encode,
-        features=preference_features(ctx.kto),
+        features=vision_pair_features() if vision is not None else preference_features(ctx.kto),
         with_indices=True,
         remove_columns=ds.column_names,
         num_proc=num_proc,

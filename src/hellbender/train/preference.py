@@ -152,9 +152,12 @@ def build_preference_trainer(
     train_dataset: Any,
     eval_dataset: Any,
     tokenizer: Any,
+    data_collator: Any = None,
     **hellbender: Any,
 ) -> PreferenceTrainer:
     """The preference trainer for `cfg`, on `model` as built (`build_trainable_model`) and prepared pairs.
+    `tokenizer`: the tokenizer, or a vision-language model's processor; `data_collator`: None for TRL's own
+    collator of text pairs (`data/preference_collator.py` gives the one of pairs with images).
     `hellbender`: `HellbenderMixin`'s keywords and the Trainer's `callbacks`."""
     if not isinstance(args, DPOConfig):
         raise TypeError("preference tuning needs DPOConfig arguments: training_arguments(..., DPOConfig, ...)")
@@ -165,5 +168,6 @@ def build_preference_trainer(
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
+        data_collator=data_collator,
         **hellbender,
     )

@@ -242,9 +242,13 @@ def _method_trainer(
     continued pretraining). `hellbender`: the keywords every hellbender trainer takes (`HellbenderMixin`'s and the
     callbacks)."""
     if cfg.rl is not None:
+        from hellbender.data.preference_collator import preference_collator
         from hellbender.train.preference import build_preference_trainer
 
-        return build_preference_trainer(cfg, model, args, train_data, eval_data, tokenizer, **hellbender)
+        collator = preference_collator(cfg, tokenizer, processor)  # pairs with images; None: TRL's own
+        return build_preference_trainer(
+            cfg, model, args, train_data, eval_data, processor or tokenizer, data_collator=collator, **hellbender
+        )
     return HellbenderTrainer(
         fused_loss=cfg.fuses_the_loss,
         **({"compute_loss_func": eaft_loss_function(cfg.eaft_alpha, cfg.eaft_k)} if cfg.use_eaft else {}),
