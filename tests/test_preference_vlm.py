@@ -196,7 +196,8 @@ def test_a_changed_processor_is_refused_at_batch_time(tmp_path):
 
     cfg = dpo_vlm_config(tmp_path, QWEN)
     tokenizer, processor, rows = prepared(cfg)
-    processor.image_processor.size = {**processor.image_processor.size, "longest_edge": 1024}  # more image tokens
+    image_processor = processor.image_processor
+    image_processor.size = {"shortest_edge": image_processor.size["shortest_edge"], "longest_edge": 1024}  # more tokens
     with pytest.raises(DataError, match="differently"):
         preference_collator(cfg, tokenizer, processor)([rows[0]])
 
