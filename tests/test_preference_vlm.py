@@ -217,3 +217,46 @@ def test_what_vision_preference_tuning_cannot_do_is_refused_by_name(tmp_path, ov
         dpo_vlm_config(tmp_path, QWEN, datasets=[{"path": str(data), "type": kind}], **overrides)
     for needle in needles:
         assert needle in str(error.value)
+
+
+def test_argilla_chat_rows_and_an_image_column_give_the_same_pairs(tmp_path):
+    rows = pair_rows(2)
+    user = rows[0]["messages"][0]
+    argilla = [
+        {
+            "chosen": [user, {"role": "assistant", "content": "The square is red."}],
+            "rejected": [user, {"role": "assistant", "content": "It is a circle."}],
+        }
+        for _ in range(2)
+    ]
+    column = [
+        {
+            "messages": [{"role": "user", "content": QUESTION}],
+            "images": ["shapes/000.png"],
+            "chosen": "The square is red.",
+            "rejected": "It is a circle.",
+        }
+        for _ in range(2)
+    ]
+    prepared_pairs = {}
+    for name, kind, data in (
+        ("default", "chat_template.default", [rows[0], rows[0]]),
+        ("argilla", "chat_template.argilla_chat", argilla),
+        ("column", "chat_template.default", column),
+    ):
+        path = write_jsonl(tmp_path / f"{name}.jsonl", data)
+        cfg = dpo_vlm_config(
+            tmp_path / name, QWEN, datasets=[{"path": str(path), "type": kind, "image_base_dir": str(IMAGES)}]
+        )
+        row = prepared(cfg)[2][0]
+        prepared_pairs[name] = {key: row[key] for key in ("prompt_ids", "chosen_ids", "rejected_ids", "prompt_images")}
+    assert prepared_pairs["argilla"] == prepared_pairs["default"] == prepared_pairs["column"]
+    assert prepared_pairs["default"]["prompt_images"] == [str((IMAGES / "shapes/000.png").resolve())]
+
+
+def test_an_answer_with_an_image_is_refused_by_name(tmp_path):
+    rows = pair_rows(2)
+    rows[1]["chosen"] = {"role": "assistant", "content": [{"type": "image", "path": "shapes/001.png"}]}
+    with pytest.raises(DataError) as error:
+        prepared(dpo_vlm_config(tmp_path, QWEN, rows=rows))
+    assert "row 1" in str(error.value) and "chosen answer" in str(error.value) and "holds an image" in str(error.value)
