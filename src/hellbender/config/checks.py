@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hellbender.chat_templates import TEMPLATE_NAMES, is_known_template, known_names_text, not_shipped_reason
 from hellbender.config.config_class import config_class_problems
-from hellbender.config.data import CHAT_ROLES
+from hellbender.config.data import CHAT_ROLES, is_preference_type
 from hellbender.config.data_order import data_order_problems
 from hellbender.config.deepspeed import deepspeed_problems
 from hellbender.config.mistral_common import mistral_common_problems
@@ -298,7 +298,9 @@ def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`pad_to_sequence_len` is not supported yet with `processor_type`: the processor pads image+text batches "
             "itself. Remove it."
         )
-    other_types = sorted({e.type or "pretokenized" for e in cfg.datasets + cfg.test_datasets} - MULTIMODAL_TYPES)
+    # Preference types with a processor are checked with the rest of preference data (`preference_data_checks.py`).
+    sft_entries = [e for e in cfg.datasets + cfg.test_datasets if not is_preference_type(e.type)]
+    other_types = sorted({e.type or "pretokenized" for e in sft_entries} - MULTIMODAL_TYPES)
     other_types += sorted({e.type for e in cfg.pretraining_dataset} - MULTIMODAL_TYPES)
     if other_types:
         problems.append(

@@ -51,6 +51,8 @@ KTO_PREFERENCE_TYPES = tuple(
     for family in ("chatml", "llama3")
     for name in ("argilla", "argilla_chat", "intel", "prompt_pairs", "ultra")
 ) + ("user_defined.default",)
+# The preference types whose prompts may hold images, for vision-language models (`processor_type`).
+VISION_PREFERENCE_TYPES = ("chat_template.default", "chat_template.argilla_chat")
 DatasetType = SftDatasetType | PreferenceDatasetType
 # Keys of `user_defined.default` (Axolotl writes them in a mapping under `type:`), each with Axolotl's default.
 USER_DEFINED_KEYS = {

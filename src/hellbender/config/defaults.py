@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from hellbender.config.data import PREFERENCE_TYPES, USER_DEFINED_KEYS
+from hellbender.config.data import PREFERENCE_TYPES, USER_DEFINED_KEYS, VISION_PREFERENCE_TYPES
 from hellbender.config.machine import Machine, this_machine
 from hellbender.config.plugins import CUT_CROSS_ENTROPY_PLUGIN
 from hellbender.config.precision import run_precision
@@ -333,7 +333,7 @@ def entry_with_defaults(entry: DatasetEntry, cfg: HellbenderConfig) -> DatasetEn
     if kind in ("completion", "multimodal_pretrain"):
         updates["text_column"] = entry.field or entry.text_column or "text"
         updates["field"] = None  # one key for the text column from here on
-    if cfg.is_multimodal and kind in VISION_TYPES:
+    if cfg.is_multimodal and (kind in VISION_TYPES or kind in VISION_PREFERENCE_TYPES):
         updates["image_base_dir"] = entry.image_base_dir or str(default_image_base_dir(entry.path))
     return _updated(entry, updates)
 

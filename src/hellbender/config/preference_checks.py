@@ -136,7 +136,6 @@ def _sft_only_problems(cfg: HellbenderConfig) -> list[str]:
             "it weights the cross-entropy of supervised fine-tuning, which DPO does not compute",
         ),
         "streaming": (cfg.uses_streaming, "preference pairs are prepared and cached before training, not streamed"),
-        "processor_type": (cfg.is_multimodal, "vision-language preference tuning is not built yet"),
         "deepspeed": (bool(cfg.deepspeed), "preference tuning with DeepSpeed is not verified yet"),
         "fsdp_version": (cfg.uses_fsdp2, "preference tuning with FSDP is not verified yet"),
     }

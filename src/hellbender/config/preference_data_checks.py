@@ -3,7 +3,12 @@ combinations cannot work. Each problem is one paragraph naming the keys."""
 
 from __future__ import annotations
 
-from hellbender.config.data import KTO_PREFERENCE_TYPES, USER_DEFINED_KEYS, is_preference_type
+from hellbender.config.data import (
+    KTO_PREFERENCE_TYPES,
+    USER_DEFINED_KEYS,
+    VISION_PREFERENCE_TYPES,
+    is_preference_type,
+)
 from hellbender.config.defaults import preference_keys_read
 from hellbender.config.schema import HellbenderConfig
 
@@ -26,6 +31,38 @@ _MESSAGE_LIST_TYPES = {"chatml.argilla_chat", "llama3.argilla_chat", "chatml.ult
 
 def _type_of(entry) -> str:
     return entry.type or "pretokenized"
+
+
+# The methods that train on pairs whose prompts hold images (DPO's loss family, on TRL's DPOTrainer).
+VISION_PREFERENCE_METHODS = ("dpo", "ipo")
+
+
+def _vision_preference_problems(cfg: HellbenderConfig, preference: list) -> list[str]:
+    """With `processor_type` (a vision-language model), pairs whose prompts hold images train with `rl: dpo` or
+    `rl: ipo` on the chat-template types that read message lists (docs/preference.md, "Vision-language models")."""
+    problems = []
+    if cfg.rl not in VISION_PREFERENCE_METHODS:
+        method = f"`rl: {cfg.rl}`" if cfg.rl else "`reward_model: true`"
+        problems.append(
+            f"{method} with `processor_type` (a vision-language model) is not supported yet: pairs whose prompts hold "
+            "images train with `rl: dpo` or `rl: ipo`. Use one of those, or remove `processor_type` to train the "
+            "language model on text pairs."
+        )
+    for where, e in preference:
+        if e.type not in VISION_PREFERENCE_TYPES:
+            problems.append(
+                f"`{where}` (`{e.path}`): `type: {e.type}` reads text rows, and with `processor_type` (a "
+                "vision-language model) the preference rows are conversations that may hold images: use "
+                + " or ".join(f"`type: {t}`" for t in VISION_PREFERENCE_TYPES)
+                + ", or remove `processor_type` to train the language model on text pairs."
+            )
+    if cfg.precompute_ref_log_probs:
+        problems.append(
+            "`precompute_ref_log_probs: true` is not supported yet with `processor_type` (a vision-language model): "
+            "the reference model scores each pair's images as the batch is built. Remove `precompute_ref_log_probs` "
+            "(with an adapter the reference is the base model with the adapter off, with no second copy in memory)."
+        )
+    return problems
 
 
 def preference_data_problems(cfg: HellbenderConfig) -> list[str]:
@@ -92,10 +129,7 @@ def preference_data_problems(cfg: HellbenderConfig) -> list[str]:
             "are compared). Remove `train_on_inputs`."
         )
     if cfg.is_multimodal:
-        problems.append(
-            "Preference data with images (`processor_type`, a vision-language model) is not supported yet; the "
-            "preference types read text rows. Remove `processor_type` to train the language model on text pairs."
-        )
+        problems += _vision_preference_problems(cfg, preference)
     kto = getattr(cfg, "rl", None) == "kto"
     for where, e in preference:
         if kto and e.type not in KTO_PREFERENCE_TYPES:

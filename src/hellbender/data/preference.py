@@ -10,6 +10,7 @@ the last turn another way) is refused for the row, naming it, instead of shiftin
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,15 +204,26 @@ def row_token_counts(row: dict[str, Any]) -> tuple[int, int]:
     return sum(len(row["prompt_ids"]) + len(a) for a in answers), sum(len(a) for a in answers)
 
 
-def tokenize_preference_dataset(ds: Any, ctx: PreferenceContext, limits: Limits, where: str, num_proc: int | None):
-    """Every row of one dataset entry tokenized; returns the kept rows and their stats."""
+def tokenize_preference_dataset(
+    ds: Any,
+    ctx: PreferenceContext,
+    limits: Limits,
+    where: str,
+    num_proc: int | None,
+    encode_row: Callable[..., dict[str, Any]] | None = None,
+    features: Any = None,
+):
+    """Every row of one dataset entry tokenized; returns the kept rows and their stats. `encode_row` and `features`:
+    another row encoder (with `encode_preference_row`'s arguments) and its columns, for rows whose prompts hold
+    images (`data/preference_images.py`); by default text rows."""
+    encode_row = encode_row or encode_preference_row
 
     def encode(row: dict[str, Any], index: int) -> dict[str, Any]:
-        return encode_preference_row(row, index, ctx, limits, where)
+        return encode_row(row, index, ctx, limits, where)
 
     encoded = ds.map(
         encode,
-        features=preference_features(ctx.kto),
+        features=features or preference_features(ctx.kto),
         with_indices=True,
         remove_columns=ds.column_names,
         num_proc=num_proc,

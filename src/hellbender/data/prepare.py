@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from hellbender.data.preference import (
     preference_context,
     tokenize_preference_dataset,
 )
+from hellbender.data.preference_images import encode_vision_pair, vision_pair_features, vision_preference_context
 from hellbender.data.progress import quiet_progress
 from hellbender.data.sources import first_non_utf8_line, is_url, load_rows, local_data_files, looks_local
 from hellbender.data.tokenize import TokenizeStats, tokenize_dataset
@@ -76,7 +78,7 @@ def tokenize_entries(
         if len(rows) == 0:
             raise DataError(f"{where} has no rows. Check the file or the `split`.")
         if is_preference_type(entry.type):
-            kept, entry_stats = _tokenize_preference_entry(rows, entry, cfg, tokenizer, where)
+            kept, entry_stats = _tokenize_preference_entry(rows, entry, cfg, tokenizer, processor, where)
             stats.add(entry_stats)
             parts.append(kept)
             continue
@@ -101,12 +103,20 @@ def tokenize_entries(
     return merged, stats
 
 
-def _tokenize_preference_entry(rows: Any, entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any, where: str):
-    """A preference entry's rows as TRL's trainers take them (`data/preference.py`)."""
+def _tokenize_preference_entry(
+    rows: Any, entry: DatasetEntry, cfg: HellbenderConfig, tokenizer: Any, processor: Any, where: str
+):
+    """A preference entry's rows as TRL's trainers take them (`data/preference.py`; with a processor, pairs whose
+    prompts hold images, `data/preference_images.py`)."""
     limits = Limits(cfg.sequence_len, cfg.max_prompt_len, cfg.excess_length_strategy, cfg.min_sample_len)
     ctx = preference_context(entry, cfg, tokenizer)
+    vision_rows: dict[str, Any] = {}
+    if processor is not None:
+        ctx, vision = vision_preference_context(entry, cfg, ctx, processor, where)
+        vision_rows = {"encode_row": functools.partial(encode_vision_pair, vision=vision),
+                       "features": vision_pair_features()}  # fmt: skip
     try:
-        return tokenize_preference_dataset(rows, ctx, limits, where, _worker_processes(cfg))
+        return tokenize_preference_dataset(rows, ctx, limits, where, _worker_processes(cfg), **vision_rows)
     except UnicodeDecodeError:
         raise DataError(_not_utf8(entry, where)) from None
 

@@ -241,7 +241,13 @@ def _method_trainer(
     keywords every hellbender trainer takes (`HellbenderMixin`'s and the callbacks)."""
     method = preference_method(cfg)
     if method is not None:
-        return method.build_trainer(cfg, model, args, train_data, eval_data, tokenizer, **hellbender)
+        from hellbender.data.preference_collator import preference_collator
+
+        collator = preference_collator(cfg, tokenizer, processor)  # pairs with images (DPO, IPO); None: TRL's own
+        extra = {"data_collator": collator} if collator is not None else {}
+        return method.build_trainer(
+            cfg, model, args, train_data, eval_data, processor or tokenizer, **extra, **hellbender
+        )
     return HellbenderTrainer(
         fused_loss=cfg.fuses_the_loss,
         **({"compute_loss_func": eaft_loss_function(cfg.eaft_alpha, cfg.eaft_k)} if cfg.use_eaft else {}),

@@ -57,6 +57,8 @@ class PreferenceContext:
     messages: FormatContext
     template: str | None = None
     template_source: str = "`chat_template`"
+    # Vision-language rows (`data/preference_images.py`): prompt messages may hold image parts.
+    allow_parts: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,22 +91,23 @@ def read_preference_row(row: dict[str, Any], ctx: PreferenceContext) -> Preferen
 # ----------------------------------------------------------------------------------------------- reading columns
 
 
-def _messages(value: Any, column: str, ctx: FormatContext) -> list[dict[str, Any]]:
-    """`value` (a message list of column `column`) as template messages, with errors naming the column."""
+def _messages(value: Any, column: str, ctx: FormatContext, allow_parts: bool = False) -> list[dict[str, Any]]:
+    """`value` (a message list of column `column`) as template messages, with errors naming the column; with
+    `allow_parts`, contents may be lists of text and image parts (vision-language rows)."""
     try:
-        return list(read_messages({column: value}, replace(ctx, field_messages=column)))
+        return list(read_messages({column: value}, replace(ctx, field_messages=column), allow_parts=allow_parts))
     except RowError as exc:
         raise RowError(f"column `{column}`: {exc}") from None
 
 
-def _message(value: Any, column: str, ctx: FormatContext) -> dict[str, Any]:
+def _message(value: Any, column: str, ctx: FormatContext, allow_parts: bool = False) -> dict[str, Any]:
     """One answer: a string (an assistant message), a message, or a message list whose last message is the answer."""
     if isinstance(value, str):
         return {"role": "assistant", "content": value}
     if isinstance(value, dict):
-        return _messages([value], column, ctx)[0]
+        return _messages([value], column, ctx, allow_parts)[0]
     if isinstance(value, list) and value:
-        return _messages(value, column, ctx)[-1]
+        return _messages(value, column, ctx, allow_parts)[-1]
     raise RowError(
         f"column `{column}` must hold the answer: a text, a message, or a list of messages ending with the answer "
         f"(it holds {_what(value)})"
@@ -145,12 +148,22 @@ def _checked_answer(message: dict[str, Any], column: str, name: str) -> dict[str
             "(map the dataset's role name onto `assistant` with `roles:`)"
         )
     content = message["content"]
+    if isinstance(content, list):  # content parts (vision-language rows): an answer is text only
+        if any(part["type"] != "text" for part in content):
+            raise RowError(
+                f"the {name} answer (column `{column}`) holds an image; images belong in the prompt, and an answer "
+                "is the model's text"
+            )
+        content = "".join(part["text"] for part in content)
+        message = {**message, "content": content}
     if not isinstance(content, str) or not content.strip():
         raise RowError(f"the {name} answer (column `{column}`) is empty; every answer must say something")
     return message
 
 
-def _conversation_pair(row: dict[str, Any], ctx: FormatContext, chosen_col: str, rejected_col: str):
+def _conversation_pair(
+    row: dict[str, Any], ctx: FormatContext, chosen_col: str, rejected_col: str, allow_parts: bool = False
+):
     """(prompt messages, chosen answer, rejected answer) of rows whose `chosen` and `rejected` hold whole
     conversations: the answers are their last messages, and the messages before must be the same prompt."""
     lists = {}
@@ -161,7 +174,7 @@ def _conversation_pair(row: dict[str, Any], ctx: FormatContext, chosen_col: str,
                 f"column `{column}` must hold the conversation: the prompt's messages, then the answer (it holds "
                 f"{_what(value) if not isinstance(value, list) else f'{len(value)} message(s)'})"
             )
-        lists[column] = _messages(value, column, ctx)
+        lists[column] = _messages(value, column, ctx, allow_parts)
     chosen, rejected = lists[chosen_col], lists[rejected_col]
     if [dict(m) for m in chosen[:-1]] != [dict(m) for m in rejected[:-1]]:
         first = next(
@@ -320,8 +333,10 @@ def _render(ctx: PreferenceContext, messages: list[dict[str, Any]], generation_p
         raise template_failure(exc, ctx.template_source) from None
 
 
-def _template_row(row: dict[str, Any], ctx: PreferenceContext) -> PreferenceText:
+def template_messages(row: dict[str, Any], ctx: PreferenceContext):
+    """(prompt messages, chosen answer message, rejected answer message) of a chat-template type's row."""
     chosen_col, rejected_col = ctx.fields["field_chosen"], ctx.fields["field_rejected"]
+    parts = ctx.allow_parts
     if ctx.kind == "bradley_terry.chat_template":
         system = row.get("system")
         if system is not None and not isinstance(system, str):
@@ -337,16 +352,17 @@ def _template_row(row: dict[str, Any], ctx: PreferenceContext) -> PreferenceText
         if isinstance(value, str):
             prompt = [{"role": "user", "content": value}]
         else:
-            prompt = _messages(value, column, ctx.messages)
+            prompt = _messages(value, column, ctx.messages, parts)
         answers = {}
         for name, col in (("chosen", chosen_col), ("rejected", rejected_col)):
-            answers[name] = _checked_answer(_message(_answer_value(row, col, name), col, ctx.messages), col, name)
+            message = _message(_answer_value(row, col, name), col, ctx.messages, parts)
+            answers[name] = _checked_answer(message, col, name)
         chosen, rejected = answers["chosen"], answers["rejected"]
         both = [row[chosen_col], row[rejected_col]]
         if all(isinstance(v, list) and len(v) > 1 for v in both):  # whole conversations: their prompts must agree
-            _conversation_pair(row, ctx.messages, chosen_col, rejected_col)
+            _conversation_pair(row, ctx.messages, chosen_col, rejected_col, parts)
     else:  # chat_template.argilla_chat, and ORPO's chat_template.argilla (an optional `system` and `prompt`)
-        prompt, chosen, rejected = _conversation_pair(row, ctx.messages, chosen_col, rejected_col)
+        prompt, chosen, rejected = _conversation_pair(row, ctx.messages, chosen_col, rejected_col, parts)
         if ctx.kind == "chat_template.argilla":
             if isinstance(row.get("prompt"), str) and row["prompt"]:
                 prompt = [{"role": "user", "content": row["prompt"]}]
@@ -355,6 +371,11 @@ def _template_row(row: dict[str, Any], ctx: PreferenceContext) -> PreferenceText
                 prompt = [{"role": "system", "content": system}, *prompt]
     if not prompt:
         raise RowError("the prompt has no messages; a preference pair answers a prompt")
+    return prompt, chosen, rejected
+
+
+def _template_row(row: dict[str, Any], ctx: PreferenceContext) -> PreferenceText:
+    prompt, chosen, rejected = template_messages(row, ctx)
     text = _render(ctx, prompt, generation_prompt=True)
     # The template's text after the answer's end-of-turn (a newline before the next turn) is not part of the answer.
     full = {

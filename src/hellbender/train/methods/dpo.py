@@ -49,10 +49,13 @@ def build_trainer(
     train_dataset: Any,
     eval_dataset: Any,
     tokenizer: Any,
+    data_collator: Any = None,
     **hellbender: Any,
 ) -> DPOPreferenceTrainer:
     """The DPO trainer for `cfg`, on `model` as built (`build_trainable_model`) and prepared pairs.
-    `hellbender`: `HellbenderMixin`'s keywords and the Trainer's `callbacks`."""
+    `tokenizer`: the tokenizer, or a vision-language model's processor; `data_collator`: None for TRL's own collator
+    of text pairs (`data/preference_collator.py` gives the one of pairs with images). `hellbender`:
+    `HellbenderMixin`'s keywords and the Trainer's `callbacks`."""
     refuse_trained_output_head(model)
     return DPOPreferenceTrainer(
         model=model,
@@ -61,5 +64,6 @@ def build_trainer(
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
+        data_collator=data_collator,
         **hellbender,
     )
