@@ -162,6 +162,9 @@ def train(
 
         report = Path(cfg.output_dir) / REPORT_DIR / SUMMARY_NAME
         console.print(f"[green]done[/]: the model is in {cfg.output_dir}; the run report is {report}", soft_wrap=True)
+        learned = _preference_summary(Path(cfg.output_dir))
+        if learned:
+            console.print(f"learned: {learned}", highlight=False, soft_wrap=True)
         console.print(json.dumps({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, indent=1))
 
     _run(debug, action)
@@ -461,6 +464,14 @@ def examples(
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _preference_summary(output_dir: Path) -> str | None:
+    """The final preference accuracy and margin of a preference-tuning run, from its saved trainer state."""
+    from hellbender.train.preference_outcome import preference_summary
+
+    state = output_dir / "trainer_state.json"
+    return preference_summary(json.loads(state.read_text())["log_history"]) if state.is_file() else None
 
 
 def _example_data(config_text: str, data_src: Path) -> list[Path]:
