@@ -489,7 +489,7 @@ def _example_data(config_text: str, data_src: Path) -> list[Path]:
 
 
 # Library warnings a user can do nothing about, printed on every run otherwise: PEFT (0.21) reads transformers'
-# deprecated `is_gradient_checkpointing` property when it wraps a model.
+# deprecated `is_gradient_checkpointing` property when it wraps a model, and TRL (1.16) around each reference pass.
 QUIET_WARNINGS = (r"`is_gradient_checkpointing` is deprecated",)
 # Library loggers whose warnings concern paths hellbender never takes: bitsandbytes' CPU backend says on import that
 # its hub kernel for 4-bit matmuls on CPU is missing, and hellbender runs 4-bit weights on CUDA only.
