@@ -154,15 +154,17 @@ def test_val_set_size_holds_out_whole_pairs(tmp_path):
     def triples(rows) -> list[tuple]:
         return [(tuple(r["prompt_ids"]), tuple(r["chosen_ids"]), tuple(r["rejected_ids"])) for r in rows]
 
-    split_cfg = validate_config(dpo_raw(tmp_path, val_set_size=0.1))
+    # The bundled pairs repeat some rows (185 distinct of 300): deduplicated, no held-out pair is a training pair.
+    split_cfg = validate_config(dpo_raw(tmp_path, val_set_size=0.1, dataset_exact_deduplication=True))
     whole_cfg = validate_config(dpo_raw(tmp_path, val_set_size=0))
     tokenizer, _ = load_tokenizer_and_processor(split_cfg)
     split, whole = prepare_datasets(split_cfg, tokenizer, None), prepare_datasets(whole_cfg, tokenizer, None)
     assert whole.eval is None and len(whole.train) == 300
+    distinct = set(triples(whole.train))
     held_out, trained = triples(split.eval), triples(split.train)
-    assert len(held_out) == 30 and len(trained) == 270
+    assert len(held_out) == math.ceil(0.1 * len(distinct)) and len(held_out) + len(trained) == len(distinct)
     # Every prepared pair lands on exactly one side, whole: a prompt never loses its chosen or rejected answer.
-    assert sorted(held_out + trained) == sorted(triples(whole.train))
+    assert set(held_out) | set(trained) == distinct
     assert not set(held_out) & set(trained)
 
 
@@ -193,7 +195,9 @@ def test_merge_lora_then_plain_transformers_generates(dpo_run):
     adapted = PeftModel.from_pretrained(base, raw["output_dir"]).eval()
     with torch.no_grad():  # the merged weights compute what base + DPO adapter compute
         torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, atol=1e-5, rtol=1e-5)
-        assert not torch.allclose(adapted(ids).logits, adapted.get_base_model()(ids).logits)
+        with adapted.disable_adapter():
+            base_logits = adapted(ids).logits
+        assert not torch.allclose(merged(ids).logits, base_logits)  # the adapter is in the merged weights
 
     answer = invoke("inference", config, "--prompt", "What is the capital of Italy?", "--max-new-tokens", "4")
     assert answer.exit_code == 0, answer.output
