@@ -19,7 +19,7 @@ import yaml
 from hellbender.config import validate_config
 from hellbender.train.run import train
 from tests.conftest import REPO
-from tests.helpers import PREFERENCE_DATA, base_config, final_weights, invoke, trainer_state
+from tests.helpers import PREFERENCE_DATA, StopAt, base_config, final_weights, invoke, trainer_state
 from tests.test_distributed import free_port
 
 STEPS, SAVE_AT, EVAL_PAIRS = 6, 3, 16
@@ -86,13 +86,14 @@ def test_a_stopped_run_resumes_in_a_new_process_exactly(dpo_run, tmp_path):
     _, reference, _ = dpo_run
     raw = dpo_raw(tmp_path, auto_resume_from_checkpoints=True)
     config = write_yaml(tmp_path / "config.yml", raw)
-    for stop in (["--stop-at", str(SAVE_AT)], []):  # killed after the checkpoint, then resumed in a new process
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.stopped_run", str(config), *stop], cwd=REPO, capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        if stop:
-            assert max(logged(raw["output_dir"], "loss")) == SAVE_AT
+    train(validate_config(raw), callbacks=[StopAt(SAVE_AT)])  # stopped after the checkpoint ...
+    assert max(logged(raw["output_dir"], "loss")) == SAVE_AT
+    done = subprocess.run(  # ... and resumed in a new process
+        [sys.executable, "-m", "tests.stopped_run", str(config)], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (Path(raw["output_dir"]) / "report" / "report.md").read_text()
+    assert f"of training in this run, resumed at step {SAVE_AT}" in report  # not trained again from the start
     for key in ("loss", "rewards/margins", "rewards/accuracies"):
         got, expected = logged(raw["output_dir"], key), logged(reference["output_dir"], key)
         assert sorted(got) == sorted(expected) == list(range(1, STEPS + 1))
