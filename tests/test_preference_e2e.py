@@ -228,3 +228,11 @@ def test_precomputed_reference_scores_train_full_weights_and_are_never_written(t
     assert (set(hf_cache.rglob("*")) if hf_cache.exists() else set()) == before
     prepared = json.loads(next((tmp_path / "prepared").glob("*/hellbender_prepared.json")).read_text())
     assert prepared["key"]
+
+
+def test_the_tiny_dpo_example_validates_as_dpo():
+    from tests.conftest import EXAMPLES
+
+    result = invoke("validate", EXAMPLES / "tiny-dpo.yml")
+    assert result.exit_code == 0, result.output
+    assert "(DPO, LoRA of hellbender/tiny-llama, 1 dataset)" in result.stdout
