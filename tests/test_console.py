@@ -30,3 +30,20 @@ def test_a_training_run_prints_step_lines(tmp_path, capsys):
     printed = capsys.readouterr()
     text = printed.out + printed.err
     assert "step 1/2  loss " in text and "'loss'" not in text
+
+
+def test_a_preference_step_line_leads_with_what_says_the_preference_is_learned():
+    logs = {
+        "loss": 0.6,
+        "grad_norm": 0.2,
+        "num_tokens": 512,
+        "logits/chosen": -0.002,
+        "rewards/chosen": 0.1,
+        "rewards/accuracies": 0.75,
+        "rewards/margins": 0.3,
+        "eval_num_tokens": 512,
+        "epoch": 0.5,
+    }
+    assert step_line(logs, 5, 84) == (
+        "step 5/84  loss 0.6  rewards/accuracies 0.75  rewards/margins 0.3  grad_norm 0.2  rewards/chosen 0.1  epoch 0.5"
+    )

@@ -146,7 +146,7 @@ def test_rpo_alpha_adds_the_sft_loss_with_its_weight(tmp_path):
 
     args = dpo_arguments(dpo_config(tmp_path, rpo_alpha=0.5, dpo_beta=0.3))
     assert args["loss_type"] == ["sigmoid", "sft"] and args["loss_weights"] == [1.0, 0.5]
-    assert args["beta"] == 0.3 and args["gradient_checkpointing"] is False
+    assert args["beta"] == 0.3 and args["activation_checkpointing"] is False
     ipo = dpo_arguments(dpo_config(tmp_path, rl="ipo"))
     assert ipo["loss_type"] == ["ipo"] and ipo["beta"] == 0.1
     assert dpo_arguments(dpo_config(tmp_path, dpo_norm_loss=True))["loss_type"] == ["sigmoid_norm"]

@@ -162,6 +162,9 @@ def train(
 
         report = Path(cfg.output_dir) / REPORT_DIR / SUMMARY_NAME
         console.print(f"[green]done[/]: the model is in {cfg.output_dir}; the run report is {report}", soft_wrap=True)
+        learned = _preference_summary(Path(cfg.output_dir))
+        if learned:
+            console.print(f"learned: {learned}", highlight=False, soft_wrap=True)
         console.print(json.dumps({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, indent=1))
 
     _run(debug, action)
@@ -405,6 +408,7 @@ def validate(
         if print_:
             sys.stdout.write(resolved)
         method = {"lora": "LoRA", "qlora": "QLoRA", None: "full fine-tuning"}[cfg.adapter]
+        method = f"{cfg.rl.upper()}, {method}" if cfg.rl else method  # the preference method, where there is one
         data = len(cfg.datasets) + len(cfg.pretraining_dataset)
         more = "" if print_ or output else "; `--print` shows every key as it will run"
         # A YAML comment, so `--print`'s output still reads as YAML.
@@ -463,6 +467,14 @@ def examples(
     )
 
 
+def _preference_summary(output_dir: Path) -> str | None:
+    """The final preference accuracy and margin of a preference-tuning run, from its saved trainer state."""
+    from hellbender.train.preference_outcome import preference_summary
+
+    state = output_dir / "trainer_state.json"
+    return preference_summary(json.loads(state.read_text())["log_history"]) if state.is_file() else None
+
+
 def _example_data(config_text: str, data_src: Path) -> list[Path]:
     """The bundled data files an example config names, and the image folders their rows point into."""
     import re
@@ -478,7 +490,7 @@ def _example_data(config_text: str, data_src: Path) -> list[Path]:
 
 
 # Library warnings a user can do nothing about, printed on every run otherwise: PEFT (0.21) reads transformers'
-# deprecated `is_gradient_checkpointing` property when it wraps a model.
+# deprecated `is_gradient_checkpointing` property when it wraps a model, and TRL (1.16) around each reference pass.
 QUIET_WARNINGS = (r"`is_gradient_checkpointing` is deprecated",)
 # Library loggers whose warnings concern paths hellbender never takes: bitsandbytes' CPU backend says on import that
 # its hub kernel for 4-bit matmuls on CPU is missing, and hellbender runs 4-bit weights on CUDA only.

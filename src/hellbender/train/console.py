@@ -6,8 +6,16 @@ from typing import Any
 
 from transformers.trainer_callback import ProgressCallback
 
-# Logged values that say nothing to a reader of the console (they stay in trainer_state.json and the report).
-HIDDEN = ("total_flos",)
+# Logged values that say nothing to a reader of the console (they stay in trainer_state.json and the report): FLOP
+# counts; TRL's `num_tokens`, which repeats `input_tokens`; and the mean logits of chosen / rejected answers, which
+# only TRL's developers read.
+HIDDEN = frozenset(
+    f"{prefix}{key}"
+    for prefix in ("", "eval_")
+    for key in ("total_flos", "num_tokens", "logits/chosen", "logits/rejected")
+)
+# Shown first, in this order, where logged: what says whether preference tuning learns.
+FIRST = tuple(f"{prefix}{key}" for prefix in ("", "eval_") for key in ("loss", "rewards/accuracies", "rewards/margins"))
 
 
 def format_value(value: Any) -> str:
@@ -19,7 +27,8 @@ def format_value(value: Any) -> str:
 
 
 def step_line(logs: dict[str, Any], step: int, max_steps: int) -> str:
-    values = "  ".join(f"{key} {format_value(value)}" for key, value in logs.items() if key not in HIDDEN)
+    keys = [key for key in FIRST if key in logs] + [key for key in logs if key not in FIRST and key not in HIDDEN]
+    values = "  ".join(f"{key} {format_value(logs[key])}" for key in keys)
     return f"step {step}/{max_steps}  {values}"
 
 

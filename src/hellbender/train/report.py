@@ -37,6 +37,7 @@ from hellbender.train.plots import (
     report_plots,
     train_logs,
 )
+from hellbender.train.preference_outcome import is_preference_log, preference_lines
 
 logger = logging.getLogger("hellbender")
 REPORT_DIR = "report"
@@ -124,7 +125,12 @@ class RunReport(TrainerCallback):
         summary = next((e for e in reversed(history) if "train_runtime" in e), None)
         lines = [f"# Training report: `{Path(cfg.output_dir).name}`", "", self._status(state, moment), ""]
         lines += ["## Run", "", *self._run_lines(), ""]
-        lines += ["## Outcome", "", *self._outcome(train, evals, summary), ""]
+        # A preference or reward-model loss is no cross-entropy: its exponential is no perplexity.
+        cross_entropy = self.cfg.rl is None and not self.cfg.reward_model
+        outcome = self._outcome(train, evals, summary, cross_entropy)
+        if is_preference_log(history):  # after the losses: what says whether the preference was learned
+            outcome[2:2] = preference_lines(history)
+        lines += ["## Outcome", "", *outcome, ""]
         notes = self._notes(train, evals)
         if notes:
             lines += ["## Look at this", "", *[f"- {n}" for n in notes], ""]
@@ -132,13 +138,13 @@ class RunReport(TrainerCallback):
         if self.drawn_at_step is not None and self.drawn_at_step < state.global_step:
             share = f"{MAX_DRAWING_SHARE:.0%}"
             lines += [f"As of step {self.drawn_at_step} (redrawn when that costs under {share} of the run's time).", ""]
-        preference = {name: plot.file for name, plot in preference_plots_logged(train).items()}
-        for key, name in {**PLOTS, **preference}.items():
+        method_plots = {name: plot.file for name, plot in preference_plots_logged(train).items()}
+        for key, name in {**PLOTS, **method_plots}.items():
             alt = key.replace("_", " ")
             drawn = self.drawn.get(name, "not drawn yet (at a later save, or at the end)")
             lines += [f"![{alt}]({name})" if drawn is True else f"*{alt}: no plot, {drawn}.*", ""]
         lines += ["## Data", "", *self._data_lines(), ""]
-        lines += ["## Final metrics", "", *_metrics_table(train, evals, summary), ""]
+        lines += ["## Final metrics", "", *_metrics_table(train, evals, summary, cross_entropy), ""]
         lines += [
             "## Config",
             "",
@@ -179,6 +185,9 @@ class RunReport(TrainerCallback):
             method = f"{name} (r {cfg.lora_r}, alpha {cfg.lora_alpha}, targets: {targets})"
         else:
             method = "full fine-tuning"
+        if cfg.rl is not None:
+            beta = f", rl_beta {cfg.rl_beta:g}" if cfg.rl_beta is not None else ""
+            method = f"{cfg.rl.upper()} (preference tuning{beta}), {method}"
         sources = [e.path for e in cfg.datasets] + [e.path for e in cfg.pretraining_dataset]
         lines = [
             f"- Base model: `{cfg.base_model}`{' (vision-language)' if cfg.is_multimodal else ''}",
@@ -195,7 +204,7 @@ class RunReport(TrainerCallback):
             )
         return lines
 
-    def _outcome(self, train: list[dict], evals: list[dict], summary: dict | None) -> list[str]:
+    def _outcome(self, train: list[dict], evals: list[dict], summary: dict | None, cross_entropy: bool) -> list[str]:
         lines = []
         train = [e for e in train if math.isfinite(e["loss"])]  # a NaN is no progress; `_notes` names its steps
         if train:
@@ -211,9 +220,10 @@ class RunReport(TrainerCallback):
         if evals:
             last = evals[-1]
             best = min(evals, key=lambda e: e["eval_loss"])
+            shown = f" (perplexity {_num(perplexity(last['eval_loss']))})" if cross_entropy else ""
             lines.append(
-                f"- Evaluation loss: {_num(last['eval_loss'])} at step {last['step']} (perplexity "
-                f"{_num(perplexity(last['eval_loss']))}); lowest {_num(best['eval_loss'])} at step {best['step']}"
+                f"- Evaluation loss: {_num(last['eval_loss'])} at step {last['step']}{shown}; lowest "
+                f"{_num(best['eval_loss'])} at step {best['step']}"
             )
         else:
             lines.append("- Evaluation loss: no evaluation data (`val_set_size` or `test_datasets`)")
@@ -322,12 +332,12 @@ def write_report(directory: Path, page: str, plots: dict[str, bytes | str]) -> N
 # -------------------------------------------------------------------------------------------------- helpers
 
 
-def _metrics_table(train: list[dict], evals: list[dict], summary: dict | None) -> list[str]:
+def _metrics_table(train: list[dict], evals: list[dict], summary: dict | None, cross_entropy: bool) -> list[str]:
     values: dict[str, Any] = {}
     for entry in (train[-1] if train else None, evals[-1] if evals else None, summary):
         if entry:
             values.update({k: v for k, v in entry.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
-    if "eval_loss" in values:
+    if "eval_loss" in values and cross_entropy:
         values["eval_perplexity"] = perplexity(values["eval_loss"])
     if not values:
         return ["Nothing logged yet."]

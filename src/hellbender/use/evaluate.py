@@ -1,4 +1,5 @@
-"""`hellbender evaluate`: loss, perplexity and token accuracy of the trained model on the config's evaluation data.
+"""`hellbender evaluate`: loss, perplexity and token accuracy of the trained model on the config's evaluation data
+(for preference tuning: preference accuracy, mean reward margin and the preference loss, `evaluate_preference.py`).
 
 The evaluation rows are prepared exactly as for training (the same cache, the same `val_set_size` split or
 `test_datasets`), batched by the training collators, and scored over the tokens training would train (labels
@@ -100,7 +101,12 @@ def evaluate(
             ", ".join(f"`{path}`" for path in also_trained),
         )
     model = load_trained(cfg, trained, tokenizer)
-    metrics = token_metrics(model, prepared.eval, build_collator(cfg, tokenizer, processor), cfg.eval_batch_size)
+    if cfg.rl is not None:  # pairs: preference accuracy, margin and the preference loss
+        from hellbender.use.evaluate_preference import preference_metrics
+
+        metrics = preference_metrics(cfg, model, tokenizer, prepared.eval)
+    else:
+        metrics = token_metrics(model, prepared.eval, build_collator(cfg, tokenizer, processor), cfg.eval_batch_size)
     results = {
         **metrics,
         "rows": len(prepared.eval),

@@ -92,8 +92,8 @@ def shared_arguments() -> dict[str, Any]:
     (`training_arguments`)."""
     return {
         # hellbender checkpoints activations itself (models/stack.py); TRL's default would switch transformers' own
-        # checkpointing on over it.
-        "gradient_checkpointing": False,
+        # checkpointing on over it. Set under its current name: the older `gradient_checkpointing` warns on every run.
+        "activation_checkpointing": False,
         # The dropout the config asks for (`lora_dropout`, the model's own) applies as in supervised fine-tuning.
         "disable_dropout": False,
     }
