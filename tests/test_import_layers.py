@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"config"},
     "models": {"config"},
     "train": {"config", "data", "models"},
-    "use": {"config", "data", "models"},
+    "use": {"config", "data", "models", "train"},  # e.g. evaluating pairs with the trainer that scored them
     # The command line and the launcher sit on top of everything.
     "cli": {"config", "data", "models", "train", "use", "launch"},
     "__main__": {"cli"},
