@@ -331,7 +331,7 @@ def test_reward_model_with_lora_trains_and_saves_the_score_head(tmp_path, tiny_m
     cfg = method_config(
         tmp_path,
         reward_model=True,
-        max_steps=32,
+        max_steps=24,
         learning_rate=1e-2,
         **{**LORA, "lora_target_modules": ["q_proj", "v_proj"]},
     )
@@ -364,3 +364,19 @@ def test_reward_model_refuses_an_adapter_that_leaves_the_head_untrained(tiny_mod
     base = AutoModelForSequenceClassification.from_pretrained(tiny_model_path, num_labels=1)
     with pytest.raises(ConfigError, match="score head"):
         check_score_head_trained(get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"])))
+
+
+def test_weights_drawn_at_loading_do_not_depend_on_the_rng_before(tmp_path):
+    """A reward model's score head is not in the checkpoint and is drawn while loading: the same config gives the
+    same head whatever was drawn from the RNG before (data preparation draws a varying amount)."""
+    from hellbender.models.loading import load_tokenizer_and_processor
+    from hellbender.models.stack import build_trainable_model
+
+    cfg = method_config(tmp_path, reward_model=True, **LORA)
+    tokenizer, _ = load_tokenizer_and_processor(cfg)
+    heads = []
+    for draws in (1, 1000):
+        torch.rand(draws)
+        model = build_trainable_model(cfg, tokenizer)
+        heads.append(model.get_base_model().score.modules_to_save["default"].weight.detach().clone())
+    torch.testing.assert_close(heads[0], heads[1], rtol=0, atol=0)

@@ -40,6 +40,9 @@ def build_trainable_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
     """The base model with everything training adds, in the order each step needs."""
     from transformers import set_seed
 
+    # Weights the checkpoint lacks are drawn while loading (a reward model's score head, the rows of added tokens):
+    # seeded here, they do not depend on what the data preparation before drew from the RNG.
+    set_seed(cfg.seed)
     model = load_base_model(cfg, tokenizer)
     apply_liger_kernels(cfg, model)  # before the adapter, so LoRA wraps the projections the fused modules call
     if fused := apply_gated_norm_kernel(cfg, model):
