@@ -104,6 +104,33 @@ def test_a_stopped_run_resumes_in_a_new_process_exactly(dpo_run, tmp_path):
         torch.testing.assert_close(final[name], expected[name], atol=1e-6, rtol=1e-6)
 
 
+def test_sigterm_saves_a_checkpoint_at_the_end_of_the_step_and_the_run_resumes_to_the_same_losses(dpo_run, tmp_path):
+    """A preempted DPO run (SIGTERM during step 5) saves checkpoint-5 at the end of that step, exits 143 without a
+    final model, and resumed, ends where the uninterrupted run did."""
+    import signal
+
+    from transformers import TrainerCallback
+
+    from hellbender.storage import FINAL_MANIFEST, complete_checkpoints
+
+    class SigtermDuringStep(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 4:
+                signal.raise_signal(signal.SIGTERM)
+
+    _, reference, _ = dpo_run
+    raw = dpo_raw(tmp_path, auto_resume_from_checkpoints=True)
+    metrics = train(validate_config(raw), callbacks=[SigtermDuringStep()])
+    out = Path(raw["output_dir"])
+    assert metrics["exit_code"] == 128 + signal.SIGTERM
+    assert [p.name for p in complete_checkpoints(out)] == ["checkpoint-3", "checkpoint-5"]
+    assert not (out / FINAL_MANIFEST).exists()
+    train(validate_config(raw))
+    got, expected = logged(out, "loss"), logged(reference["output_dir"], "loss")
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert got == pytest.approx(expected, abs=1e-6)
+
+
 def test_two_processes_train_like_one_with_the_same_global_batch(tmp_path):
     common = dict(lora_dropout=0.0, max_steps=3, save_steps=3, val_set_size=0, eval_steps=None)
     single = validate_config(dpo_raw(tmp_path / "single", micro_batch_size=8, **common))
