@@ -374,7 +374,7 @@ def pair_rows(n: int) -> list[dict]:
 @pytest.mark.parametrize(
     ("top", "entry_keys", "needle"),
     [
-        ({"sample_packing": True}, {}, "`sample_packing: true` is not supported with preference data"),
+        ({"sample_packing": True}, {}, "`sample_packing` cannot be used with `rl: dpo`"),
         ({"train_on_inputs": True}, {}, "`train_on_inputs: true` asks to train the prompt"),
         ({"group_by_length": True}, {}, "`group_by_length: true` is not supported with preference data"),
         ({}, {"prompt_format": "{prompt}"}, "does not read `prompt_format`"),

@@ -107,21 +107,17 @@ def preference_data_problems(cfg: HellbenderConfig) -> list[str]:
             f"supervised data ({named}); one run trains on one kind. Give every entry of `datasets` and "
             "`test_datasets` a preference `type`, or train on the supervised data in a separate run."
         )
-    for key in ("sample_packing", "eval_sample_packing"):
-        if getattr(cfg, key):
-            problems.append(
-                f"`{key}: true` is not supported with preference data yet: a pair's chosen and rejected sequences "
-                f"share their prompt and are batched together, not packed. Remove `{key}`."
-            )
+    # `sample_packing` and `streaming` are refused with `rl` / `reward_model` (preference_checks.py), which
+    # preference data needs.
+    if cfg.eval_sample_packing:
+        problems.append(
+            "`eval_sample_packing: true` is not supported with preference data yet: a pair's chosen and rejected "
+            "sequences share their prompt and are batched together, not packed. Remove `eval_sample_packing`."
+        )
     if cfg.group_by_length:
         problems.append(
             "`group_by_length: true` is not supported with preference data yet (it groups supervised rows by their "
             "length). Remove `group_by_length`."
-        )
-    if cfg.streaming:
-        problems.append(
-            "`streaming: true` streams supervised rows only; preference data is prepared before training. Remove "
-            "`streaming`."
         )
     if cfg.train_on_inputs:
         problems.append(
