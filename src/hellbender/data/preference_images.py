@@ -22,12 +22,12 @@ from hellbender.data.contexts import vision_context
 from hellbender.data.formats.base import RowDropped, RowError, RowTooLong, VisionContext
 from hellbender.data.formats.chat_template import budgeted, template_failure
 from hellbender.data.formats.multimodal_chat import (
-    _attach_column_images,
-    _bare,
-    _image_parts,
+    attach_column_images,
     bad_image,
     check_length_floor,
     expand,
+    image_parts,
+    messages_for_template,
     open_images,
 )
 from hellbender.data.formats.preference_rows import PreferenceContext, PreferenceText, template_messages
@@ -61,7 +61,7 @@ def _prompt_with_images(row: dict[str, Any], ctx: PreferenceContext, vision: Vis
     prompt, chosen, rejected = template_messages(row, ctx)
     column = row.get(vision.image_column)
     if column:
-        prompt = _attach_column_images(list(prompt), list(column))
+        prompt = attach_column_images(list(prompt), list(column))
     return prompt, chosen, rejected
 
 
@@ -70,7 +70,10 @@ def _render(ctx: PreferenceContext, processor: Any, messages: list[dict[str, Any
         return budgeted(
             ctx.template,
             lambda: processor.apply_chat_template(
-                _bare(messages), chat_template=ctx.template, tokenize=False, add_generation_prompt=generation_prompt
+                messages_for_template(messages),
+                chat_template=ctx.template,
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
             ),
         )
     except Exception as exc:  # jinja raises many kinds for bad conversations
@@ -82,7 +85,7 @@ def tokenize_vision_pair(row: dict[str, Any], ctx: PreferenceContext, vision: Vi
     processor = vision.processor
     prompt, chosen, rejected = _prompt_with_images(row, ctx, vision)
     try:
-        paths = [resolve_image(image_reference(p), vision.policy) for p in _image_parts(prompt)]
+        paths = [resolve_image(image_reference(p), vision.policy) for p in image_parts(prompt)]
         sizes = [image_header_size(path, vision.policy) for path in paths]
     except ImageProblem as exc:
         raise bad_image(exc, vision) from None

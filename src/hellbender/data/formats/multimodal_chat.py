@@ -33,7 +33,7 @@ from hellbender.data.images import (
 from hellbender.data.vision_tokens import image_token_floor
 
 
-def _attach_column_images(messages: list[dict[str, Any]], refs: list[Any]) -> list[dict[str, Any]]:
+def attach_column_images(messages: list[dict[str, Any]], refs: list[Any]) -> list[dict[str, Any]]:
     """Rows with plain-text messages and an image column: all the images go, in order, before the text of
     the first user message."""
     if any(isinstance(m["content"], list) and any(p["type"] == "image" for p in m["content"]) for m in messages):
@@ -51,11 +51,11 @@ def _attach_column_images(messages: list[dict[str, Any]], refs: list[Any]) -> li
     return out
 
 
-def _image_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def image_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [p for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image"]
 
 
-def _bare(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def messages_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages as the template sees them: image parts without their paths (nothing is loaded while rendering)."""
     out = []
     for m in messages:
@@ -101,9 +101,9 @@ def located_images(row: dict[str, Any], ctx: FormatContext) -> tuple[list[dict[s
     messages = read_messages(row, ctx, allow_parts=True)
     column = row.get(vision.image_column)
     if column:
-        messages = _attach_column_images(messages, list(column))
+        messages = attach_column_images(messages, list(column))
     try:
-        paths = [resolve_image(image_reference(p), vision.policy) for p in _image_parts(messages)]
+        paths = [resolve_image(image_reference(p), vision.policy) for p in image_parts(messages)]
         sizes = [image_header_size(path, vision.policy) for path in paths]
     except ImageProblem as exc:
         raise bad_image(exc, vision) from None
@@ -144,7 +144,7 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
             return budgeted(
                 ctx.chat_template,
                 lambda: processor.apply_chat_template(
-                    _bare(msgs), chat_template=ctx.chat_template, tokenize=False, **extra
+                    messages_for_template(msgs), chat_template=ctx.chat_template, tokenize=False, **extra
                 ),
             )
         except Exception as exc:  # jinja raises many kinds for bad conversations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hellbender.train.methods.shared import IGNORE_INDEX
+from hellbender.data.formats.base import IGNORE_INDEX
 
 
 def legacy_pair_columns(row: dict[str, Any]) -> dict[str, list[int]]:

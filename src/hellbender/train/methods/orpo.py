@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
 from hellbender.config import HellbenderConfig
+from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.train.methods.legacy_pairs import PreTokenizedPairs
-from hellbender.train.methods.shared import IGNORE_INDEX, PreferenceMixin, shared_arguments
+from hellbender.train.methods.shared import PreferenceMixin, shared_arguments
 from hellbender.train.trainer import HellbenderMixin
 
 

@@ -16,7 +16,6 @@ from hellbender.models.activation_checkpointing import CHANNEL_ATTRIBUTE, OFFLOA
 # prompt exactly. KTO's unpaired rows: one answer per row and whether it is desirable.
 PAIR_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 UNPAIRED_COLUMNS = ("prompt_ids", "completion_ids", "label")
-IGNORE_INDEX = -100
 # The name under which TRL adds a copy of the adapter as the reference; hellbender removes it (see below).
 REFERENCE_ADAPTER = "ref"
 
@@ -135,10 +134,6 @@ class PreferenceMixin:
 
     def _method_columns(self, dataset: Any, args: Any, dataset_name: str) -> Any:
         return dataset
-
-    def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
-        self._drop_reference_adapter()  # TRL scores the rows inside its own __init__, before it returns to ours
-        return super()._precompute_ref_logps(dataset, name, batch_size)
 
     def batch_tokens(self, inputs: dict[str, Any]) -> tuple[int, int]:
         """(input tokens, trained tokens) of a collated batch: every row's real tokens, and its answer tokens (the
