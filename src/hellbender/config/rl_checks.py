@@ -67,6 +67,11 @@ def rl_problems(cfg: HellbenderConfig) -> list[str]:
         except ConfigError as exc:
             problems.append(str(exc))
     problems += _data_problems(cfg)
+    if cfg.processor_type is not None:
+        problems.append(
+            f"`processor_type: {cfg.processor_type}` with `rl: grpo`: GRPO is offered for text models so far "
+            "(prompts with images are not read yet). Remove `processor_type` to train the text model."
+        )
     if cfg.rl_beta is not None:
         problems.append(
             "`rl_beta` is the beta of DPO, IPO, KTO and SimPO; GRPO's KL weight is `trl.beta`. Move the value there."
