@@ -17,6 +17,10 @@ def launched_world_size() -> int:
     return int(os.environ["WORLD_SIZE"]) if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ else 1
 
 
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
 def rl_problems(cfg: HellbenderConfig) -> list[str]:
     """Each problem of `rl: grpo` and the `trl:` block, one paragraph each."""
     if cfg.rl != "grpo":
@@ -51,7 +55,7 @@ def rl_problems(cfg: HellbenderConfig) -> list[str]:
             f"`trl.reward_weights` has {len(trl.reward_weights)} weight(s) for {len(trl.reward_funcs)} reward "
             "function(s) in `trl.reward_funcs`: give one weight per function, in the same order."
         )
-    if trl.use_vllm and importlib.util.find_spec("vllm") is None:
+    if trl.use_vllm and not vllm_installed():
         problems.append(
             "`trl.use_vllm: true` generates with vLLM, and the `vllm` package is not installed here. Install it "
             "(`pip install vllm`, on a machine with a GPU), or remove `use_vllm` to generate with transformers."
