@@ -179,16 +179,15 @@ def logged_rewards(output_dir: Path) -> list[float]:
 
 def test_grpo_learns_the_reward_of_a_tiny_task(tmp_path):
     """Full fine-tuning, 20 steps of 2 prompts x 4 completions of 4 tokens: the mean reward of the first 5 steps is
-    0.52 (about half the tokens are even at the start), of the last 5 steps 0.79 (measured on CPU, seed 42)."""
+    0.53 (about half the tokens are even at the start), of the last 5 steps 0.98 (measured on CPU, seed 42)."""
     from hellbender.train.run import train
 
-    cfg = grpo_config(tmp_path, max_steps=20, learning_rate=1e-2)
+    cfg = grpo_config(tmp_path, max_steps=20, learning_rate=2e-2)
     train(cfg)
     rewards = logged_rewards(Path(cfg.output_dir))
     assert len(rewards) == 20
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert first < 0.6 and last > 0.7, rewards
-    assert last - first > 0.15, rewards
+    assert first < 0.65 and last > 0.85, rewards
 
 
 def test_the_lora_reference_is_the_base_model_with_the_adapter_off(tmp_path, tiny_model_path):
