@@ -188,6 +188,10 @@ def test_grpo_learns_the_reward_of_a_tiny_task(tmp_path):
     assert len(rewards) == 20
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert first < 0.65 and last > 0.85, rewards
+    report = (Path(cfg.output_dir) / "report" / "report.md").read_text()
+    assert "Method: GRPO (online reinforcement learning, 4 completions per prompt" in report
+    assert f"Mean reward (generated completions, per logged step): {rewards[0]:.4g} at step 1" in report
+    assert "`even_share`" in report
 
 
 def test_the_lora_reference_is_the_base_model_with_the_adapter_off(tmp_path, tiny_model_path):
