@@ -96,6 +96,9 @@ def test_a_grpo_config_reads_its_reward_functions_next_to_the_config_file(tmp_pa
         ({"trl": {"use_liger_loss": True}}, ["trl.use_liger_loss", "not offered yet"]),
         ({"trl": {"loss_type": "luspo"}}, ["loss_type"]),
         ({"datasets": [{"path": "x.jsonl", "type": "chat_template"}]}, ["type: chat_template", "rl: grpo"]),
+        ({"val_set_size": 0.1}, ["val_set_size", "rl: grpo"]),
+        ({"processor_type": "AutoProcessor"}, ["processor_type", "rl: grpo"]),
+        ({"rl_beta": 0.1}, ["rl_beta", "trl.beta"]),
     ],
 )
 def test_grpo_config_errors_name_the_key(tmp_path, overrides, needles):
@@ -192,6 +195,8 @@ def test_grpo_learns_the_reward_of_a_tiny_task(tmp_path):
     assert "Method: GRPO (online reinforcement learning, 4 completions per prompt" in report
     assert f"Mean reward (generated completions, per logged step): {rewards[0]:.4g} at step 1" in report
     assert "`even_share`" in report
+    resolved = load_config(Path(cfg.output_dir) / "hellbender_config.yml")  # as a resumed run reads it
+    assert resolved.trl == cfg.trl and resolved.datasets[0].type == "pretokenized"
 
 
 def test_the_lora_reference_is_the_base_model_with_the_adapter_off(tmp_path, tiny_model_path):

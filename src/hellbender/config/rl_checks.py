@@ -97,7 +97,7 @@ def _data_problems(cfg: HellbenderConfig) -> list[str]:
         "`prompt` column (text, or a list of chat messages) and any other columns the reward functions read. Remove "
         "`type` and give the rows that shape (Axolotl's `type: module.transform` for GRPO is not offered yet)."
         for i, e in enumerate(cfg.datasets)
-        if e.type is not None
+        if e.type not in (None, "pretokenized")  # the resolved config names rows used as they are `pretokenized`
     ]
     for key, why in (
         ("test_datasets", "evaluation of GRPO runs is not offered yet"),
@@ -105,6 +105,11 @@ def _data_problems(cfg: HellbenderConfig) -> list[str]:
     ):
         if getattr(cfg, key):
             problems.append(f"`{key}` cannot be used with `rl: grpo`: {why}. Remove `{key}`.")
+    if cfg.val_set_size:
+        problems.append(
+            f"`val_set_size: {cfg.val_set_size}` cannot be used with `rl: grpo`: evaluation of GRPO runs is not "
+            "offered yet. Remove `val_set_size`."
+        )
     if cfg.streaming:
         problems.append("`streaming: true` cannot be used with `rl: grpo`: its prompt rows are read whole. Remove it.")
     return problems
