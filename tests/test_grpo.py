@@ -32,6 +32,10 @@ def fails_on_seven(prompts, completions, number, **kwargs):
     return [0.0 for _ in completions]
 
 
+def low_share(prompts, completions, completion_ids, **kwargs):
+    return [sum(t < 256 for t in ids) / max(len(ids), 1) for ids in completion_ids]
+
+
 def too_few(prompts, completions, **kwargs):
     return [1.0]
 
@@ -199,11 +203,9 @@ def test_grpo_learns_the_reward_of_a_tiny_task(tmp_path):
     assert resolved.trl == cfg.trl and resolved.datasets[0].type == "pretokenized"
 
 
-def test_the_lora_reference_is_the_base_model_with_the_adapter_off(tmp_path, tiny_model_path):
-    """With `trl.beta > 0` and LoRA, the reference log-probabilities TRL uses for the KL term equal those of the
-    base model loaded on its own, while the trained adapter's differ from them."""
-    from transformers import AutoModelForCausalLM
-
+def recording_trainer(cfg) -> tuple[object, list[dict]]:
+    """The trainer `hellbender train` builds for `cfg` on its prompt rows, and the list each generated and scored
+    batch is appended to (before TRL shuffles and splits it)."""
     from hellbender.data.grpo_rows import grpo_rows
     from hellbender.models.loading import load_tokenizer_and_processor
     from hellbender.models.stack import build_trainable_model
@@ -212,15 +214,14 @@ def test_the_lora_reference_is_the_base_model_with_the_adapter_off(tmp_path, tin
     from hellbender.train.schedule import plan_schedule
     from hellbender.train.tokens import TokenCounter
 
-    cfg = grpo_config(tmp_path, {"beta": 0.1}, adapter="lora", lora_r=8, lora_alpha=16, max_steps=3, learning_rate=5e-2)
     method = preference_method(cfg)
     tokenizer, _ = load_tokenizer_and_processor(cfg)
     model = build_trainable_model(cfg, tokenizer)
     rows = grpo_rows(cfg)
-    args = training_arguments(cfg, plan_schedule(cfg, len(rows) * 4, 1), False, False, *method.arguments(cfg))
+    schedule = plan_schedule(cfg, len(rows) * cfg.trl.num_generations, 1)
+    args = training_arguments(cfg, schedule, False, False, *method.arguments(cfg))
     trainer = method.build_trainer(cfg, model, args, rows, None, tokenizer, callbacks=[TokenCounter()])
-    assert "ref" not in trainer.model.peft_config  # no second adapter: the base is the reference
-    batches = []
+    batches: list[dict] = []
     generate = trainer._generate_and_score_completions
 
     def recorded(inputs):
@@ -228,6 +229,50 @@ def test_the_lora_reference_is_the_base_model_with_the_adapter_off(tmp_path, tin
         return batches[-1]
 
     trainer._generate_and_score_completions = recorded
+    return trainer, batches
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none", True, False])
+def test_advantages_follow_the_group_relative_formula(tmp_path, scale_rewards):
+    """The advantages TRL trains with, from the weighted sum of two reward functions: the reward minus its group's
+    mean, divided by the unbiased standard deviation of the group (`group`, `true`), of the whole batch (`batch`), or
+    not at all (`none`, `false`), with TRL's 1e-4 beside it."""
+    from hellbender.config.reward_functions import load_reward_function
+
+    trl = {"reward_funcs": ["rewards.even_share", "rewards.low_share"], "reward_weights": [1.0, 0.5]}
+    cfg = grpo_config(tmp_path, {**trl, "scale_rewards": scale_rewards}, max_steps=1, micro_batch_size=16)
+    trainer, batches = recording_trainer(cfg)
+    trainer.train()
+    batch = batches[0]
+    ids = [
+        row[mask.bool()].tolist() for row, mask in zip(batch["completion_ids"], batch["completion_mask"], strict=True)
+    ]
+    scores = [
+        load_reward_function(name, tmp_path)(prompts=[], completions=[], completion_ids=ids)
+        for name in trl["reward_funcs"]
+    ]
+    rewards = torch.tensor(scores[0]) + 0.5 * torch.tensor(scores[1])
+    groups = rewards.view(-1, 4)
+    centred = (groups - groups.mean(dim=1, keepdim=True)).flatten()
+    spread = {
+        "group": groups.std(dim=1).repeat_interleave(4),
+        "batch": rewards.std().expand(16),
+        "none": None,
+    }[cfg.trl.scale_rewards]
+    expected = centred if spread is None else centred / (spread + 1e-4)
+    assert cfg.trl.scale_rewards == {True: "group", False: "none"}.get(scale_rewards, scale_rewards)
+    assert rewards.std() > 0  # the rewards differ, so the three scalings differ
+    torch.testing.assert_close(batch["advantages"].cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_lora_reference_is_the_base_model_with_the_adapter_off(tmp_path, tiny_model_path):
+    """With `trl.beta > 0` and LoRA, the reference log-probabilities TRL uses for the KL term equal those of the
+    base model loaded on its own, while the trained adapter's differ from them."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = grpo_config(tmp_path, {"beta": 0.1}, adapter="lora", lora_r=8, lora_alpha=16, max_steps=3, learning_rate=5e-2)
+    trainer, batches = recording_trainer(cfg)
+    assert "ref" not in trainer.model.peft_config  # no second adapter: the base is the reference
     trainer.train()
     batch = batches[-1]  # generated after two optimizer steps: the adapter is no longer zero
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
