@@ -101,6 +101,8 @@ def test_a_grpo_config_reads_its_reward_functions_next_to_the_config_file(tmp_pa
         ({"trl": {"loss_type": "luspo"}}, ["loss_type"]),
         ({"datasets": [{"path": "x.jsonl", "type": "chat_template"}]}, ["type: chat_template", "rl: grpo"]),
         ({"val_set_size": 0.1}, ["val_set_size", "rl: grpo"]),
+        ({"curriculum_sampling": True}, ["curriculum_sampling", "rl: grpo"]),
+        ({"datasets": [{"path": "x.jsonl", "field_messages": "m"}]}, ["datasets[0]", "field_messages"]),
         ({"processor_type": "AutoProcessor"}, ["processor_type", "rl: grpo"]),
         ({"rl_beta": 0.1}, ["rl_beta", "trl.beta"]),
     ],

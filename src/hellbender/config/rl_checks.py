@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Any
 
 from hellbender.config.reward_functions import load_reward_function
 from hellbender.config.schema import HellbenderConfig
@@ -90,6 +91,23 @@ def _steps_for(per_step: int, generations: int) -> int:
     return steps
 
 
+# Keys of data preparation (tokenizing, cutting, filtering, ordering rows) that GRPO's prompt rows never go through.
+PREPARATION_KEYS = (
+    "excess_length_strategy", "max_prompt_len", "eval_sample_packing", "pad_to_sequence_len", "train_on_inputs",
+    "dataset_exact_deduplication", "min_sample_len", "group_by_length",
+    "sample_packing_sequentially", "curriculum_sampling", "skip_prepare_dataset", "eot_tokens",
+)  # fmt: skip
+# What a GRPO entry may set: where its rows are.
+ENTRY_KEYS = ("path", "type", "ds_type", "data_files", "name", "split", "revision")
+
+
+def _differs_from_default(model: Any, key: str) -> bool:
+    """Set to something other than its default or `false` (the resolved config writes `false` for what validation
+    fills in, and must validate again on resume)."""
+    value = getattr(model, key)
+    return value is not False and value != type(model).model_fields[key].get_default(call_default_factory=True)
+
+
 def _data_problems(cfg: HellbenderConfig) -> list[str]:
     """GRPO reads prompt rows (`prompt` and any columns the reward functions read), declared without a `type`."""
     problems = [
@@ -105,6 +123,24 @@ def _data_problems(cfg: HellbenderConfig) -> list[str]:
     ):
         if getattr(cfg, key):
             problems.append(f"`{key}` cannot be used with `rl: grpo`: {why}. Remove `{key}`.")
+    for key in PREPARATION_KEYS:
+        if _differs_from_default(cfg, key):
+            problems.append(
+                f"`{key}` cannot be used with `rl: grpo`: it tunes the preparation of training rows, and GRPO reads "
+                f"its prompt rows as they are (they are not tokenized, cut or reordered beforehand). Remove `{key}`."
+            )
+    for i, entry in enumerate(cfg.datasets):
+        extra = [k for k in type(entry).model_fields if k not in ENTRY_KEYS and _differs_from_default(entry, k)]
+        if extra:
+            problems.append(
+                f"`datasets[{i}]` sets {', '.join(f'`{k}`' for k in extra)}, which `rl: grpo` does not read: its rows "
+                "are used as they are (`prompt` and the reward functions' columns). Remove them."
+            )
+    if cfg.shuffle_merged_datasets is False:
+        problems.append(
+            "`shuffle_merged_datasets: false` cannot be honoured with `rl: grpo`: TRL's sampler draws the prompts in "
+            "a seeded random order. Remove `shuffle_merged_datasets`."
+        )
     if cfg.val_set_size:
         problems.append(
             f"`val_set_size: {cfg.val_set_size}` cannot be used with `rl: grpo`: evaluation of GRPO runs is not "
