@@ -201,6 +201,7 @@ def test_grpo_learns_the_reward_of_a_tiny_task(tmp_path):
     assert "Method: GRPO (online reinforcement learning, 4 completions per prompt" in report
     assert f"Mean reward (generated completions, per logged step): {rewards[0]:.4g} at step 1" in report
     assert "`even_share`" in report
+    assert "- Batch: 8 completions x 1 accumulation steps (4 per prompt); completions up to 4 tokens" in report
     resolved = load_config(Path(cfg.output_dir) / "hellbender_config.yml")  # as a resumed run reads it
     assert resolved.trl == cfg.trl and resolved.datasets[0].type == "pretokenized"
 

@@ -202,8 +202,7 @@ class RunReport(TrainerCallback):
             f"- Base model: `{cfg.base_model}`{' (vision-language)' if cfg.is_multimodal else ''}",
             f"- Method: {method}",
             f"- Data: {', '.join(f'`{s}`' for s in sources) or 'none'}",
-            f"- Batch: {cfg.micro_batch_size} rows x {cfg.gradient_accumulation_steps} accumulation steps; "
-            f"sequence length {cfg.sequence_len}{', packed' if cfg.sample_packing else ''}",
+            _batch_line(cfg),
             f"- Device: {_device_name()}",
         ]
         if self.parameters:
@@ -398,3 +397,15 @@ def _duration(seconds: float) -> str:
 def _numel(parameter: Any) -> int:
     """Elements of the whole parameter: under DeepSpeed ZeRO-3 the local tensor is an empty shard."""
     return int(getattr(parameter, "ds_numel", parameter.numel()))
+
+
+def _batch_line(cfg: Any) -> str:
+    if cfg.rl == "grpo" and cfg.trl is not None:  # a micro-batch holds generated completions, not dataset rows
+        return (
+            f"- Batch: {cfg.micro_batch_size} completions x {cfg.gradient_accumulation_steps} accumulation steps "
+            f"({cfg.trl.num_generations} per prompt); completions up to {cfg.trl.max_completion_length} tokens"
+        )
+    return (
+        f"- Batch: {cfg.micro_batch_size} rows x {cfg.gradient_accumulation_steps} accumulation steps; "
+        f"sequence length {cfg.sequence_len}{', packed' if cfg.sample_packing else ''}"
+    )
