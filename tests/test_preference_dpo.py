@@ -167,7 +167,7 @@ def test_the_loss_types_offered_are_those_trl_computes():
 @pytest.mark.parametrize(
     ("overrides", "needles"),
     [
-        ({"rl": "grpo"}, ["rl", "dpo"]),
+        ({"rl": "gdpo"}, ["rl", "dpo"]),
         ({"rl": "kto", "micro_batch_size": 1}, ["rl: kto", "micro_batch_size: 1", "at least 2"]),
         ({"reward_model": True, "model_type": "AutoModelForCausalLM"}, ["reward_model", "model_type"]),
         ({"rl": "dpo", "orpo_alpha": 0.1}, ["orpo_alpha", "rl: orpo", "rl: dpo"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -460,6 +461,9 @@ def examples(
                 shutil.copytree(used, target, dirs_exist_ok=True)
             else:
                 shutil.copyfile(used, target)
+    for module in re.findall(r"\b([A-Za-z_]\w*)\.\w+", _reward_funcs_text(text)):  # `trl.reward_funcs` files
+        if (root / f"{module}.py").is_file():
+            (dest / f"{module}.py").write_text((root / f"{module}.py").read_text())
     console.print(
         f"copied {file_name} and its data to {dest}: run `cd {dest} && hellbender train {file_name}`",
         highlight=False,
@@ -473,6 +477,11 @@ def _preference_summary(output_dir: Path) -> str | None:
 
     state = output_dir / "trainer_state.json"
     return preference_summary(json.loads(state.read_text())["log_history"]) if state.is_file() else None
+
+
+def _reward_funcs_text(config_text: str) -> str:
+    """The `reward_funcs:` line of an example config (its reward files are copied beside it)."""
+    return "\n".join(line for line in config_text.splitlines() if line.strip().startswith("reward_funcs:"))
 
 
 def _example_data(config_text: str, data_src: Path) -> list[Path]:

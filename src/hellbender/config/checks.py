@@ -17,6 +17,7 @@ from hellbender.config.model_sources import local_source_problem
 from hellbender.config.plugins import plugin_problems
 from hellbender.config.preference_checks import preference_problems
 from hellbender.config.preference_data_checks import preference_data_problems
+from hellbender.config.rl_checks import rl_problems
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.streaming_checks import streaming_problems
 from hellbender.config.tracking_checks import swanlab_notices, swanlab_problems
@@ -124,6 +125,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     problems += mistral_common_problems(cfg)
     problems += model_quantization_problems(cfg)
     problems += preference_problems(cfg)
+    problems += rl_problems(cfg)
     problems += config_class_problems(cfg)
     problems += _multimodal_conflicts(cfg)
     problems += _distributed_conflicts(cfg)

@@ -28,6 +28,7 @@ from hellbender.config.preference import (
     DEFAULT_SIMPO_GAMMA,
     PREFERENCE_UNSET_MEANS,
 )
+from hellbender.config.rl import RL_UNSET_MEANS, TRL_UNSET_MEANS
 from hellbender.config.schema import DatasetEntry, HellbenderConfig
 from hellbender.config.tracking import swanlab_asked
 
@@ -49,6 +50,8 @@ TORCH_COMPILE_DEFAULTS = {"torch_compile_backend": "inductor", "torch_compile_mo
 # in this module or says here why it stays open.
 UNSET_MEANS: dict[str, str] = {
     **PREFERENCE_UNSET_MEANS,
+    **RL_UNSET_MEANS,
+    **TRL_UNSET_MEANS,
     "max_prompt_len": "no limit on prompts of their own (prompt and answer together must fit `sequence_len`)",
     "tokenizer_config": "the tokenizer of `base_model`",
     "revision_of_model": "the default branch of `base_model`",

@@ -122,7 +122,18 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Hellben
             f"Config file `{path}` is empty: `base_model` is required, and `datasets:` to train on (see "
             "`hellbender examples` for complete configs)."
         )
-    return validate_config(apply_overrides(raw, overrides or []))
+    return validate_config(_reward_functions_beside(apply_overrides(raw, overrides or []), Path(path)))
+
+
+def _reward_functions_beside(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`trl.reward_funcs` files are found next to the config file (Axolotl's meaning), or in a relative
+    `trl.reward_funcs_dir` taken from there; the resolved config names the absolute directory."""
+    block = raw.get("trl")
+    if isinstance(block, dict) and block.get("reward_funcs"):
+        given = block.get("reward_funcs_dir")
+        here = path.resolve().parent
+        block["reward_funcs_dir"] = str(here / given) if isinstance(given, str) else str(here)
+    return raw
 
 
 def dump_config(cfg: HellbenderConfig, machine: Machine | None = None) -> str:

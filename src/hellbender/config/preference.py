@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from hellbender.config.unsupported import planned_feature
 from hellbender.config.values import Float, Int
 
-PreferenceMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo"]
+PreferenceMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo"]
 # The loss types TRL's DPOTrainer computes (its `DPOConfig.loss_type`); a test checks this list against TRL's.
 DpoLossType = Literal[
     "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
@@ -25,8 +25,8 @@ DEFAULT_ORPO_ALPHA = 0.1
 DEFAULT_SIMPO_GAMMA = 0.5
 DEFAULT_CPO_ALPHA = 1.0
 DEFAULT_KTO_WEIGHT = 1.0
-# Axolotl's `rl` values for methods that generate during training: the planned online reinforcement learning.
-ONLINE_METHODS = ("grpo", "gdpo", "ebft")
+# Axolotl's `rl` values for methods that generate during training and are not offered yet (`grpo` is).
+ONLINE_METHODS = ("gdpo", "ebft")
 
 # method-specific key -> the `rl` methods it tunes
 METHOD_KEYS: dict[str, tuple[str, ...]] = {
@@ -56,7 +56,10 @@ class PreferenceSettings(BaseModel):
         "loss), `kto` (unpaired rows labelled desirable or not), `orpo` (odds ratio beside the cross-entropy, no "
         "reference model) or `simpo` (length-normalised margin, no reference model). The reference model of DPO, IPO "
         "and KTO is the base model with the adapter switched off (LoRA / QLoRA), or a frozen copy of the starting "
-        "weights (full fine-tuning; see `precompute_ref_log_probs`). See docs/preference.md.",
+        "weights (full fine-tuning; see `precompute_ref_log_probs`). See docs/preference.md. `grpo`: online "
+        "reinforcement learning (Group Relative Policy Optimization): the model generates several completions per "
+        "prompt, the `trl.reward_funcs` score them, and it learns from rewards relative to the group (the `trl:` "
+        "block; docs/rl.md).",
     )
 
     @field_validator("rl", mode="before")
@@ -64,8 +67,8 @@ class PreferenceSettings(BaseModel):
     def _online_methods_are_planned(cls, value: Any) -> Any:
         if value in ONLINE_METHODS:
             raise ValueError(
-                f"`rl: {value}` belongs to {planned_feature('trl')}, which hellbender does not offer yet; the "
-                "preference-tuning methods offered are `dpo`, `ipo`, `kto`, `orpo` and `simpo`"
+                f"`rl: {value}` belongs to {planned_feature('ebft')}, which hellbender does not offer yet; the "
+                "methods offered are `dpo`, `ipo`, `kto`, `orpo`, `simpo` and `grpo`"
             )
         return value
 

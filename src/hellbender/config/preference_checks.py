@@ -18,8 +18,8 @@ def preference_problems(cfg: HellbenderConfig) -> list[str]:
     problems: list[str] = []
     method = cfg.rl
     for key, methods in METHOD_KEYS.items():
-        if not _is_set(getattr(cfg, key)) or method in methods:
-            continue
+        if not _is_set(getattr(cfg, key)) or method in methods or (key, method) == ("rl_beta", "grpo"):
+            continue  # GRPO's own paragraph for `rl_beta` points at `trl.beta` (`rl_checks.py`)
         owners = " or ".join(f"`rl: {m}`" for m in methods)
         if method is None:
             problems.append(

@@ -66,6 +66,8 @@ def _vision_preference_problems(cfg: HellbenderConfig, preference: list) -> list
 
 
 def preference_data_problems(cfg: HellbenderConfig) -> list[str]:
+    if cfg.rl == "grpo":  # prompt rows, not pairs (`rl_checks.py`)
+        return []
     entries = [(f"datasets[{i}]", e) for i, e in enumerate(cfg.datasets)]
     entries += [(f"test_datasets[{i}]", e) for i, e in enumerate(cfg.test_datasets)]
     preference = [(where, e) for where, e in entries if is_preference_type(e.type)]

@@ -21,6 +21,7 @@ from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.plugins import PluginSettings
 from hellbender.config.preference import PreferenceSettings
+from hellbender.config.rl import RlSettings, TrlSettings
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.tracking import TrackingSettings
 from hellbender.config.training import TrainingSettings
@@ -35,6 +36,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("Training", TrainingSettings),
     ("Loss", LossSettings),
     ("Preference tuning", PreferenceSettings),
+    ("Online reinforcement learning", RlSettings),
+    ("`trl:`", TrlSettings),
     ("Fused kernels and compilation", KernelSettings),
     ("Several GPUs and machines", DistributedSettings),
     ("`fsdp_config:`", FsdpSettings),

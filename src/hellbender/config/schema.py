@@ -12,6 +12,7 @@ from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.plugins import PluginSettings
 from hellbender.config.preference import PreferenceSettings
+from hellbender.config.rl import RlSettings
 from hellbender.config.tracking import TrackingSettings
 from hellbender.config.training import TrainingSettings
 
@@ -26,6 +27,7 @@ class HellbenderConfig(
     TrainingSettings,
     LossSettings,
     PreferenceSettings,
+    RlSettings,
     KernelSettings,
     DistributedSettings,
     PluginSettings,

@@ -12,7 +12,7 @@ PLANNED: dict[str, tuple[str, ...]] = {
         # SwanLab's table of preference-training completions
         "swanlab_log_completions", "swanlab_completion_log_interval", "swanlab_completion_max_buffer",
     ),
-    "online reinforcement learning (GRPO and other methods that generate during training)": ("trl", "vllm", "ebft"),
+    "more online reinforcement learning (GDPO, EBFT and generation with vLLM)": ("vllm", "ebft"),
     "mixture-of-experts training (adapters on experts, quantized experts, expert kernels and parallelism)": (
         "quantize_moe_experts", "lora_target_parameters", "use_kernels", "llama4_linearized_experts",
         "use_scattermoe", "use_sonicmoe", "expert_parallel_size", "expert_parallel_backend",

@@ -38,6 +38,7 @@ from hellbender.train.plots import (
     train_logs,
 )
 from hellbender.train.preference_outcome import is_preference_log, preference_lines
+from hellbender.train.rl_outcome import is_rl_log, reward_lines
 
 logger = logging.getLogger("hellbender")
 REPORT_DIR = "report"
@@ -130,6 +131,8 @@ class RunReport(TrainerCallback):
         outcome = self._outcome(train, evals, summary, cross_entropy)
         if is_preference_log(history):  # after the losses: what says whether the preference was learned
             outcome[2:2] = preference_lines(history)
+        elif is_rl_log(history):  # likewise, whether the rewards were learned
+            outcome[2:2] = reward_lines(history)
         lines += ["## Outcome", "", *outcome, ""]
         notes = self._notes(train, evals)
         if notes:
@@ -185,7 +188,13 @@ class RunReport(TrainerCallback):
             method = f"{name} (r {cfg.lora_r}, alpha {cfg.lora_alpha}, targets: {targets})"
         else:
             method = "full fine-tuning"
-        if cfg.rl is not None:
+        if cfg.rl == "grpo" and cfg.trl is not None:
+            trl = cfg.trl
+            method = (
+                f"GRPO (online reinforcement learning, {trl.num_generations} completions per prompt, beta "
+                f"{trl.beta:g}, loss {trl.loss_type}), {method}"
+            )
+        elif cfg.rl is not None:
             beta = f", rl_beta {cfg.rl_beta:g}" if cfg.rl_beta is not None else ""
             method = f"{cfg.rl.upper()} (preference tuning{beta}), {method}"
         sources = [e.path for e in cfg.datasets] + [e.path for e in cfg.pretraining_dataset]
@@ -193,8 +202,7 @@ class RunReport(TrainerCallback):
             f"- Base model: `{cfg.base_model}`{' (vision-language)' if cfg.is_multimodal else ''}",
             f"- Method: {method}",
             f"- Data: {', '.join(f'`{s}`' for s in sources) or 'none'}",
-            f"- Batch: {cfg.micro_batch_size} rows x {cfg.gradient_accumulation_steps} accumulation steps; "
-            f"sequence length {cfg.sequence_len}{', packed' if cfg.sample_packing else ''}",
+            _batch_line(cfg),
             f"- Device: {_device_name()}",
         ]
         if self.parameters:
@@ -389,3 +397,15 @@ def _duration(seconds: float) -> str:
 def _numel(parameter: Any) -> int:
     """Elements of the whole parameter: under DeepSpeed ZeRO-3 the local tensor is an empty shard."""
     return int(getattr(parameter, "ds_numel", parameter.numel()))
+
+
+def _batch_line(cfg: Any) -> str:
+    if cfg.rl == "grpo" and cfg.trl is not None:  # a micro-batch holds generated completions, not dataset rows
+        return (
+            f"- Batch: {cfg.micro_batch_size} completions x {cfg.gradient_accumulation_steps} accumulation steps "
+            f"({cfg.trl.num_generations} per prompt); completions up to {cfg.trl.max_completion_length} tokens"
+        )
+    return (
+        f"- Batch: {cfg.micro_batch_size} rows x {cfg.gradient_accumulation_steps} accumulation steps; "
+        f"sequence length {cfg.sequence_len}{', packed' if cfg.sample_packing else ''}"
+    )

@@ -21,6 +21,7 @@ METHOD_MODULES = {
     "kto": "kto",
     "orpo": "orpo",
     "simpo": "simpo",
+    "grpo": "grpo",
     "reward_model": "reward_model",
 }
 

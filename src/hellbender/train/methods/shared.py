@@ -78,6 +78,8 @@ def check_columns(dataset: Any, columns: tuple[str, ...], dataset_name: str) -> 
         kind = (
             "unpaired rows (prompt ids, completion ids, label)"
             if "label" in columns
+            else "prompt rows (a `prompt` column)"
+            if columns == ("prompt",)
             else "pairs (prompt ids, chosen ids, rejected ids)"
         )
         raise ConfigError(

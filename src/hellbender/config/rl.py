@@ -1,0 +1,131 @@
+"""The `trl:` block of online reinforcement learning (`rl: grpo`), with Axolotl's key names and the fields of TRL's
+`GRPOConfig` they feed. Its rules (the batch, the reward functions) are in `rl_checks.py`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from hellbender.config.values import Float, Int
+
+# The loss types of TRL 1.16's GRPOTrainer that need no other key hellbender does not offer yet (`luspo` needs
+# sequence-level importance sampling); a test checks them against TRL's.
+GrpoLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "vespo"]
+ScaleRewards = Literal["group", "batch", "none"]
+DEFAULT_NUM_GENERATIONS = 8
+
+
+class TrlSettings(BaseModel):
+    """TRL's GRPO settings, as `trl:`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_offered_fields(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            unknown = sorted(str(k) for k in raw if k not in cls.model_fields)
+            if unknown:
+                raise ValueError(
+                    f"{', '.join(f'`trl.{k}`' for k in unknown)} is not offered yet (online reinforcement learning "
+                    "is new in hellbender); the `trl:` keys it reads are "
+                    f"{', '.join(f'`{k}`' for k in cls.model_fields)}. Remove the others"
+                )
+        return raw
+
+    beta: Float = Field(
+        0.0,
+        ge=0,
+        description="The weight of the KL penalty that keeps the policy near the reference model. With an adapter "
+        "the reference is the base model with the adapter switched off; with full fine-tuning, a frozen copy of the "
+        "starting weights. 0 (TRL's default) uses no reference at all.",
+    )
+    num_generations: Int = Field(
+        DEFAULT_NUM_GENERATIONS,
+        ge=2,
+        description="Completions generated per prompt: one group, whose rewards are compared with each other. It "
+        "must divide the global batch (`micro_batch_size` x `gradient_accumulation_steps` x processes), which holds "
+        "that many completions of each of its prompts.",
+    )
+    max_completion_length: Int = Field(
+        512, ge=1, description="The most tokens generated per completion; longer ones are cut there."
+    )
+    temperature: Float = Field(1.0, gt=0, description="The sampling temperature of the generation.")
+    top_p: Float = Field(
+        1.0, gt=0, le=1, description="Nucleus sampling: keep the most likely tokens up to this probability mass."
+    )
+    reward_funcs: Annotated[list[str], Field(min_length=1)] | None = Field(
+        None,
+        description="The reward functions, each `module.function`: the function `function` of the Python file "
+        "`module.py` in `reward_funcs_dir` (the config file's directory by default). Validation and training "
+        "import that file, so it runs the file's code: name only files you trust. Each is called with the prompts, "
+        "the completions and the dataset's other columns, and returns one number (or None) per completion "
+        "(docs/rl.md). Required with `rl: grpo`.",
+    )
+    reward_funcs_dir: str | None = Field(
+        None,
+        description="The directory `reward_funcs` files are imported from. Filled in from the config file's "
+        "directory when the config is read from a file (the working directory otherwise), so the resolved config "
+        "names it.",
+    )
+    reward_weights: Annotated[list[Float], Field(min_length=1)] | None = Field(
+        None,
+        description="One weight per reward function, in the same order; the reward is their weighted sum.",
+    )
+    loss_type: GrpoLossType = Field(
+        "dapo",
+        description="How the per-token losses are combined (TRL's variants): `grpo` (mean per sequence, then over "
+        "sequences), `dapo` (TRL's default: over all completion tokens of the global batch), `dr_grpo` (divided by "
+        "a constant, `max_completion_length`), `bnpo` (over the tokens of the local batch), `cispo` (clipped "
+        "importance weights), `sapo` (a soft gate instead of clipping), `vespo` (sequence-level soft weighting).",
+    )
+    scale_rewards: bool | ScaleRewards = Field(
+        "group",
+        description="Divide each advantage by the standard deviation of the rewards in its `group` (`true`, the "
+        "default), in the whole `batch`, or not at all (`none` / `false`, as Dr. GRPO recommends).",
+    )
+    epsilon: Float = Field(0.2, gt=0, description="The clipping range of the probability ratio (lower bound).")
+    epsilon_high: Float | None = Field(
+        None,
+        gt=0,
+        description="The upper clipping bound of the ratio (DAPO's clip-higher, e.g. 0.28); default `epsilon`.",
+    )
+    num_iterations: Int = Field(
+        1, ge=1, description="Optimizer passes over each batch of generated completions (GRPO's mu)."
+    )
+    mask_truncated_completions: bool = Field(
+        False,
+        description="Leave completions cut at `max_completion_length` out of the loss (DAPO), so an unfinished "
+        "answer is not penalized for being unfinished.",
+    )
+    use_vllm: bool = Field(
+        False,
+        description="Generate with vLLM (TRL's integration) instead of transformers' `generate`. Needs the `vllm` "
+        "package; refused where it is not installed.",
+    )
+
+    @field_validator("scale_rewards", mode="after")
+    @classmethod
+    def _scale_rewards_word(cls, value: bool | str) -> str:
+        """Axolotl writes a boolean; TRL reads `true` as `group` and `false` as `none`."""
+        return {True: "group", False: "none"}.get(value, value) if isinstance(value, bool) else value
+
+
+class RlSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    trl: TrlSettings | None = Field(
+        None,
+        description="With `rl: grpo`: the generation, reward and loss settings of online reinforcement learning "
+        "(the `trl:` keys below; docs/rl.md).",
+    )
+
+
+RL_UNSET_MEANS: dict[str, str] = {"trl": "TRL's GRPO defaults with `rl: grpo` (it then needs `reward_funcs`)"}
+TRL_UNSET_MEANS: dict[str, str] = {
+    "reward_funcs": "none: required with `rl: grpo`",
+    "reward_funcs_dir": "the config file's directory",
+    "reward_weights": "1.0 for each reward function",
+    "epsilon_high": "`epsilon`",
+}

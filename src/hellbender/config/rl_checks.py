@@ -1,0 +1,151 @@
+"""The rules of online reinforcement learning (`rl: grpo` and its `trl:` block): the block only with the method,
+whole groups in every batch, one weight per reward function, reward functions that exist, vLLM only where installed,
+and the data and keys GRPO does not read."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+from hellbender.config.reward_functions import load_reward_function
+from hellbender.config.schema import HellbenderConfig
+from hellbender.errors import ConfigError
+
+
+def launched_world_size() -> int:
+    """The processes of this run where it is known (inside `hellbender train --nproc N`), else 1."""
+    return int(os.environ["WORLD_SIZE"]) if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ else 1
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def rl_problems(cfg: HellbenderConfig) -> list[str]:
+    """Each problem of `rl: grpo` and the `trl:` block, one paragraph each."""
+    if cfg.rl != "grpo":
+        if cfg.trl is not None:
+            now = f"this config sets `rl: {cfg.rl}`" if cfg.rl else "`rl` is not set"
+            return [
+                f"`trl:` sets online reinforcement learning, and {now}, so it would change nothing. Set `rl: grpo`, "
+                "or remove the `trl:` block."
+            ]
+        return []
+    trl = cfg.trl
+    if trl is None or not trl.reward_funcs:
+        return [
+            "`rl: grpo` scores its generated completions with reward functions, and `trl.reward_funcs` names none. "
+            "Add `trl:` with `reward_funcs: [module.function]` (a function of `module.py` next to the config; "
+            "docs/rl.md)."
+        ]
+    problems: list[str] = []
+    processes = launched_world_size()
+    batch = cfg.micro_batch_size * cfg.gradient_accumulation_steps * processes
+    if batch % trl.num_generations:
+        problems.append(
+            f"`trl.num_generations: {trl.num_generations}` must divide the global batch, which holds that many "
+            f"completions of each prompt; the batch here is {batch} completions (`micro_batch_size: "
+            f"{cfg.micro_batch_size}` x `gradient_accumulation_steps: {cfg.gradient_accumulation_steps}` x "
+            f"{processes} process(es)). Make the batch a multiple of {trl.num_generations} (e.g. "
+            f"`gradient_accumulation_steps: {_steps_for(cfg.micro_batch_size * processes, trl.num_generations)}`), "
+            "or choose a `num_generations` that divides it."
+        )
+    if trl.reward_weights is not None and len(trl.reward_weights) != len(trl.reward_funcs):
+        problems.append(
+            f"`trl.reward_weights` has {len(trl.reward_weights)} weight(s) for {len(trl.reward_funcs)} reward "
+            "function(s) in `trl.reward_funcs`: give one weight per function, in the same order."
+        )
+    if trl.use_vllm and not vllm_installed():
+        problems.append(
+            "`trl.use_vllm: true` generates with vLLM, and the `vllm` package is not installed here. Install it "
+            "(`pip install vllm`, on a machine with a GPU), or remove `use_vllm` to generate with transformers."
+        )
+    elif trl.use_vllm:
+        problems.append(
+            "`trl.use_vllm: true`: generation through vLLM is not verified with hellbender yet. Remove `use_vllm` "
+            "to generate with transformers' `generate`."
+        )
+    for name in trl.reward_funcs:
+        try:
+            load_reward_function(name, trl.reward_funcs_dir or ".")
+        except ConfigError as exc:
+            problems.append(str(exc))
+    problems += _data_problems(cfg)
+    if cfg.processor_type is not None:
+        problems.append(
+            f"`processor_type: {cfg.processor_type}` with `rl: grpo`: GRPO is offered for text models so far "
+            "(prompts with images are not read yet). Remove `processor_type` to train the text model."
+        )
+    if cfg.rl_beta is not None:
+        problems.append(
+            "`rl_beta` is the beta of DPO, IPO, KTO and SimPO; GRPO's KL weight is `trl.beta`. Move the value there."
+        )
+    return problems
+
+
+def _steps_for(per_step: int, generations: int) -> int:
+    steps = 1
+    while (per_step * steps) % generations:
+        steps += 1
+    return steps
+
+
+# Keys of data preparation (tokenizing, cutting, filtering, ordering rows) that GRPO's prompt rows never go through.
+PREPARATION_KEYS = (
+    "excess_length_strategy", "max_prompt_len", "eval_sample_packing", "pad_to_sequence_len", "train_on_inputs",
+    "dataset_exact_deduplication", "min_sample_len", "group_by_length",
+    "sample_packing_sequentially", "curriculum_sampling", "skip_prepare_dataset", "eot_tokens",
+)  # fmt: skip
+# What a GRPO entry may set: where its rows are.
+ENTRY_KEYS = ("path", "type", "ds_type", "data_files", "name", "split", "revision")
+
+
+def _differs_from_default(model: Any, key: str) -> bool:
+    """Set to something other than its default or `false` (the resolved config writes `false` for what validation
+    fills in, and must validate again on resume)."""
+    value = getattr(model, key)
+    return value is not False and value != type(model).model_fields[key].get_default(call_default_factory=True)
+
+
+def _data_problems(cfg: HellbenderConfig) -> list[str]:
+    """GRPO reads prompt rows (`prompt` and any columns the reward functions read), declared without a `type`."""
+    problems = [
+        f"`datasets[{i}]` (`{e.path}`) has `type: {e.type}`, and `rl: grpo` reads prompt rows as they are: a "
+        "`prompt` column (text, or a list of chat messages) and any other columns the reward functions read. Remove "
+        "`type` and give the rows that shape (Axolotl's `type: module.transform` for GRPO is not offered yet)."
+        for i, e in enumerate(cfg.datasets)
+        if e.type not in (None, "pretokenized")  # the resolved config names rows used as they are `pretokenized`
+    ]
+    for key, why in (
+        ("test_datasets", "evaluation of GRPO runs is not offered yet"),
+        ("pretraining_dataset", "GRPO trains on prompts, not on streamed text"),
+    ):
+        if getattr(cfg, key):
+            problems.append(f"`{key}` cannot be used with `rl: grpo`: {why}. Remove `{key}`.")
+    for key in PREPARATION_KEYS:
+        if _differs_from_default(cfg, key):
+            problems.append(
+                f"`{key}` cannot be used with `rl: grpo`: it tunes the preparation of training rows, and GRPO reads "
+                f"its prompt rows as they are (they are not tokenized, cut or reordered beforehand). Remove `{key}`."
+            )
+    for i, entry in enumerate(cfg.datasets):
+        extra = [k for k in type(entry).model_fields if k not in ENTRY_KEYS and _differs_from_default(entry, k)]
+        if extra:
+            problems.append(
+                f"`datasets[{i}]` sets {', '.join(f'`{k}`' for k in extra)}, which `rl: grpo` does not read: its rows "
+                "are used as they are (`prompt` and the reward functions' columns). Remove them."
+            )
+    if cfg.shuffle_merged_datasets is False:
+        problems.append(
+            "`shuffle_merged_datasets: false` cannot be honoured with `rl: grpo`: TRL's sampler draws the prompts in "
+            "a seeded random order. Remove `shuffle_merged_datasets`."
+        )
+    if cfg.val_set_size:
+        problems.append(
+            f"`val_set_size: {cfg.val_set_size}` cannot be used with `rl: grpo`: evaluation of GRPO runs is not "
+            "offered yet. Remove `val_set_size`."
+        )
+    if cfg.streaming:
+        problems.append("`streaming: true` cannot be used with `rl: grpo`: its prompt rows are read whole. Remove it.")
+    return problems
