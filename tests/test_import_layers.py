@@ -32,8 +32,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+# Bundled example files (e.g. a reward-function file a config names) are users' code the package copies, never imports.
+EXAMPLES = PACKAGE / "examples"
+
+
 def all_modules() -> dict[str, Path]:
-    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {module_name(p): p for p in PACKAGE.rglob("*.py") if EXAMPLES not in p.parents}
 
 
 def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:

@@ -10,7 +10,9 @@ from typing import Any
 from hellbender.config import HellbenderConfig
 from hellbender.data.sources import load_rows
 from hellbender.errors import DataError
-from hellbender.train.methods.grpo import ROW_COLUMN
+
+# Each prompt row's index in the training data, so a failing reward function can name the row; the trainer strips it.
+ROW_COLUMN = "hellbender_row"
 
 
 def grpo_rows(cfg: HellbenderConfig) -> Any:

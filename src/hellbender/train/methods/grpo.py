@@ -19,13 +19,13 @@ from trl import GRPOConfig, GRPOTrainer
 
 from hellbender.config import HellbenderConfig
 from hellbender.config.reward_functions import load_reward_function
+from hellbender.data.grpo_rows import ROW_COLUMN
 from hellbender.errors import DataError
 from hellbender.train.methods.shared import PreferenceMixin, shared_arguments
 from hellbender.train.trainer import HellbenderMixin
 
 # The column of each prompt row's index in the training data, added by `data/grpo_rows.py` so that a failing reward
 # function can name the row; it is taken out before the user's functions see the other columns.
-ROW_COLUMN = "hellbender_row"
 PROMPT_COLUMNS = ("prompt",)
 # What TRL passes to every reward function besides the dataset's columns; not per-completion lists.
 _TRL_KEYWORDS = ("trainer_state", "log_extra", "log_metric", "environments")
