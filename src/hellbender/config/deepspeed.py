@@ -57,6 +57,7 @@ def deepspeed_problems(cfg: HellbenderConfig) -> list[str]:
         )
         problems += _replaced_choices(cfg, settings)
         problems += _quantized_base_problems(cfg, settings)
+        problems += _preference_problems(cfg, settings)
     return problems
 
 
@@ -196,6 +197,19 @@ def _quantized_base_problems(cfg: HellbenderConfig, settings: dict[str, Any]) ->
             f"QLoRA (`load_in_4bit`) with ZeRO-3 (`deepspeed: {cfg.deepspeed}`) is not supported yet: ZeRO-3 would "
             "partition the packed 4-bit weights as they load. Use ZeRO-2 (`deepspeed: deepspeed_configs/zero2.json`; "
             "each GPU holds the whole 4-bit base, which is small) or QLoRA with FSDP2 (`fsdp_version: 2`)."
+        ]
+    return []
+
+
+def _preference_problems(cfg: HellbenderConfig, settings: dict[str, Any]) -> list[str]:
+    """Preference tuning is verified with ZeRO-2 on two GPUs. Under ZeRO-3 the frozen reference copy of full
+    fine-tuning is taken from weights already partitioned at load, and fails in its first forward."""
+    if (cfg.rl or cfg.reward_model) and zero_stage(settings) == 3:
+        method = f"`rl: {cfg.rl}`" if cfg.rl else "`reward_model: true`"
+        return [
+            f"{method} with ZeRO-3 (`deepspeed: {cfg.deepspeed}`) is not supported yet: the reference model would be "
+            "copied from weights ZeRO-3 has already partitioned. Use ZeRO-2 (`deepspeed: deepspeed_configs/zero2.json`"
+            ") or FSDP2 (`fsdp_version: 2`), both verified with preference tuning on two GPUs."
         ]
     return []
 

@@ -6,6 +6,7 @@ after a check of their columns, token counting, and no telemetry. A method's tra
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 from hellbender.config import HellbenderConfig
@@ -91,10 +92,19 @@ def check_columns(dataset: Any, columns: tuple[str, ...], dataset_name: str) -> 
 def shared_arguments() -> dict[str, Any]:
     """The TRL config fields every method sets the same way, beside those of every training method
     (`training_arguments`)."""
+    from transformers import TrainingArguments
+
+    # transformers renamed `gradient_checkpointing` to `activation_checkpointing` (the old name then warns on every
+    # run); the installed version's name is used.
+    checkpointing = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in {f.name for f in dataclasses.fields(TrainingArguments)}
+        else "gradient_checkpointing"
+    )
     return {
         # hellbender checkpoints activations itself (models/stack.py); TRL's default would switch transformers' own
-        # checkpointing on over it. Set under its current name: the older `gradient_checkpointing` warns on every run.
-        "activation_checkpointing": False,
+        # checkpointing on over it.
+        checkpointing: False,
         # The dropout the config asks for (`lora_dropout`, the model's own) applies as in supervised fine-tuning.
         "disable_dropout": False,
     }

@@ -1,0 +1,158 @@
+"""Preference tuning on GPUs: DPO in bfloat16 with activation checkpointing starts where policy equals reference
+(loss log 2) and learns, with LoRA, QLoRA and full fine-tuning; on two GPUs, FSDP2 and DeepSpeed train each method
+like one GPU with the same global batch (DeepSpeed: ZeRO-2; ZeRO-3 is refused), and a sharded DPO run resumes
+exactly.
+
+The model is the tiny Llama (fp32 for the one-GPU / two-GPU comparisons, so they agree to float tolerance). Each
+two-GPU run is a real `torchrun` of tests/train_worker.py or `hellbender train --nproc 2`."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import PREFERENCE_DATA, base_config, logged_losses, trainer_state
+from tests.test_distributed import run_torchrun
+from tests.test_preference_train import kto_rows
+
+pytestmark = pytest.mark.gpu
+one_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER = REPO / "tests" / "train_worker.py"
+EXAMPLES_DEEPSPEED = REPO / "src" / "hellbender" / "examples" / "deepspeed"
+PAIRS = [{"path": PREFERENCE_DATA, "type": "chat_template.default"}]
+LORA = dict(adapter="lora", lora_r=8, lora_alpha=16, lora_dropout=0.0, lora_target_linear=True)
+FSDP2 = dict(
+    fsdp_version=2,
+    fsdp_config={"transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "state_dict_type": "SHARDED_STATE_DICT"},
+)
+METHODS = {
+    "dpo": dict(rl="dpo", datasets=PAIRS),
+    "orpo": dict(rl="orpo", datasets=PAIRS),
+    "simpo": dict(rl="simpo", datasets=PAIRS),
+    "reward_model": dict(reward_model=True, datasets=PAIRS),
+}
+
+
+def logged(output_dir: str | Path, key: str) -> dict[int, float]:
+    return {e["step"]: e[key] for e in trainer_state(output_dir)["log_history"] if key in e}
+
+
+def raw_config(root: Path, **overrides) -> dict:
+    """Four steps of a preference run on the tiny Llama, a checkpoint after step 2."""
+    settings = dict(micro_batch_size=8, max_steps=4, save_steps=2, learning_rate=5e-3, sequence_len=128)
+    return base_config(root, **{**settings, **overrides})
+
+
+def torchrun(root: Path, raw: dict, nproc: int = 2) -> Path:
+    """Train in `nproc` processes, one GPU each (a one-process run is given the first GPU only)."""
+    root.mkdir(parents=True, exist_ok=True)
+    config_file = root / "config.json"
+    config_file.write_text(json.dumps(raw))
+    gpus = {"CUDA_VISIBLE_DEVICES": "0"} if nproc == 1 else {}
+    run_torchrun(WORKER, str(config_file), str(root / "result.json"), timeout=600, nproc=nproc, **gpus)
+    return Path(raw["output_dir"])
+
+
+def assert_same_losses(got_dir: Path, expected_dir: Path, steps: int = 4) -> None:
+    got, expected = logged_losses(got_dir), logged_losses(expected_dir)
+    assert sorted(got) == sorted(expected) == list(range(1, steps + 1)), (got, expected)
+    assert got == pytest.approx(expected, rel=2e-3, abs=2e-4), (got, expected)
+
+
+# ------------------------------------------------------------------------------------------ one GPU
+
+
+@one_gpu
+@pytest.mark.parametrize("adapter", ["lora", "qlora", "full"])
+def test_dpo_in_bfloat16_starts_at_log_2_and_learns(tmp_path, adapter):
+    """At step 1 the policy is the reference (a new adapter adds zero; full fine-tuning's reference is a copy), so
+    the loss is log 2 and the rewards 0 up to bfloat16 rounding of equal computations; then the margin grows."""
+    keys = {"lora": LORA, "qlora": {**LORA, "adapter": "qlora"}, "full": {"learning_rate": 5e-4}}[adapter]
+    raw = raw_config(tmp_path, **METHODS["dpo"], bf16=True, gradient_checkpointing=True, max_steps=8, **keys)
+    out = torchrun(tmp_path, raw, nproc=1)
+    losses = logged_losses(out)
+    assert losses[1] == pytest.approx(math.log(2), abs=1e-3), losses
+    assert logged(out, "rewards/chosen")[1] == pytest.approx(0.0, abs=1e-3)
+    assert min(losses[step] for step in range(5, 9)) < math.log(2) - 0.05, losses
+    assert logged(out, "rewards/margins")[8] > 0
+
+
+# ------------------------------------------------------------------------------------------ two GPUs
+
+
+@pytest.fixture(scope="module")
+def one_gpu_runs(tmp_path_factory) -> Callable[[str], Path]:
+    """A method's run on one GPU (micro-batch 8), the baseline the sharded runs (2 x 4) must repeat; each is
+    trained once, when a test first asks for it."""
+    root = tmp_path_factory.mktemp("one-gpu")
+    settings = {**{m: {**k, **LORA} for m, k in METHODS.items()}, "dpo-full": METHODS["dpo"]}
+
+    @functools.cache
+    def run(name: str) -> Path:
+        return torchrun(root / name, raw_config(root / name, **settings[name]), nproc=1)
+
+    return run
+
+
+@two_gpus
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_fsdp2_trains_a_lora_preference_method_like_one_gpu(tmp_path, one_gpu_runs, method):
+    raw = raw_config(tmp_path, **METHODS[method], **LORA, **FSDP2, micro_batch_size=4)
+    out = torchrun(tmp_path, raw)
+    assert_same_losses(out, one_gpu_runs(method))
+    assert (out / "adapter_model.safetensors").is_file()
+    assert (out / "checkpoint-2" / "pytorch_model_fsdp_0").is_dir()
+    if method == "dpo":  # a sharded DPO checkpoint resumes exactly in new processes
+        resumed = tmp_path / "resumed"
+        shutil.copytree(out / "checkpoint-2", resumed / "out" / "checkpoint-2")
+        raw = {**raw, "output_dir": str(resumed / "out"), "auto_resume_from_checkpoints": True}
+        assert_same_losses(torchrun(resumed, raw), one_gpu_runs(method))
+
+
+@two_gpus
+def test_fsdp2_full_fine_tuning_dpo_shards_the_reference_copy_and_trains_like_one_gpu(tmp_path, one_gpu_runs):
+    from transformers import AutoModelForCausalLM
+
+    out = torchrun(tmp_path, raw_config(tmp_path, **METHODS["dpo"], **FSDP2, micro_batch_size=4))
+    assert_same_losses(out, one_gpu_runs("dpo-full"))
+    assert logged_losses(out)[1] == pytest.approx(math.log(2), abs=1e-5)
+    assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "llama"
+
+
+@two_gpus
+def test_fsdp2_trains_kto_on_unpaired_rows(tmp_path):
+    """KTO's KL term pairs each row with another row of its batch, so a micro-batch of 4 is other work than 8: the
+    sharded run is checked on its own."""
+    datasets = [{"path": str(kto_rows(tmp_path / "kto.jsonl")), "type": "chatml.prompt_pairs"}]
+    out = torchrun(tmp_path, raw_config(tmp_path, rl="kto", datasets=datasets, **LORA, **FSDP2, micro_batch_size=4))
+    losses = logged_losses(out)
+    assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values()), losses
+    assert logged(out, "kl") and (out / "adapter_model.safetensors").is_file()
+
+
+@two_gpus
+@needs_deepspeed
+@pytest.mark.parametrize("adapter", ["lora", "full"])
+def test_deepspeed_zero2_trains_dpo_like_one_gpu(tmp_path, one_gpu_runs, adapter):
+    from transformers import AutoModelForCausalLM
+
+    keys = LORA if adapter == "lora" else {}
+    deepspeed = str(EXAMPLES_DEEPSPEED / "zero2.json")
+    out = torchrun(tmp_path, raw_config(tmp_path, **METHODS["dpo"], **keys, deepspeed=deepspeed, micro_batch_size=4))
+    assert_same_losses(out, one_gpu_runs("dpo" if adapter == "lora" else "dpo-full"))
+    if adapter == "full":
+        assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "llama"
+    else:
+        assert (out / "adapter_model.safetensors").is_file()
