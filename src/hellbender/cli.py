@@ -362,7 +362,8 @@ def evaluate(
     set_: SetOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Score the trained model on the config's evaluation data: loss, perplexity, token accuracy (JSON)."""
+    """Score the trained model on the config's evaluation data: loss, perplexity, token accuracy (JSON); after
+    preference tuning or a reward model: preference accuracy, mean reward margin and the method's loss."""
     from hellbender.config import load_config
 
     def action() -> None:

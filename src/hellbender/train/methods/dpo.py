@@ -70,6 +70,9 @@ class DPOPreferenceTrainer(HellbenderMixin, PreferenceMixin, DPOTrainer):
         return dataset
 
 
+TRAINER = DPOPreferenceTrainer  # also built by `hellbender evaluate` (use/evaluate_preference.py)
+
+
 def build_trainer(
     cfg: HellbenderConfig,
     model: Any,

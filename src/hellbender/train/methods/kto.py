@@ -61,6 +61,9 @@ class KTOPreferenceTrainer(HellbenderMixin, PreferenceMixin, KTOTrainer):
         )
 
 
+TRAINER = KTOPreferenceTrainer  # also built by `hellbender evaluate` (use/evaluate_preference.py)
+
+
 def build_trainer(
     cfg: HellbenderConfig,
     model: Any,

@@ -39,6 +39,9 @@ class ORPOPreferenceTrainer(HellbenderMixin, PreTokenizedPairs, PreferenceMixin,
         return (*outputs[:4], nll, *outputs[5:])
 
 
+TRAINER = ORPOPreferenceTrainer  # also built by `hellbender evaluate` (use/evaluate_preference.py)
+
+
 def build_trainer(
     cfg: HellbenderConfig,
     model: Any,

@@ -69,6 +69,9 @@ class RewardModelTrainer(HellbenderMixin, PreferenceMixin, RewardTrainer):
         return real, real
 
 
+TRAINER = RewardModelTrainer  # also built by `hellbender evaluate` (use/evaluate_preference.py)
+
+
 def build_trainer(
     cfg: HellbenderConfig,
     model: Any,

@@ -29,6 +29,9 @@ class SimPOPreferenceTrainer(HellbenderMixin, PreTokenizedPairs, PreferenceMixin
     which hide the prompt."""
 
 
+TRAINER = SimPOPreferenceTrainer  # also built by `hellbender evaluate` (use/evaluate_preference.py)
+
+
 def build_trainer(
     cfg: HellbenderConfig,
     model: Any,
