@@ -71,7 +71,7 @@ def preference_metrics(
     from hellbender.models.stack import load_base_model
     from hellbender.train.arguments import training_arguments
     from hellbender.train.methods import preference_method
-    from hellbender.train.methods.shared import is_adapter_model
+    from hellbender.train.methods.shared import build_preference_trainer, is_adapter_model
     from hellbender.train.schedule import plan_schedule
 
     name = method_name(cfg)
@@ -90,9 +90,8 @@ def preference_metrics(
         if not is_adapter_model(model):
             reference = load_base_model(cfg, tokenizer).to(model.device).eval().requires_grad_(False)
         keywords["ref_model"] = reference
-    collator = preference_collator(cfg, tokenizer, processor)  # pairs with images; None: TRL's own collator
-    if collator is not None:
-        keywords["data_collator"] = collator
+    # Pairs with images have hellbender's collator; None: the trainer's own.
+    keywords["data_collator"] = preference_collator(cfg, tokenizer, processor)
     config_class, settings = method.arguments(cfg)
     if "precompute_ref_log_probs" in settings:  # scored now against the reference: training's scores were not kept
         settings = {**settings, "precompute_ref_log_probs": False}
@@ -100,14 +99,7 @@ def preference_metrics(
         args = training_arguments(cfg, plan_schedule(cfg, len(rows), 1), True, False, config_class, settings)
         args.output_dir, args.report_to = scratch, []  # nothing is saved or sent to a tracker
         # TRL's trainers require training data; nothing is trained, so the evaluation rows stand in for it.
-        trainer = method.TRAINER(
-            model=model,
-            args=args,
-            train_dataset=rows,
-            eval_dataset=rows,
-            processing_class=processor or tokenizer,
-            **keywords,
-        )
+        trainer = build_preference_trainer(method.TRAINER, model, args, rows, rows, processor or tokenizer, **keywords)
         scores = trainer.evaluate()
         metrics: dict[str, Any] = {new: float(scores[old]) for old, new in REPORTED[name].items() if old in scores}
         if name == "kto":
