@@ -17,13 +17,13 @@ NO_PAIRS = (
 
 
 def answer_log_probs(model: Any, batch: dict[str, Any]) -> Any:
-    """Each row's summed log-probability of its answer tokens (`completion_mask`), from the model's logits."""
-    import torch
-
+    """Each row's summed log-probability of its answer tokens (`completion_mask`), through the fused LM head the KTO
+    trainer gave the model (TRL's `add_fused_lm_head`): the trainer's own numbers, without building the logits."""
     ids = batch["input_ids"].to(model.device)
-    logits = model(input_ids=ids, attention_mask=batch["attention_mask"].to(model.device), use_cache=False).logits
-    log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    return (log_probs * batch["completion_mask"][:, 1:].to(log_probs.device)).sum(-1)
+    labels = ids.masked_fill(batch["completion_mask"].to(model.device) == 0, -100)
+    mask = batch["attention_mask"].to(model.device)
+    log_probs = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True, use_cache=False).log_probs
+    return log_probs[:, -(ids.size(1) - 1) :].sum(-1)  # positions not labelled score 0
 
 
 def row_rewards(trainer: Any, beta: float) -> list[float]:
