@@ -164,6 +164,21 @@ def test_the_loss_types_offered_are_those_trl_computes():
     assert set(get_args(DpoLossType)) == named
 
 
+def test_the_installed_trl_has_no_liger_preference_loss_to_switch_on():
+    """`dpo_use_liger_kernel` is refused because TRL has no Liger loss for its preference trainers (its
+    `use_liger_kernel` patches layers only). A TRL that offers one again fails here: then the key can be bound."""
+    from dataclasses import fields
+
+    from trl import DPOConfig, KTOConfig
+    from trl.experimental.cpo import CPOConfig
+    from trl.experimental.orpo import ORPOConfig
+
+    for config in (DPOConfig, KTOConfig, CPOConfig, ORPOConfig):
+        liger = {f.name for f in fields(config) if "liger" in f.name}
+        assert liger == {"use_liger_kernel", "liger_kernel_config"}, (config.__name__, liger)
+        assert "layers" in config.__dataclass_fields__["use_liger_kernel"].metadata["help"]
+
+
 @pytest.mark.parametrize(
     ("overrides", "needles"),
     [
@@ -176,6 +191,7 @@ def test_the_loss_types_offered_are_those_trl_computes():
         ({"rl": "dpo", "dpo_label_smoothing": 0.1}, ["dpo_label_smoothing", "robust"]),
         ({"rl": "ipo", "dpo_loss_type": ["sigmoid"]}, ["dpo_loss_type", "rl: ipo"]),
         ({"rl": "dpo", "sample_packing": True}, ["sample_packing", "rl: dpo"]),
+        ({"rl": "dpo", "dpo_use_liger_kernel": True}, ["dpo_use_liger_kernel", "TRL 1.16", "fused LM head"]),
     ],
 )
 def test_preference_config_errors_name_the_key(tmp_path, overrides, needles):

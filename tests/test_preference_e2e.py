@@ -257,9 +257,20 @@ def test_precomputed_reference_scores_train_full_weights_and_are_never_written(t
     assert prepared["key"]
 
 
-def test_the_tiny_dpo_example_validates_as_dpo():
+@pytest.mark.parametrize(
+    ("example", "described"),
+    [
+        ("tiny-dpo.yml", "DPO, LoRA of hellbender/tiny-llama"),
+        ("qwen2.5-0.5b-dpo-lora.yml", "DPO, LoRA of Qwen/Qwen2.5-0.5B-Instruct"),
+        ("llama-3.2-1b-kto-lora.yml", "KTO, LoRA of meta-llama/Llama-3.2-1B-Instruct"),
+        ("qwen2.5-0.5b-orpo-lora.yml", "ORPO, LoRA of Qwen/Qwen2.5-0.5B-Instruct"),
+        ("qwen2.5-0.5b-reward-model.yml", "reward model, LoRA of Qwen/Qwen2.5-0.5B-Instruct"),
+    ],
+)
+def test_the_preference_examples_validate_as_their_method(example, described):
+    """Offline: validation reads neither the hub model nor the hub dataset the real-model examples name."""
     from tests.conftest import EXAMPLES
 
-    result = invoke("validate", EXAMPLES / "tiny-dpo.yml")
+    result = invoke("validate", EXAMPLES / example)
     assert result.exit_code == 0, result.output
-    assert "(DPO, LoRA of hellbender/tiny-llama, 1 dataset)" in result.stdout
+    assert f"({described}, 1 dataset)" in result.stdout

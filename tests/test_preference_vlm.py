@@ -166,13 +166,22 @@ def test_a_short_run_saves_a_loadable_adapter(tmp_path, model):
 
     from hellbender.models.tiny import tiny_model_dir
     from hellbender.train.run import train
-    from tests.helpers import logged_losses
+    from hellbender.use.evaluate import evaluate
+    from tests.helpers import logged_losses, trainer_state
 
-    cfg = dpo_vlm_config(tmp_path, model, max_steps=3, learning_rate=1e-2)
+    cfg = dpo_vlm_config(
+        tmp_path, model, rows=pair_rows(10), max_steps=3, learning_rate=1e-2, val_set_size=2, eval_steps=3
+    )
     metrics = train(cfg)
     assert metrics["trained_tokens"] > 0
     losses = logged_losses(cfg.output_dir)
     assert sorted(losses) == [1, 2, 3] and all(math.isfinite(v) for v in losses.values())
+    # `hellbender evaluate` scores the held-out pairs with their images, as the run's last evaluation did.
+    scores = evaluate(cfg)
+    last = [entry for entry in trainer_state(cfg.output_dir)["log_history"] if "eval_loss" in entry][-1]
+    assert last["step"] == 3 and scores["pairs"] == 2
+    assert scores["loss"] == pytest.approx(last["eval_loss"], abs=1e-5)
+    assert scores["mean_margin"] == pytest.approx(last["eval_rewards/margins"], abs=1e-5)
     base = AutoModelForImageTextToText.from_pretrained(tiny_model_dir(model), dtype=torch.float32)
     adapted = PeftModel.from_pretrained(base, cfg.output_dir)
     trained = [p for name, p in adapted.named_parameters() if "lora_B" in name]

@@ -362,7 +362,8 @@ def evaluate(
     set_: SetOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Score the trained model on the config's evaluation data: loss, perplexity, token accuracy (JSON)."""
+    """Score the trained model on the config's evaluation data: loss, perplexity, token accuracy (JSON); after
+    preference tuning or a reward model: preference accuracy, mean reward margin and the method's loss."""
     from hellbender.config import load_config
 
     def action() -> None:
@@ -409,7 +410,10 @@ def validate(
         if print_:
             sys.stdout.write(resolved)
         method = {"lora": "LoRA", "qlora": "QLoRA", None: "full fine-tuning"}[cfg.adapter]
-        method = f"{cfg.rl.upper()}, {method}" if cfg.rl else method  # the preference method, where there is one
+        if cfg.rl:  # the preference method, where there is one
+            method = f"{cfg.rl.upper()}, {method}"
+        elif cfg.reward_model:
+            method = f"reward model, {method}"
         data = len(cfg.datasets) + len(cfg.pretraining_dataset)
         more = "" if print_ or output else "; `--print` shows every key as it will run"
         # A YAML comment, so `--print`'s output still reads as YAML.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 PLANNED: dict[str, tuple[str, ...]] = {
     "preference tuning (DPO, IPO, KTO, ORPO, SimPO) and reward models": (
-        "dpo_padding_free", "dpo_use_liger_kernel", "dpo_use_logits_to_keep", "dpo_generate_during_eval",
+        "dpo_padding_free", "dpo_use_logits_to_keep", "dpo_generate_during_eval",
         "process_reward_model", "center_rewards_coefficient",
         "step_separator", "train_on_last_step_only",
         # SwanLab's table of preference-training completions
@@ -55,6 +55,12 @@ NOT_OFFERED: dict[str, str] = {
     "sage_attention": _ATTENTION_PATCHES,
     "flash_optimum": _ATTENTION_PATCHES,
     "diffusion": "diffusion language-model training is not offered",
+    # Axolotl's key asks for Liger's fused DPO loss and passes it to TRL's `use_liger_kernel`.
+    "dpo_use_liger_kernel": "Liger's fused DPO loss is not offered: TRL 1.16, whose DPOTrainer trains DPO here, has no "
+    "Liger loss to switch on (its `use_liger_kernel` now only patches the model's layers with Liger's CUDA kernels, "
+    "which the `liger_*` keys do, e.g. `liger_rms_norm`, `liger_glu_activation`), and its DPO and KTO trainers "
+    "already compute the answers' log-probabilities in chunks through their own fused LM head, without building the "
+    "full logits: the memory Liger's fused loss saved",
     "llmcompressor": "sparse fine-tuning with LLM Compressor is not offered",
     "use_onebitllms": "1-bit (BitNet-style) models are not offered",
     **dict.fromkeys(

@@ -1,5 +1,6 @@
 """`hellbender evaluate`: loss, perplexity and token accuracy of the trained model on the config's evaluation data
-(for preference tuning: preference accuracy, mean reward margin and the preference loss, `evaluate_preference.py`).
+(for preference tuning and reward models: preference accuracy, mean reward margin and the method's loss,
+`evaluate_preference.py`).
 
 The evaluation rows are prepared exactly as for training (the same cache, the same `val_set_size` split or
 `test_datasets`), batched by the training collators, and scored over the tokens training would train (labels
@@ -101,10 +102,10 @@ def evaluate(
             ", ".join(f"`{path}`" for path in also_trained),
         )
     model = load_trained(cfg, trained, tokenizer)
-    if cfg.rl is not None:  # pairs: preference accuracy, margin and the preference loss
+    if cfg.rl is not None or cfg.reward_model:  # preference accuracy, margin and the method's loss
         from hellbender.use.evaluate_preference import preference_metrics
 
-        metrics = preference_metrics(cfg, model, tokenizer, prepared.eval)
+        metrics = preference_metrics(cfg, model, tokenizer, prepared.eval, processor)
     else:
         metrics = token_metrics(model, prepared.eval, build_collator(cfg, tokenizer, processor), cfg.eval_batch_size)
     results = {

@@ -2,7 +2,8 @@
 
 Each module exposes `arguments(cfg)` (the TRL config class and the fields the config sets, for `training_arguments`)
 and `build_trainer(cfg, model, args, train, eval, tokenizer, **hellbender)`, which takes the model hellbender built
-(LoRA applied, or not) and the prepared, already tokenized rows. TRL never loads, wraps, quantizes or re-tokenizes
+(LoRA applied, or not) and the prepared, already tokenized rows, and `TRAINER`, the trainer class (which
+`hellbender evaluate` builds on a trained model). TRL never loads, wraps, quantizes or re-tokenizes
 anything here. What the trainers share is in `shared.py`.
 """
 

@@ -15,6 +15,7 @@ from hellbender.config import HellbenderConfig
 from hellbender.config.preference_checks import dpo_loss_weights, dpo_losses
 from hellbender.train.methods.shared import (
     PreferenceMixin,
+    build_preference_trainer,
     reference_model,
     refuse_trained_output_head,
     shared_arguments,
@@ -70,6 +71,9 @@ class DPOPreferenceTrainer(HellbenderMixin, PreferenceMixin, DPOTrainer):
         return dataset
 
 
+TRAINER = DPOPreferenceTrainer  # also built by `hellbender evaluate` (use/evaluate_preference.py)
+
+
 def build_trainer(
     cfg: HellbenderConfig,
     model: Any,
@@ -85,13 +89,14 @@ def build_trainer(
     of text pairs (`data/preference_collator.py` gives the one of pairs with images). `hellbender`:
     `HellbenderMixin`'s keywords and the Trainer's `callbacks`."""
     refuse_trained_output_head(model)
-    return DPOPreferenceTrainer(
-        model=model,
+    return build_preference_trainer(
+        TRAINER,
+        model,
+        args,
+        train_dataset,
+        eval_dataset,
+        tokenizer,
         ref_model=reference_model(cfg, model),
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
         data_collator=data_collator,
         **hellbender,
     )

@@ -12,6 +12,7 @@ from hellbender.config import HellbenderConfig
 from hellbender.train.methods.shared import (
     UNPAIRED_COLUMNS,
     PreferenceMixin,
+    build_preference_trainer,
     reference_model,
     refuse_trained_output_head,
     shared_arguments,
@@ -61,6 +62,9 @@ class KTOPreferenceTrainer(HellbenderMixin, PreferenceMixin, KTOTrainer):
         )
 
 
+TRAINER = KTOPreferenceTrainer  # also built by `hellbender evaluate` (use/evaluate_preference.py)
+
+
 def build_trainer(
     cfg: HellbenderConfig,
     model: Any,
@@ -71,12 +75,13 @@ def build_trainer(
     **hellbender: Any,
 ) -> KTOPreferenceTrainer:
     refuse_trained_output_head(model)
-    return KTOPreferenceTrainer(
-        model=model,
+    return build_preference_trainer(
+        TRAINER,
+        model,
+        args,
+        train_dataset,
+        eval_dataset,
+        tokenizer,
         ref_model=reference_model(cfg, model),
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
         **hellbender,
     )

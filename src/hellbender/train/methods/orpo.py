@@ -11,7 +11,7 @@ from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 from hellbender.config import HellbenderConfig
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.train.methods.legacy_pairs import PreTokenizedPairs
-from hellbender.train.methods.shared import PreferenceMixin, shared_arguments
+from hellbender.train.methods.shared import PreferenceMixin, build_preference_trainer, shared_arguments
 from hellbender.train.trainer import HellbenderMixin
 
 
@@ -39,6 +39,9 @@ class ORPOPreferenceTrainer(HellbenderMixin, PreTokenizedPairs, PreferenceMixin,
         return (*outputs[:4], nll, *outputs[5:])
 
 
+TRAINER = ORPOPreferenceTrainer  # also built by `hellbender evaluate` (use/evaluate_preference.py)
+
+
 def build_trainer(
     cfg: HellbenderConfig,
     model: Any,
@@ -50,11 +53,4 @@ def build_trainer(
 ) -> ORPOPreferenceTrainer:
     """The loss per batch is the mean NLL of the chosen answers' tokens minus `orpo_alpha` times the mean log-sigmoid
     of the log odds ratio of the chosen over the rejected answer (length-averaged log-probabilities)."""
-    return ORPOPreferenceTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        **hellbender,
-    )
+    return build_preference_trainer(TRAINER, model, args, train_dataset, eval_dataset, tokenizer, **hellbender)

@@ -11,7 +11,12 @@ from trl import RewardConfig, RewardTrainer
 
 from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError
-from hellbender.train.methods.shared import PreferenceMixin, is_adapter_model, shared_arguments
+from hellbender.train.methods.shared import (
+    PreferenceMixin,
+    build_preference_trainer,
+    is_adapter_model,
+    shared_arguments,
+)
 from hellbender.train.trainer import HellbenderMixin
 
 # Where transformers' sequence-classification models keep their head (PEFT's SEQ_CLS task saves these modules).
@@ -69,6 +74,9 @@ class RewardModelTrainer(HellbenderMixin, PreferenceMixin, RewardTrainer):
         return real, real
 
 
+TRAINER = RewardModelTrainer  # also built by `hellbender evaluate` (use/evaluate_preference.py)
+
+
 def build_trainer(
     cfg: HellbenderConfig,
     model: Any,
@@ -79,11 +87,4 @@ def build_trainer(
     **hellbender: Any,
 ) -> RewardModelTrainer:
     check_score_head_trained(model)
-    return RewardModelTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        **hellbender,
-    )
+    return build_preference_trainer(TRAINER, model, args, train_dataset, eval_dataset, tokenizer, **hellbender)

@@ -110,6 +110,23 @@ def shared_arguments() -> dict[str, Any]:
     }
 
 
+def build_preference_trainer(
+    trainer_class: type, model: Any, args: Any, train_dataset: Any, eval_dataset: Any, tokenizer: Any, **keywords: Any
+) -> Any:
+    """A method's trainer class on `model` (as `build_trainable_model` built it, or a trained one for `hellbender
+    evaluate`) and the prepared rows. `tokenizer`: the tokenizer, or a vision-language model's processor. `keywords`:
+    what only some methods take (the reference model `ref_model`, a `data_collator`), `HellbenderMixin`'s keywords and
+    the Trainer's `callbacks`."""
+    return trainer_class(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        **keywords,
+    )
+
+
 class PreferenceMixin:
     """Put between `HellbenderMixin` and the TRL trainer. `columns`: the prepared columns the method reads."""
 

@@ -9,7 +9,7 @@ from trl.experimental.cpo import CPOConfig, CPOTrainer
 
 from hellbender.config import HellbenderConfig
 from hellbender.train.methods.legacy_pairs import PreTokenizedPairs
-from hellbender.train.methods.shared import PreferenceMixin, shared_arguments
+from hellbender.train.methods.shared import PreferenceMixin, build_preference_trainer, shared_arguments
 from hellbender.train.trainer import HellbenderMixin
 
 
@@ -29,6 +29,9 @@ class SimPOPreferenceTrainer(HellbenderMixin, PreTokenizedPairs, PreferenceMixin
     which hide the prompt."""
 
 
+TRAINER = SimPOPreferenceTrainer  # also built by `hellbender evaluate` (use/evaluate_preference.py)
+
+
 def build_trainer(
     cfg: HellbenderConfig,
     model: Any,
@@ -41,11 +44,4 @@ def build_trainer(
     """The loss per batch is the mean of -log sigmoid(beta * (mean log-prob of the chosen answer - that of the
     rejected one) - simpo_gamma), plus `cpo_alpha` times the mean NLL of the chosen answers' tokens (0 gives the
     paper's SimPO; TRL's and Axolotl's default, 1.0, is CPO-SimPO)."""
-    return SimPOPreferenceTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        **hellbender,
-    )
+    return build_preference_trainer(TRAINER, model, args, train_dataset, eval_dataset, tokenizer, **hellbender)
