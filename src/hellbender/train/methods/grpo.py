@@ -21,6 +21,7 @@ from hellbender.config import HellbenderConfig
 from hellbender.config.reward_functions import load_reward_function
 from hellbender.data.grpo_rows import ROW_COLUMN
 from hellbender.errors import DataError
+from hellbender.train.methods.generation_state import GenerationStateMixin
 from hellbender.train.methods.shared import PreferenceMixin, shared_arguments
 from hellbender.train.trainer import HellbenderMixin
 
@@ -131,7 +132,7 @@ def reward_functions(cfg: HellbenderConfig) -> list[RewardFunction]:
     return [RewardFunction(n, load_reward_function(n, trl.reward_funcs_dir or ".")) for n in trl.reward_funcs]
 
 
-class GRPOHellbenderTrainer(HellbenderMixin, PreferenceMixin, GRPOTrainer):
+class GRPOHellbenderTrainer(HellbenderMixin, GenerationStateMixin, PreferenceMixin, GRPOTrainer):
     """TRL's GRPOTrainer with hellbender's run behaviour, on prompt rows."""
 
     columns = PROMPT_COLUMNS
