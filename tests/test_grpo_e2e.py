@@ -15,6 +15,7 @@ from hellbender.config import load_config
 from hellbender.train.run import train
 from tests.conftest import REPO
 from tests.helpers import StopAt, base_config, final_weights, trainer_state
+from tests.test_distributed import run_torchrun
 from tests.test_grpo import grpo_dir
 
 STEPS, SAVE_AT = 6, 3
@@ -77,3 +78,39 @@ def test_a_stopped_grpo_run_resumes_in_a_new_process_exactly(tmp_path, num_itera
     assert final.keys() == wanted.keys()
     for name in final:
         torch.testing.assert_close(final[name], wanted[name], atol=0, rtol=0)
+
+
+def test_two_processes_train_like_one_with_the_same_global_batch(tmp_path):
+    """8 completions per step (2 prompts x 4) in one process, and 4 in each of two processes (gloo): the same rewards,
+    reward spread, loss and gradient norm at every step, and the same final weights. `scale_rewards: batch` divides
+    by the spread of the whole global batch, which each process knows only after the rewards are gathered; `dapo`
+    divides the loss by the completion tokens of the global batch.
+
+    Sampling itself cannot match: each process draws from its own random stream, so 2 x 4 completions are other
+    draws than 1 x 8 (and greedy decoding would make the completions of a group equal, their advantages zero and the
+    comparison empty). tests/grpo_seeded_run.py samples each completion from a seed of its own (step, prompt, copy),
+    the same in both runs; everything after generation is hellbender's and TRL's code as it runs."""
+    trl = {
+        "reward_funcs": ["rewards.even_share"],
+        "num_generations": 4,
+        "max_completion_length": 4,
+        "scale_rewards": "batch",
+    }
+    common = dict(trl=trl, gradient_accumulation_steps=1, max_steps=3, save_steps=3)
+    single = grpo_file(tmp_path / "single", micro_batch_size=8, **common)
+    from tests.grpo_seeded_run import RowSeededSampling
+
+    train(load_config(single), callbacks=[RowSeededSampling()])
+    expected = per_step(tmp_path / "single" / "out")
+    assert len({v[2] for v in expected.values()}) > 1 and all(v[1] > 0 for v in expected.values())
+    ddp = grpo_file(tmp_path / "ddp", micro_batch_size=4, **common)
+    run_torchrun(REPO / "tests" / "grpo_seeded_run.py", str(ddp), OMP_NUM_THREADS="1")
+    got = per_step(tmp_path / "ddp" / "out")
+    assert sorted(got) == [1, 2, 3]
+    for step, values in expected.items():
+        assert got[step] == pytest.approx(values, abs=1e-5, rel=1e-4), step
+    a, b = final_weights(tmp_path / "single" / "out"), final_weights(tmp_path / "ddp" / "out")
+    for name in a:
+        # Adam divides each update by the gradient's running spread: where a gradient is near zero, the two summation
+        # orders' rounding moves a weight by up to ~0.1 % of the learning rate (2.7e-5 measured at lr 2e-2).
+        torch.testing.assert_close(b[name], a[name], atol=1e-4, rtol=1e-4)
