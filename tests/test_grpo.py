@@ -150,7 +150,7 @@ def test_the_loss_types_offered_are_trls():
 def test_reward_function_returns_of_the_wrong_shape_are_named(tmp_path):
     from hellbender.config.reward_functions import load_reward_function
     from hellbender.data.grpo_rows import ROW_COLUMN
-    from hellbender.train.methods.grpo import RewardFunction
+    from hellbender.train.methods.online import RewardFunction
 
     grpo_dir(tmp_path)
     call = {"prompts": ["a", "b"], "completions": ["x", "y"], "number": [3, 7], ROW_COLUMN: [13, 17]}
