@@ -73,7 +73,10 @@ class TrlSettings(BaseModel):
         "`module.py` in `reward_funcs_dir` (the config file's directory by default). Validation and training "
         "import that file, so it runs the file's code: name only files you trust. Each is called with the prompts, "
         "the completions and the dataset's other columns, and returns one number (or None) per completion "
-        "(docs/rl.md). Required with `rl: grpo` and `rl: rloo`.",
+        "(docs/rl.md). An entry with a `/` or naming a directory is a reward model instead: a directory (absolute, "
+        "or relative to `reward_funcs_dir`) or a hub id `org/name` of a sequence-classification checkpoint with one "
+        "score (`reward_model: true` trains one), which scores each prompt with its completion. Required with "
+        "`rl: grpo` and `rl: rloo`.",
     )
     reward_funcs_dir: str | None = Field(
         None,

@@ -8,7 +8,7 @@ import importlib.util
 import os
 from typing import Any
 
-from hellbender.config.reward_functions import load_reward_function
+from hellbender.config.reward_functions import load_reward_function, reward_model_problem, reward_model_source
 from hellbender.config.rl import GRPO_ONLY_KEYS, ONLINE_RL_METHODS
 from hellbender.config.schema import HellbenderConfig
 from hellbender.errors import ConfigError
@@ -76,9 +76,14 @@ def rl_problems(cfg: HellbenderConfig) -> list[str]:
             "`trl.use_vllm: true`: generation through vLLM is not verified with hellbender yet. Remove `use_vllm` "
             "to generate with transformers' `generate`."
         )
+    directory = trl.reward_funcs_dir or "."
     for name in trl.reward_funcs:
+        if reward_model_source(name, directory) is not None:
+            if problem := reward_model_problem(name, directory):
+                problems.append(problem)
+            continue
         try:
-            load_reward_function(name, trl.reward_funcs_dir or ".")
+            load_reward_function(name, directory)
         except ConfigError as exc:
             problems.append(str(exc))
     problems += _data_problems(cfg)

@@ -45,9 +45,11 @@ def build_trainer(
 ) -> GRPOHellbenderTrainer:
     """The GRPO trainer for `cfg`, on `model` as built (`build_trainable_model`) and prompt rows (`prompt` and the
     columns the reward functions read). `hellbender`: `HellbenderMixin`'s keywords and the Trainer's `callbacks`."""
+    scorers, scorer_tokenizers = reward_functions(cfg)
     return GRPOHellbenderTrainer(
         model=model,
-        reward_funcs=reward_functions(cfg),
+        reward_funcs=scorers,
+        reward_processing_classes=scorer_tokenizers,
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

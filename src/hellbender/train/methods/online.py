@@ -12,9 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from hellbender.config import HellbenderConfig
-from hellbender.config.reward_functions import load_reward_function
+from hellbender.config.precision import torch_dtype
+from hellbender.config.reward_functions import load_reward_function, reward_model_source
 from hellbender.data.grpo_rows import ROW_COLUMN
 from hellbender.errors import DataError
+from hellbender.models.reward_scorer import load_reward_scorer
 from hellbender.train.methods.shared import shared_arguments
 
 # The columns online RL reads: each row's `prompt` (the others are the reward functions' keywords).
@@ -115,10 +117,24 @@ def _shown_rows(rows: list[int]) -> str:
     return ", ".join(map(str, unique[:8])) + (", ..." if len(unique) > 8 else "")
 
 
-def reward_functions(cfg: HellbenderConfig) -> list[RewardFunction]:
+def reward_functions(cfg: HellbenderConfig) -> tuple[list[Any], list[Any]]:
+    """The entries of `trl.reward_funcs` in order, as TRL takes them: each function wrapped (`RewardFunction`), each
+    reward model loaded; and beside them, each one's tokenizer (None for a function)."""
     trl = cfg.trl
     assert trl is not None and trl.reward_funcs
-    return [RewardFunction(n, load_reward_function(n, trl.reward_funcs_dir or ".")) for n in trl.reward_funcs]
+    directory = trl.reward_funcs_dir or "."
+    scorers: list[Any] = []
+    tokenizers: list[Any] = []
+    for name in trl.reward_funcs:
+        source = reward_model_source(name, directory)
+        if source is None:
+            scorers.append(RewardFunction(name, load_reward_function(name, directory)))
+            tokenizers.append(None)
+        else:
+            model, tokenizer = load_reward_scorer(source, name, torch_dtype(cfg))
+            scorers.append(model)
+            tokenizers.append(tokenizer)
+    return scorers, tokenizers
 
 
 class OnlineRLMixin:
