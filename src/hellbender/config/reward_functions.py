@@ -1,4 +1,5 @@
-"""Reward functions named in `trl.reward_funcs`: `module.function` is the function `function` of the Python file
+"""Reward functions named in `trl.reward_funcs` and prompt transforms named as a dataset's `type` (online RL):
+`module.function` is the function `function` of the Python file
 `module.py` (`pkg.module.function`: `pkg/module.py`) in `trl.reward_funcs_dir`. Importing the file runs its code, as
 Axolotl does; that is what naming it in the config asks for (docs/rl.md). An entry that is a directory (absolute, or
 relative to `trl.reward_funcs_dir`) or a hub id `org/name` is a reward model instead: a sequence-classification
@@ -22,44 +23,59 @@ def reward_file(name: str, directory: str | Path) -> Path:
     return Path(directory, *module.split(".")).with_suffix(".py")
 
 
+# What a reward function is called with, for the paragraph about a name that is not a function.
+REWARD_CALL = "called with `prompts`, `completions` and the dataset's other columns as keywords; docs/rl.md"
+# What a prompt transform (`datasets[i].type: module.function`) is called with, as Axolotl calls it.
+TRANSFORM_CALL = (
+    'called as `function(cfg, dataset_idx=i)`, returning the row transform, or it and `{"remove_columns": [...]}`; '
+    "docs/rl.md"
+)
+
+
 def load_reward_function(name: str, directory: str | Path) -> Callable[..., Any]:
-    """The function `name` names, its file imported once per process (under a name of its own, so two configs'
-    `rewards.py` files do not meet); a ConfigError of one paragraph when the file or the function is missing, the
-    file fails to import, or the name is not callable."""
+    """The reward function `name` (`module.function`) of `trl.reward_funcs`; see `load_user_function`."""
+    return load_user_function(name, directory, "trl.reward_funcs", REWARD_CALL)
+
+
+def load_user_function(name: str, directory: str | Path, key: str, called: str) -> Callable[..., Any]:
+    """The function `name` (`module.function`, named by the config key `key`; `called`: how hellbender calls it),
+    its file imported once per process (under a name of its own, so two configs' `rewards.py` files do not meet); a
+    ConfigError of one paragraph when the file or the function is missing, the file fails to import, or the name is
+    not callable."""
     module, _, function = name.rpartition(".")
     if not module or not function:
         raise ConfigError(
-            f"`trl.reward_funcs` names `{name}`, which is not `module.function`: write the Python file's name "
-            "(without `.py`) and the function's, e.g. `rewards.answer_is_correct` for `answer_is_correct` in "
-            "`rewards.py` next to the config."
+            f"`{key}` names `{name}`, which is not `module.function`: write the Python file's name (without `.py`) "
+            "and the function's, e.g. `rewards.answer_is_correct` for `answer_is_correct` in `rewards.py` next to "
+            "the config."
         )
     path = reward_file(name, directory).resolve()
     if not path.is_file():
         raise ConfigError(
-            f"`trl.reward_funcs` names `{name}`, and there is no file `{path}` for it: reward functions are read "
-            f"from Python files in `trl.reward_funcs_dir` (`{directory}`, the config file's directory by default). "
-            "Put the file there, or correct the name."
+            f"`{key}` names `{name}`, and there is no file `{path}` for it: the Python files of reward functions and "
+            f"prompt transforms are read from `trl.reward_funcs_dir` (`{directory}`, the config file's directory by "
+            "default). Put the file there, or correct the name."
         )
-    key = f"hellbender_reward_{hashlib.sha256(str(path).encode()).hexdigest()[:16]}"
-    loaded = sys.modules.get(key)
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    unique = f"hellbender_user_{digest}"
+    loaded = sys.modules.get(unique)
     if loaded is None:
-        spec = importlib.util.spec_from_file_location(key, path)
+        spec = importlib.util.spec_from_file_location(unique, path)
         assert spec is not None and spec.loader is not None
         loaded = importlib.util.module_from_spec(spec)
         try:
             spec.loader.exec_module(loaded)
         except Exception as exc:  # the user's file: any failure is reported as theirs
             raise ConfigError(
-                f"`trl.reward_funcs`: importing `{path}` (for `{name}`) failed: {type(exc).__name__}: {exc}. Fix the "
-                "file, or remove the name from `trl.reward_funcs`."
+                f"`{key}`: importing `{path}` (for `{name}`) failed: {type(exc).__name__}: {exc}. Fix the file, or "
+                f"remove `{name}` from `{key}`."
             ) from None
-        sys.modules[key] = loaded
+        sys.modules[unique] = loaded
     found = getattr(loaded, function, None)
     if found is None or not callable(found):
         what = "has no" if found is None else "has a non-callable"
         raise ConfigError(
-            f"`trl.reward_funcs` names `{name}`, and `{path}` {what} `{function}`: name a function of that file "
-            "(called with `prompts`, `completions` and the dataset's other columns as keywords; docs/rl.md)."
+            f"`{key}` names `{name}`, and `{path}` {what} `{function}`: name a function of that file ({called})."
         )
     return found
 

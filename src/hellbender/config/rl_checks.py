@@ -8,7 +8,14 @@ import importlib.util
 import os
 from typing import Any
 
-from hellbender.config.reward_functions import load_reward_function, reward_model_problem, reward_model_source
+from hellbender.config.data import is_transform_type
+from hellbender.config.reward_functions import (
+    TRANSFORM_CALL,
+    load_reward_function,
+    load_user_function,
+    reward_model_problem,
+    reward_model_source,
+)
 from hellbender.config.rl import GRPO_ONLY_KEYS, ONLINE_RL_METHODS
 from hellbender.config.schema import HellbenderConfig
 from hellbender.errors import ConfigError
@@ -26,13 +33,21 @@ def vllm_installed() -> bool:
 def rl_problems(cfg: HellbenderConfig) -> list[str]:
     """Each problem of `rl: grpo` / `rl: rloo` and the `trl:` block, one paragraph each."""
     if cfg.rl not in ONLINE_RL_METHODS:
+        problems = [
+            f"`{key}[{i}].type: {e.type}` names a transform function in a Python file; hellbender runs transform "
+            "functions only for the prompt rows of `rl: grpo` and `rl: rloo` (docs/rl.md). Convert the rows to one of "
+            "hellbender's formats (`alpaca`, `chat_template`, `completion`, `pretokenized`, or a preference type)."
+            for key in ("datasets", "test_datasets")
+            for i, e in enumerate(getattr(cfg, key))
+            if is_transform_type(e.type)
+        ]
         if cfg.trl is not None:
             now = f"this config sets `rl: {cfg.rl}`" if cfg.rl else "`rl` is not set"
-            return [
+            problems.append(
                 f"`trl:` sets online reinforcement learning, and {now}, so it would change nothing. Set `rl: grpo` "
                 "or `rl: rloo`, or remove the `trl:` block."
-            ]
-        return []
+            )
+        return problems
     method = f"`rl: {cfg.rl}`"
     trl = cfg.trl
     if trl is None or not trl.reward_funcs:
@@ -129,12 +144,20 @@ def _data_problems(cfg: HellbenderConfig) -> list[str]:
     `type`."""
     method = f"`rl: {cfg.rl}`"
     problems = [
-        f"`datasets[{i}]` (`{e.path}`) has `type: {e.type}`, and {method} reads prompt rows as they are: a "
-        "`prompt` column (text, or a list of chat messages) and any other columns the reward functions read. Remove "
-        "`type` and give the rows that shape (Axolotl's `type: module.transform` for GRPO is not offered yet)."
+        f"`datasets[{i}]` (`{e.path}`) has `type: {e.type}`, and {method} reads prompt rows: a `prompt` column "
+        "(text, or a list of chat messages) and any other columns the reward functions read. Remove `type` and give "
+        "the rows that shape, or name a transform `module.function` that maps each row to one (docs/rl.md)."
         for i, e in enumerate(cfg.datasets)
-        if e.type not in (None, "pretokenized")  # the resolved config names rows used as they are `pretokenized`
+        # the resolved config names rows used as they are `pretokenized`
+        if e.type not in (None, "pretokenized") and not is_transform_type(e.type)
     ]
+    directory = cfg.trl.reward_funcs_dir if cfg.trl is not None and cfg.trl.reward_funcs_dir else "."
+    for i, e in enumerate(cfg.datasets):
+        if is_transform_type(e.type):
+            try:
+                load_user_function(e.type, directory, f"datasets[{i}].type", TRANSFORM_CALL)
+            except ConfigError as exc:
+                problems.append(str(exc))
     for key, why in (
         ("test_datasets", "evaluation of online RL runs is not offered yet"),
         ("pretraining_dataset", "online RL trains on prompts, not on streamed text"),

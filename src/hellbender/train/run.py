@@ -272,7 +272,7 @@ def _training_data(
     if cfg.rl in ONLINE_RL_METHODS:
         from hellbender.data.grpo_rows import grpo_rows
 
-        return grpo_rows(cfg), None, None
+        return grpo_rows(cfg, tokenizer), None, None
     if cfg.uses_streaming or cfg.skip_prepare_dataset:
         # Only evaluation data is prepared; `prepare_datasets` leaves these training rows alone.
         prepared_eval = prepare_datasets(cfg, tokenizer, processor) if cfg.test_datasets else None
