@@ -50,13 +50,18 @@ def per_step(output_dir: str | Path) -> dict[int, tuple[float | None, ...]]:
     return {e["step"]: tuple(e.get(k) for k in keys) for e in trainer_state(output_dir)["log_history"] if "loss" in e}
 
 
-@pytest.mark.parametrize("num_iterations", [1, 2])
-def test_a_stopped_grpo_run_resumes_in_a_new_process_exactly(tmp_path, num_iterations):
+def test_a_stopped_grpo_run_resumes_in_a_new_process_exactly(tmp_path):
     """Stopped after checkpoint-3 and resumed by a new process, steps 4 to 6 generate, score and train exactly as the
     uninterrupted run did, to the same final weights. With `num_iterations: 2` a generated batch trains two optimizer
-    steps, and checkpoint-3 falls between them: the resumed run goes on with the batch generated at step 3."""
-    trl = {"reward_funcs": ["rewards.even_share"], "num_generations": 4, "max_completion_length": 4}
-    trl["num_iterations"] = num_iterations
+    steps, and checkpoint-3 falls between them: the resumed run goes on with the batch generated at step 3 (a new
+    trainer would otherwise count from 0 and generate again). With `num_iterations: 1` every checkpoint is at a
+    generation boundary; tests/test_grpo.py resumes that case."""
+    trl = {
+        "reward_funcs": ["rewards.even_share"],
+        "num_generations": 4,
+        "max_completion_length": 4,
+        "num_iterations": 2,
+    }
     reference = load_config(grpo_file(tmp_path / "reference", trl=trl))
     train(reference)
     expected = per_step(reference.output_dir)
@@ -67,6 +72,7 @@ def test_a_stopped_grpo_run_resumes_in_a_new_process_exactly(tmp_path, num_itera
     train(load_config(config), callbacks=[StopAt(SAVE_AT)])
     out = tmp_path / "stopped" / "out"
     assert max(per_step(out)) == SAVE_AT
+    assert (out / f"checkpoint-{SAVE_AT}" / "generation_buffer_0.pt").is_file()  # step 4's completions
     done = subprocess.run(
         [sys.executable, "-m", "tests.stopped_run", str(config)], cwd=REPO, capture_output=True, text=True
     )
