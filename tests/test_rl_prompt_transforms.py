@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hellbender.config.loading import validate_config
+from hellbender.config.loading import load_config, validate_config
 from hellbender.errors import ConfigError, DataError
 from tests.helpers import base_config
 from tests.test_grpo import REWARDS, grpo_config, logged_rewards
@@ -160,3 +160,5 @@ def test_grpo_trains_on_transformed_rows(tmp_path):
     cfg = transformed_config(tmp_path, "transforms.oai_gsm8k_transform", max_steps=2)
     train(cfg)
     assert len(logged_rewards(Path(cfg.output_dir))) == 2
+    resolved = load_config(Path(cfg.output_dir) / "hellbender_config.yml")  # as a resumed run reads it
+    assert resolved.datasets[0].type == "transforms.oai_gsm8k_transform"

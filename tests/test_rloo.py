@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hellbender.config.loading import validate_config
+from hellbender.config.loading import load_config, validate_config
 from hellbender.errors import ConfigError
 from tests.test_grpo import grpo_config, grpo_settings, logged_rewards, recording_trainer
 
@@ -86,3 +86,5 @@ def test_rloo_learns_the_reward_of_a_tiny_task(tmp_path):
     assert (
         "Method: RLOO (online reinforcement learning, 4 completions per prompt, beta 0.05), full fine-tuning" in report
     )
+    resolved = load_config(Path(cfg.output_dir) / "hellbender_config.yml")  # as a resumed run reads it
+    assert resolved.trl == cfg.trl and resolved.trl.loss_type is None
