@@ -150,7 +150,7 @@ def test_the_loss_types_offered_are_trls():
 def test_reward_function_returns_of_the_wrong_shape_are_named(tmp_path):
     from hellbender.config.reward_functions import load_reward_function
     from hellbender.data.grpo_rows import ROW_COLUMN
-    from hellbender.train.methods.grpo import RewardFunction
+    from hellbender.train.methods.online import RewardFunction
 
     grpo_dir(tmp_path)
     call = {"prompts": ["a", "b"], "completions": ["x", "y"], "number": [3, 7], ROW_COLUMN: [13, 17]}
@@ -205,6 +205,52 @@ def test_grpo_learns_the_reward_of_a_tiny_task(tmp_path):
     assert "- Batch: 8 completions x 1 accumulation steps (4 per prompt); completions up to 4 tokens" in report
     resolved = load_config(Path(cfg.output_dir) / "hellbender_config.yml")  # as a resumed run reads it
     assert resolved.trl == cfg.trl and resolved.datasets[0].type == "pretokenized"
+
+
+def test_grpo_with_lora_learns_a_reward_the_output_head_can_express(tmp_path, tiny_model_path):
+    """LoRA (all linear layers, not the output head) learns within 20 steps: the mean reward of the first 5 steps
+    is 0.54, of the last 5 steps 1.0 (measured on CPU, seed 42).
+
+    LoRA moves only the last hidden state, whose length the final RMS norm fixes (8 in the tiny model), so it can
+    shift a token's logit by at most 8 x the length of that token's output-head row. The built-in tiny model's head
+    is random and small (rows of length 0.16): even and odd token ids differ by at most 0.12 in logit, so the
+    even-token reward above cannot be learned with LoRA there (0.50 -> 0.56 at learning rates up to 0.2). Here the
+    head is scaled by 10 and the rewarded tokens are those on one side of the head's main direction, which the
+    hidden state can point along."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hellbender.train.run import train
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10)
+    model.save_pretrained(tmp_path / "model")
+    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(tmp_path / "model")
+    head = model.lm_head.weight.detach()
+    direction = torch.linalg.svd(head - head.mean(0), full_matrices=False).Vh[0]
+    aligned = sorted(torch.nonzero(head @ direction > 0).flatten().tolist())
+    (tmp_path / "aligned.py").write_text(
+        f"ALIGNED = set({aligned})\n\n\ndef share(prompts, completions, completion_ids, **kwargs):\n"
+        "    return [sum(t in ALIGNED for t in ids) / max(len(ids), 1) for ids in completion_ids]\n"
+    )
+    cfg = grpo_config(
+        tmp_path,
+        {"reward_funcs": ["aligned.share"]},
+        base_model=str(tmp_path / "model"),
+        adapter="lora",
+        lora_r=8,
+        lora_alpha=16,
+        lora_target_linear=True,
+        max_steps=20,
+        learning_rate=2e-2,
+    )
+    train(cfg)
+    rewards = logged_rewards(Path(cfg.output_dir))
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert first < 0.65 and last > 0.9, rewards
+    saved = load_file(Path(cfg.output_dir) / "adapter_model.safetensors")
+    assert saved and all("lora_" in name for name in saved)  # the adapter learned it; the head was not trained
 
 
 def recording_trainer(cfg) -> tuple[object, list[dict]]:

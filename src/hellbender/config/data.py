@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from string import Formatter
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from hellbender.chat_templates import NAMED_TEMPLATES
 from hellbender.config.values import Float, Int, Name, PathText
@@ -54,6 +63,26 @@ KTO_PREFERENCE_TYPES = tuple(
 # The preference types whose prompts may hold images, for vision-language models (`processor_type`).
 VISION_PREFERENCE_TYPES = ("chat_template.default", "chat_template.argilla_chat")
 DatasetType = SftDatasetType | PreferenceDatasetType
+# Axolotl's `type: module.function` for the prompt rows of online RL: a transform in a Python file (docs/rl.md).
+TransformName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")]
+
+
+_FORMATS = frozenset(get_args(SftDatasetType) + get_args(PreferenceDatasetType))
+
+
+def is_transform_type(value: Any) -> bool:
+    """`type: module.function`: a user's transform, not one of hellbender's formats."""
+    return isinstance(value, str) and "." in value and value not in _FORMATS
+
+
+# A dotted name that is not a format is checked as a transform name, anything else against the formats alone, so a
+# misspelt format is told the formats. The tags are what an error says the key takes (`validation_errors.py` reads a
+# union member's tag as its description).
+_FORMATS_TAG = f"literal[{','.join(repr(v) for v in get_args(SftDatasetType) + get_args(PreferenceDatasetType))}]"
+EntryType = Annotated[
+    Annotated[DatasetType, Tag(_FORMATS_TAG)] | Annotated[TransformName, Tag("a transform `module.function`")],
+    Discriminator(lambda value: "a transform `module.function`" if is_transform_type(value) else _FORMATS_TAG),
+]
 # Keys of `user_defined.default` (Axolotl writes them in a mapping under `type:`), each with Axolotl's default.
 USER_DEFINED_KEYS = {
     "field_prompt": "prompt",
@@ -113,13 +142,15 @@ class DatasetEntry(ImageEntryKeys):
     path: PathText = Field(
         description="Local file, directory or glob; a hub dataset id; or an fsspec URL (s3://, gs://, az://)."
     )
-    type: DatasetType | None = Field(
+    type: EntryType | None = Field(
         None,
         description="Row format. Default `pretokenized`: rows that already hold `input_ids` are passed through. "
         "Preference data (pairs of chosen and rejected answers, or KTO's labelled answers): "
         + ", ".join(f"`{name}`" for name in PREFERENCE_TYPES)
         + " (see docs/preference.md); Axolotl's mapping of `user_defined.default` keys under `type:` is read as "
-        "`type: user_defined.default` with those keys.",
+        "`type: user_defined.default` with those keys. With `rl: grpo` / `rl: rloo`: `module.function`, Axolotl's "
+        "prompt transform in a Python file next to the config, which maps each row to one with a `prompt` "
+        "(docs/rl.md).",
     )
     ds_type: DsType | None = Field(None, description="File format; guessed from the file extension when unset.")
     data_files: list[PathText] | PathText | None = Field(
@@ -281,11 +312,7 @@ class DatasetEntry(ImageEntryKeys):
                 f"`{value}` is not a preference-data format hellbender reads; the preference formats are "
                 + ", ".join(f"`{name}`" for name in PREFERENCE_TYPES)
             )
-        raise ValueError(
-            f"`{value}` names a transform function in a Python file; hellbender does not run user transform "
-            "functions yet. Convert the rows to one of hellbender's formats (`alpaca`, `chat_template`, `completion`, "
-            "`pretokenized`)"
-        )
+        return value  # a transform function: `rl_checks.py` refuses it except for online RL's prompt rows
 
 
 class PretrainingDatasetEntry(ImageEntryKeys):

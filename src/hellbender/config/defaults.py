@@ -28,7 +28,7 @@ from hellbender.config.preference import (
     DEFAULT_SIMPO_GAMMA,
     PREFERENCE_UNSET_MEANS,
 )
-from hellbender.config.rl import RL_UNSET_MEANS, TRL_UNSET_MEANS
+from hellbender.config.rl import METHOD_DEFAULTS, ONLINE_RL_METHODS, RL_UNSET_MEANS, TRL_UNSET_MEANS
 from hellbender.config.schema import DatasetEntry, HellbenderConfig
 from hellbender.config.tracking import swanlab_asked
 
@@ -167,6 +167,10 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
         default(key, value)
     if cfg.reward_model:
         default("num_labels", 1)
+    if cfg.rl in ONLINE_RL_METHODS and cfg.trl is not None:  # the `trl:` keys whose TRL default is the method's
+        trl = {k: v for k, v in METHOD_DEFAULTS[cfg.rl].items() if getattr(cfg.trl, k) is None}
+        if trl:
+            updates["trl"] = _updated(cfg.trl, trl)
     for key, value in ADAM_DEFAULTS.items():
         default(key, value)
     if cfg.warmup_ratio is None:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from hellbender.config.unsupported import planned_feature
 from hellbender.config.values import Float, Int
 
-PreferenceMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo"]
+PreferenceMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo", "rloo"]
 # The loss types TRL's DPOTrainer computes (its `DPOConfig.loss_type`); a test checks this list against TRL's.
 DpoLossType = Literal[
     "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
@@ -25,7 +25,7 @@ DEFAULT_ORPO_ALPHA = 0.1
 DEFAULT_SIMPO_GAMMA = 0.5
 DEFAULT_CPO_ALPHA = 1.0
 DEFAULT_KTO_WEIGHT = 1.0
-# Axolotl's `rl` values for methods that generate during training and are not offered yet (`grpo` is).
+# Axolotl's `rl` values for methods that generate during training and are not offered yet (`grpo` and `rloo` are).
 ONLINE_METHODS = ("gdpo", "ebft")
 
 # method-specific key -> the `rl` methods it tunes
@@ -59,7 +59,8 @@ class PreferenceSettings(BaseModel):
         "weights (full fine-tuning; see `precompute_ref_log_probs`). See docs/preference.md. `grpo`: online "
         "reinforcement learning (Group Relative Policy Optimization): the model generates several completions per "
         "prompt, the `trl.reward_funcs` score them, and it learns from rewards relative to the group (the `trl:` "
-        "block; docs/rl.md).",
+        "block; docs/rl.md). `rloo`: the same with REINFORCE Leave-One-Out, whose baseline for each completion is "
+        "the mean reward of the other completions of its prompt (TRL's RLOOTrainer).",
     )
 
     @field_validator("rl", mode="before")
@@ -68,7 +69,7 @@ class PreferenceSettings(BaseModel):
         if value in ONLINE_METHODS:
             raise ValueError(
                 f"`rl: {value}` belongs to {planned_feature('ebft')}, which hellbender does not offer yet; the "
-                "methods offered are `dpo`, `ipo`, `kto`, `orpo`, `simpo` and `grpo`"
+                "methods offered are `dpo`, `ipo`, `kto`, `orpo`, `simpo`, `grpo` and `rloo`"
             )
         return value
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from hellbender.config.preference import METHOD_KEYS, SMOOTHED_LOSSES
+from hellbender.config.rl import ONLINE_RL_METHODS
 from hellbender.config.schema import HellbenderConfig
 
 
@@ -18,8 +19,8 @@ def preference_problems(cfg: HellbenderConfig) -> list[str]:
     problems: list[str] = []
     method = cfg.rl
     for key, methods in METHOD_KEYS.items():
-        if not _is_set(getattr(cfg, key)) or method in methods or (key, method) == ("rl_beta", "grpo"):
-            continue  # GRPO's own paragraph for `rl_beta` points at `trl.beta` (`rl_checks.py`)
+        if not _is_set(getattr(cfg, key)) or method in methods or (key == "rl_beta" and method in ONLINE_RL_METHODS):
+            continue  # online RL's own paragraph for `rl_beta` points at `trl.beta` (`rl_checks.py`)
         owners = " or ".join(f"`rl: {m}`" for m in methods)
         if method is None:
             problems.append(

@@ -10,6 +10,7 @@ from hellbender.config.data import (
     is_preference_type,
 )
 from hellbender.config.defaults import preference_keys_read
+from hellbender.config.rl import ONLINE_RL_METHODS
 from hellbender.config.schema import HellbenderConfig
 
 # The entry keys each preference type reads beyond `path` and the loading keys (`chat_template` keys aside).
@@ -66,7 +67,7 @@ def _vision_preference_problems(cfg: HellbenderConfig, preference: list) -> list
 
 
 def preference_data_problems(cfg: HellbenderConfig) -> list[str]:
-    if cfg.rl == "grpo":  # prompt rows, not pairs (`rl_checks.py`)
+    if cfg.rl in ONLINE_RL_METHODS:  # prompt rows, not pairs (`rl_checks.py`)
         return []
     entries = [(f"datasets[{i}]", e) for i, e in enumerate(cfg.datasets)]
     entries += [(f"test_datasets[{i}]", e) for i, e in enumerate(cfg.test_datasets)]

@@ -1,5 +1,6 @@
-"""The `trl:` block of online reinforcement learning (`rl: grpo`), with Axolotl's key names and the fields of TRL's
-`GRPOConfig` they feed. Its rules (the batch, the reward functions) are in `rl_checks.py`."""
+"""The `trl:` block of online reinforcement learning (`rl: grpo`, `rl: rloo`), with Axolotl's key names and the fields
+of TRL's `GRPOConfig` / `RLOOConfig` they feed. Its rules (the batch, the reward functions, the keys only GRPO reads)
+are in `rl_checks.py`; the defaults that differ by method are filled in by `online_rl_defaults`."""
 
 from __future__ import annotations
 
@@ -14,10 +15,20 @@ from hellbender.config.values import Float, Int
 GrpoLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "vespo"]
 ScaleRewards = Literal["group", "batch", "none"]
 DEFAULT_NUM_GENERATIONS = 8
+# The `rl` methods that generate during training and read the `trl:` block.
+ONLINE_RL_METHODS = ("grpo", "rloo")
+# `trl:` keys TRL's RLOOTrainer has no field for: RLOO's advantage is the reward minus the mean of the group's other
+# rewards, and its loss is averaged per sequence.
+GRPO_ONLY_KEYS = ("loss_type", "scale_rewards")
+# TRL's defaults of each method (GRPOConfig, RLOOConfig), written into the config at validation.
+METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "grpo": {"beta": 0.0, "loss_type": "dapo", "scale_rewards": "group"},
+    "rloo": {"beta": 0.05},
+}
 
 
 class TrlSettings(BaseModel):
-    """TRL's GRPO settings, as `trl:`."""
+    """TRL's GRPO and RLOO settings, as `trl:`."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -34,12 +45,13 @@ class TrlSettings(BaseModel):
                 )
         return raw
 
-    beta: Float = Field(
-        0.0,
+    beta: Float | None = Field(
+        None,
         ge=0,
-        description="The weight of the KL penalty that keeps the policy near the reference model. With an adapter "
-        "the reference is the base model with the adapter switched off; with full fine-tuning, a frozen copy of the "
-        "starting weights. 0 (TRL's default) uses no reference at all.",
+        description="The weight of the KL penalty that keeps the policy near the reference model (GRPO: a term of the "
+        "loss; RLOO: subtracted from each completion's reward). With an adapter the reference is the base model with "
+        "the adapter switched off; with full fine-tuning, a frozen copy of the starting weights. 0 uses no reference "
+        "at all. TRL's defaults: 0 with `rl: grpo`, 0.05 with `rl: rloo`.",
     )
     num_generations: Int = Field(
         DEFAULT_NUM_GENERATIONS,
@@ -61,7 +73,10 @@ class TrlSettings(BaseModel):
         "`module.py` in `reward_funcs_dir` (the config file's directory by default). Validation and training "
         "import that file, so it runs the file's code: name only files you trust. Each is called with the prompts, "
         "the completions and the dataset's other columns, and returns one number (or None) per completion "
-        "(docs/rl.md). Required with `rl: grpo`.",
+        "(docs/rl.md). An entry with a `/` or naming a directory is a reward model instead: a directory (absolute, "
+        "or relative to `reward_funcs_dir`) or a hub id `org/name` of a sequence-classification checkpoint with one "
+        "score (`reward_model: true` trains one), which scores each prompt with its completion. Required with "
+        "`rl: grpo` and `rl: rloo`.",
     )
     reward_funcs_dir: str | None = Field(
         None,
@@ -73,16 +88,16 @@ class TrlSettings(BaseModel):
         None,
         description="One weight per reward function, in the same order; the reward is their weighted sum.",
     )
-    loss_type: GrpoLossType = Field(
-        "dapo",
-        description="How the per-token losses are combined (TRL's variants): `grpo` (mean per sequence, then over "
+    loss_type: GrpoLossType | None = Field(
+        None,
+        description="With `rl: grpo`: how the per-token losses are combined (TRL's variants): `grpo` (mean per sequence, then over "
         "sequences), `dapo` (TRL's default: over all completion tokens of the global batch), `dr_grpo` (divided by "
         "a constant, `max_completion_length`), `bnpo` (over the tokens of the local batch), `cispo` (clipped "
         "importance weights), `sapo` (a soft gate instead of clipping), `vespo` (sequence-level soft weighting).",
     )
-    scale_rewards: bool | ScaleRewards = Field(
-        "group",
-        description="Divide each advantage by the standard deviation of the rewards in its `group` (`true`, the "
+    scale_rewards: bool | ScaleRewards | None = Field(
+        None,
+        description="With `rl: grpo`: divide each advantage by the standard deviation of the rewards in its `group` (`true`, the "
         "default), in the whole `batch`, or not at all (`none` / `false`, as Dr. GRPO recommends).",
     )
     epsilon: Float = Field(0.2, gt=0, description="The clipping range of the probability ratio (lower bound).")
@@ -107,7 +122,7 @@ class TrlSettings(BaseModel):
 
     @field_validator("scale_rewards", mode="after")
     @classmethod
-    def _scale_rewards_word(cls, value: bool | str) -> str:
+    def _scale_rewards_word(cls, value: bool | str | None) -> str | None:
         """Axolotl writes a boolean; TRL reads `true` as `group` and `false` as `none`."""
         return {True: "group", False: "none"}.get(value, value) if isinstance(value, bool) else value
 
@@ -117,14 +132,19 @@ class RlSettings(BaseModel):
 
     trl: TrlSettings | None = Field(
         None,
-        description="With `rl: grpo`: the generation, reward and loss settings of online reinforcement learning "
-        "(the `trl:` keys below; docs/rl.md).",
+        description="With `rl: grpo` or `rl: rloo`: the generation, reward and loss settings of online "
+        "reinforcement learning (the `trl:` keys below; docs/rl.md).",
     )
 
 
-RL_UNSET_MEANS: dict[str, str] = {"trl": "TRL's GRPO defaults with `rl: grpo` (it then needs `reward_funcs`)"}
+RL_UNSET_MEANS: dict[str, str] = {
+    "trl": "TRL's defaults with `rl: grpo` or `rl: rloo` (which then need `reward_funcs`)"
+}
 TRL_UNSET_MEANS: dict[str, str] = {
-    "reward_funcs": "none: required with `rl: grpo`",
+    "beta": "TRL's default of the method: 0 with `rl: grpo`, 0.05 with `rl: rloo`",
+    "loss_type": "`dapo` with `rl: grpo` (TRL's default); RLOO has no loss types",
+    "scale_rewards": "`group` with `rl: grpo` (TRL's default); RLOO does not scale its advantages",
+    "reward_funcs": "none: required with `rl: grpo` and `rl: rloo`",
     "reward_funcs_dir": "the config file's directory",
     "reward_weights": "1.0 for each reward function",
     "epsilon_high": "`epsilon`",

@@ -1,6 +1,6 @@
-"""The rules of online reinforcement learning (`rl: grpo` and its `trl:` block): the block only with the method,
-whole groups in every batch, one weight per reward function, reward functions that exist, vLLM only where installed,
-and the data and keys GRPO does not read."""
+"""The rules of online reinforcement learning (`rl: grpo`, `rl: rloo` and their `trl:` block): the block only with
+such a method, the keys only GRPO reads, whole groups in every batch, one weight per reward function, reward
+functions that exist, vLLM only where installed, and the data and keys these methods do not read."""
 
 from __future__ import annotations
 
@@ -8,7 +8,15 @@ import importlib.util
 import os
 from typing import Any
 
-from hellbender.config.reward_functions import load_reward_function
+from hellbender.config.data import is_transform_type
+from hellbender.config.reward_functions import (
+    TRANSFORM_CALL,
+    load_reward_function,
+    load_user_function,
+    reward_model_problem,
+    reward_model_source,
+)
+from hellbender.config.rl import GRPO_ONLY_KEYS, ONLINE_RL_METHODS
 from hellbender.config.schema import HellbenderConfig
 from hellbender.errors import ConfigError
 
@@ -23,23 +31,40 @@ def vllm_installed() -> bool:
 
 
 def rl_problems(cfg: HellbenderConfig) -> list[str]:
-    """Each problem of `rl: grpo` and the `trl:` block, one paragraph each."""
-    if cfg.rl != "grpo":
+    """Each problem of `rl: grpo` / `rl: rloo` and the `trl:` block, one paragraph each."""
+    if cfg.rl not in ONLINE_RL_METHODS:
+        problems = [
+            f"`{key}[{i}].type: {e.type}` names a transform function in a Python file; hellbender runs transform "
+            "functions only for the prompt rows of `rl: grpo` and `rl: rloo` (docs/rl.md). Convert the rows to one of "
+            "hellbender's formats (`alpaca`, `chat_template`, `completion`, `pretokenized`, or a preference type)."
+            for key in ("datasets", "test_datasets")
+            for i, e in enumerate(getattr(cfg, key))
+            if is_transform_type(e.type)
+        ]
         if cfg.trl is not None:
             now = f"this config sets `rl: {cfg.rl}`" if cfg.rl else "`rl` is not set"
-            return [
-                f"`trl:` sets online reinforcement learning, and {now}, so it would change nothing. Set `rl: grpo`, "
-                "or remove the `trl:` block."
-            ]
-        return []
+            problems.append(
+                f"`trl:` sets online reinforcement learning, and {now}, so it would change nothing. Set `rl: grpo` "
+                "or `rl: rloo`, or remove the `trl:` block."
+            )
+        return problems
+    method = f"`rl: {cfg.rl}`"
     trl = cfg.trl
     if trl is None or not trl.reward_funcs:
         return [
-            "`rl: grpo` scores its generated completions with reward functions, and `trl.reward_funcs` names none. "
+            f"{method} scores its generated completions with reward functions, and `trl.reward_funcs` names none. "
             "Add `trl:` with `reward_funcs: [module.function]` (a function of `module.py` next to the config; "
             "docs/rl.md)."
         ]
     problems: list[str] = []
+    if cfg.rl == "rloo":
+        problems += [
+            f"`trl.{key}` is a setting of GRPO, and `rl: rloo` does not read it: RLOO's advantage is each reward "
+            "minus the mean reward of the other completions of its prompt, and its loss is averaged per sequence. "
+            f"Remove `trl.{key}`, or set `rl: grpo`."
+            for key in GRPO_ONLY_KEYS
+            if getattr(trl, key) is not None
+        ]
     processes = launched_world_size()
     batch = cfg.micro_batch_size * cfg.gradient_accumulation_steps * processes
     if batch % trl.num_generations:
@@ -66,20 +91,26 @@ def rl_problems(cfg: HellbenderConfig) -> list[str]:
             "`trl.use_vllm: true`: generation through vLLM is not verified with hellbender yet. Remove `use_vllm` "
             "to generate with transformers' `generate`."
         )
+    directory = trl.reward_funcs_dir or "."
     for name in trl.reward_funcs:
+        if reward_model_source(name, directory) is not None:
+            if problem := reward_model_problem(name, directory):
+                problems.append(problem)
+            continue
         try:
-            load_reward_function(name, trl.reward_funcs_dir or ".")
+            load_reward_function(name, directory)
         except ConfigError as exc:
             problems.append(str(exc))
     problems += _data_problems(cfg)
     if cfg.processor_type is not None:
         problems.append(
-            f"`processor_type: {cfg.processor_type}` with `rl: grpo`: GRPO is offered for text models so far "
+            f"`processor_type: {cfg.processor_type}` with {method}: online RL is offered for text models so far "
             "(prompts with images are not read yet). Remove `processor_type` to train the text model."
         )
     if cfg.rl_beta is not None:
         problems.append(
-            "`rl_beta` is the beta of DPO, IPO, KTO and SimPO; GRPO's KL weight is `trl.beta`. Move the value there."
+            f"`rl_beta` is the beta of DPO, IPO, KTO and SimPO; the KL weight of {method} is `trl.beta`. Move the "
+            "value there."
         )
     return problems
 
@@ -91,13 +122,13 @@ def _steps_for(per_step: int, generations: int) -> int:
     return steps
 
 
-# Keys of data preparation (tokenizing, cutting, filtering, ordering rows) that GRPO's prompt rows never go through.
+# Keys of data preparation (tokenizing, cutting, filtering, ordering rows) that online RL's prompt rows never go through.
 PREPARATION_KEYS = (
     "excess_length_strategy", "max_prompt_len", "eval_sample_packing", "pad_to_sequence_len", "train_on_inputs",
     "dataset_exact_deduplication", "min_sample_len", "group_by_length",
     "sample_packing_sequentially", "curriculum_sampling", "skip_prepare_dataset", "eot_tokens",
 )  # fmt: skip
-# What a GRPO entry may set: where its rows are.
+# What an online RL entry may set: where its rows are.
 ENTRY_KEYS = ("path", "type", "ds_type", "data_files", "name", "split", "revision")
 
 
@@ -109,43 +140,53 @@ def _differs_from_default(model: Any, key: str) -> bool:
 
 
 def _data_problems(cfg: HellbenderConfig) -> list[str]:
-    """GRPO reads prompt rows (`prompt` and any columns the reward functions read), declared without a `type`."""
+    """GRPO and RLOO read prompt rows (`prompt` and any columns the reward functions read), declared without a
+    `type`."""
+    method = f"`rl: {cfg.rl}`"
     problems = [
-        f"`datasets[{i}]` (`{e.path}`) has `type: {e.type}`, and `rl: grpo` reads prompt rows as they are: a "
-        "`prompt` column (text, or a list of chat messages) and any other columns the reward functions read. Remove "
-        "`type` and give the rows that shape (Axolotl's `type: module.transform` for GRPO is not offered yet)."
+        f"`datasets[{i}]` (`{e.path}`) has `type: {e.type}`, and {method} reads prompt rows: a `prompt` column "
+        "(text, or a list of chat messages) and any other columns the reward functions read. Remove `type` and give "
+        "the rows that shape, or name a transform `module.function` that maps each row to one (docs/rl.md)."
         for i, e in enumerate(cfg.datasets)
-        if e.type not in (None, "pretokenized")  # the resolved config names rows used as they are `pretokenized`
+        # the resolved config names rows used as they are `pretokenized`
+        if e.type not in (None, "pretokenized") and not is_transform_type(e.type)
     ]
+    directory = cfg.trl.reward_funcs_dir if cfg.trl is not None and cfg.trl.reward_funcs_dir else "."
+    for i, e in enumerate(cfg.datasets):
+        if is_transform_type(e.type):
+            try:
+                load_user_function(e.type, directory, f"datasets[{i}].type", TRANSFORM_CALL)
+            except ConfigError as exc:
+                problems.append(str(exc))
     for key, why in (
-        ("test_datasets", "evaluation of GRPO runs is not offered yet"),
-        ("pretraining_dataset", "GRPO trains on prompts, not on streamed text"),
+        ("test_datasets", "evaluation of online RL runs is not offered yet"),
+        ("pretraining_dataset", "online RL trains on prompts, not on streamed text"),
     ):
         if getattr(cfg, key):
-            problems.append(f"`{key}` cannot be used with `rl: grpo`: {why}. Remove `{key}`.")
+            problems.append(f"`{key}` cannot be used with {method}: {why}. Remove `{key}`.")
     for key in PREPARATION_KEYS:
         if _differs_from_default(cfg, key):
             problems.append(
-                f"`{key}` cannot be used with `rl: grpo`: it tunes the preparation of training rows, and GRPO reads "
-                f"its prompt rows as they are (they are not tokenized, cut or reordered beforehand). Remove `{key}`."
+                f"`{key}` cannot be used with {method}: it tunes the preparation of training rows, and online RL "
+                f"reads its prompt rows as they are (they are not tokenized, cut or reordered beforehand). Remove `{key}`."
             )
     for i, entry in enumerate(cfg.datasets):
         extra = [k for k in type(entry).model_fields if k not in ENTRY_KEYS and _differs_from_default(entry, k)]
         if extra:
             problems.append(
-                f"`datasets[{i}]` sets {', '.join(f'`{k}`' for k in extra)}, which `rl: grpo` does not read: its rows "
+                f"`datasets[{i}]` sets {', '.join(f'`{k}`' for k in extra)}, which {method} does not read: its rows "
                 "are used as they are (`prompt` and the reward functions' columns). Remove them."
             )
     if cfg.shuffle_merged_datasets is False:
         problems.append(
-            "`shuffle_merged_datasets: false` cannot be honoured with `rl: grpo`: TRL's sampler draws the prompts in "
+            f"`shuffle_merged_datasets: false` cannot be honoured with {method}: TRL's sampler draws the prompts in "
             "a seeded random order. Remove `shuffle_merged_datasets`."
         )
     if cfg.val_set_size:
         problems.append(
-            f"`val_set_size: {cfg.val_set_size}` cannot be used with `rl: grpo`: evaluation of GRPO runs is not "
+            f"`val_set_size: {cfg.val_set_size}` cannot be used with {method}: evaluation of online RL runs is not "
             "offered yet. Remove `val_set_size`."
         )
     if cfg.streaming:
-        problems.append("`streaming: true` cannot be used with `rl: grpo`: its prompt rows are read whole. Remove it.")
+        problems.append(f"`streaming: true` cannot be used with {method}: its prompt rows are read whole. Remove it.")
     return problems

@@ -1,13 +1,16 @@
-"""The prompt rows of `rl: grpo`: each `datasets` entry's rows as they are (a `prompt` column, text or a list of chat
-messages, and whatever other columns the reward functions read), joined in order, with each row's index added so a
-failing reward function can name the row. Nothing is tokenized here: TRL applies the run's tokenizer and chat
-template to each prompt as it generates."""
+"""The prompt rows of online RL (`rl: grpo`, `rl: rloo`): each `datasets` entry's rows as they are, or as its
+`type: module.function` transform makes them (`prompt_transforms.py`): a `prompt` column, text or a list of chat
+messages, and whatever other columns the reward functions read. The entries are joined in order, with each row's
+index added so a failing reward function can name the row. Nothing is tokenized here: TRL applies the run's tokenizer
+and chat template to each prompt as it generates."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from hellbender.config import HellbenderConfig
+from hellbender.config.data import is_transform_type
+from hellbender.data.prompt_transforms import transformed_rows
 from hellbender.data.sources import load_rows
 from hellbender.errors import DataError
 
@@ -15,15 +18,21 @@ from hellbender.errors import DataError
 ROW_COLUMN = "hellbender_row"
 
 
-def grpo_rows(cfg: HellbenderConfig) -> Any:
+def grpo_rows(cfg: HellbenderConfig, tokenizer: Any = None) -> Any:
+    """`tokenizer`: the run's, for transforms that take one."""
     parts = []
     for i, entry in enumerate(cfg.datasets):
         where = f"`datasets[{i}]` (`{entry.path}`)"
         rows = load_rows(entry, where=where)
+        transformed = is_transform_type(entry.type)
+        if transformed:
+            rows = transformed_rows(cfg, i, rows, tokenizer)
         if "prompt" not in rows.column_names:
+            made = f" after its transform `{entry.type}`" if transformed else ""
+            fix = "Make the transform return a `prompt`." if transformed else "Rename the column, or add it."
             raise DataError(
-                f"{where} has no `prompt` column (its columns: {', '.join(rows.column_names)}): `rl: grpo` generates "
-                "from each row's `prompt`, text or a list of chat messages. Rename the column, or add it."
+                f"{where} has no `prompt` column{made} (its columns: {', '.join(rows.column_names)}): `rl: {cfg.rl}` "
+                f"generates from each row's `prompt`, text or a list of chat messages. {fix}"
             )
         if ROW_COLUMN in rows.column_names:
             raise DataError(f"{where} has a column `{ROW_COLUMN}`, a name hellbender uses itself. Rename it.")

@@ -35,6 +35,7 @@ RESUME_STATE = [
     "scheduler.pt",
     "scaler.pt",
     "rng_state*",
+    "generation_buffer_*",  # online RL's completions between two generations (train/methods/generation_state.py)
     "training_args.bin",
     "hellbender_checkpoint.json",
     "global_step*",

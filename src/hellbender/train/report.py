@@ -24,6 +24,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from hellbender.config import HellbenderConfig, dump_config
+from hellbender.config.rl import ONLINE_RL_METHODS
 from hellbender.metrics import perplexity
 from hellbender.storage import write_file_atomically
 from hellbender.train.divergence import Divergence
@@ -188,11 +189,12 @@ class RunReport(TrainerCallback):
             method = f"{name} (r {cfg.lora_r}, alpha {cfg.lora_alpha}, targets: {targets})"
         else:
             method = "full fine-tuning"
-        if cfg.rl == "grpo" and cfg.trl is not None:
+        if cfg.rl in ONLINE_RL_METHODS and cfg.trl is not None:
             trl = cfg.trl
+            loss = f", loss {trl.loss_type}" if trl.loss_type is not None else ""
             method = (
-                f"GRPO (online reinforcement learning, {trl.num_generations} completions per prompt, beta "
-                f"{trl.beta:g}, loss {trl.loss_type}), {method}"
+                f"{cfg.rl.upper()} (online reinforcement learning, {trl.num_generations} completions per prompt, "
+                f"beta {trl.beta or 0:g}{loss}), {method}"
             )
         elif cfg.rl is not None:
             beta = f", rl_beta {cfg.rl_beta:g}" if cfg.rl_beta is not None else ""
@@ -400,7 +402,7 @@ def _numel(parameter: Any) -> int:
 
 
 def _batch_line(cfg: Any) -> str:
-    if cfg.rl == "grpo" and cfg.trl is not None:  # a micro-batch holds generated completions, not dataset rows
+    if cfg.rl in ONLINE_RL_METHODS and cfg.trl is not None:  # a micro-batch holds completions, not dataset rows
         return (
             f"- Batch: {cfg.micro_batch_size} completions x {cfg.gradient_accumulation_steps} accumulation steps "
             f"({cfg.trl.num_generations} per prompt); completions up to {cfg.trl.max_completion_length} tokens"

@@ -12,6 +12,7 @@ from typing import Any
 from hellbender.config import HellbenderConfig, dump_config
 from hellbender.config.machine_needs import require_machine
 from hellbender.config.precision import torch_dtype
+from hellbender.config.rl import ONLINE_RL_METHODS
 from hellbender.data.batching import build_collator
 from hellbender.data.prepare import prepare_datasets
 from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
@@ -119,7 +120,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
         sharded = shard_norms_in_fp32(model, cfg.fp32_norm_classes, torch_dtype(cfg))
         logger.info("fp32_norms: %d norm modules kept in float32", sharded)
     train_rows = len(train_data) if not cfg.uses_streaming else None
-    if cfg.rl == "grpo" and cfg.trl is not None and train_rows is not None:
+    if cfg.rl in ONLINE_RL_METHODS and cfg.trl is not None and train_rows is not None:
         train_rows *= cfg.trl.num_generations  # each prompt is trained as that many generated completions
     schedule = plan_schedule(cfg, train_rows, world_size())
     args = training_arguments(cfg, schedule, eval_data is not None, streams_images, *_method_arguments(cfg))
@@ -266,12 +267,12 @@ def _method_trainer(
 def _training_data(
     cfg: HellbenderConfig, tokenizer: Any, processor: Any, resume_from: Path | None, streams_images: bool
 ):
-    """(training data, evaluation data or None, the prepared data's statistics or None) for the routes: GRPO's
+    """(training data, evaluation data or None, the prepared data's statistics or None) for the routes: online RL's
     prompt rows, streamed, used as is, prepared."""
-    if cfg.rl == "grpo":
+    if cfg.rl in ONLINE_RL_METHODS:
         from hellbender.data.grpo_rows import grpo_rows
 
-        return grpo_rows(cfg), None, None
+        return grpo_rows(cfg, tokenizer), None, None
     if cfg.uses_streaming or cfg.skip_prepare_dataset:
         # Only evaluation data is prepared; `prepare_datasets` leaves these training rows alone.
         prepared_eval = prepare_datasets(cfg, tokenizer, processor) if cfg.test_datasets else None

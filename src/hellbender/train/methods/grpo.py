@@ -1,34 +1,21 @@
-"""GRPO (`rl: grpo`) on TRL's GRPOTrainer: the model generates `trl.num_generations` completions per prompt with
-transformers' `generate`, the user's reward functions (`trl.reward_funcs`) score them, and the policy learns from
-each completion's reward relative to its group.
+"""GRPO (`rl: grpo`) on TRL's GRPOTrainer: the model generates `trl.num_generations` completions per prompt, the
+user's reward functions (`trl.reward_funcs`) score them, and the policy learns from each completion's reward relative
+to its group (minus the group's mean, divided by its spread: `trl.scale_rewards`), with the loss `trl.loss_type`.
 
-TRL receives the model hellbender built (LoRA / QLoRA adapter or full weights) and the prompt rows as they are; it
-applies hellbender's tokenizer and chat template to the prompts itself. With an adapter and `trl.beta > 0` the
-reference is the base model with the adapter switched off (TRL's copy of the adapter is removed). The reward
-functions are wrapped so that one that fails, or returns the wrong number of scores or a non-number, is reported by
-name with the row it failed on."""
+With an adapter and `trl.beta > 0` the reference is the base model with the adapter switched off (TRL's copy of the
+adapter is removed). What GRPO shares with RLOO is in `online.py`."""
 
 from __future__ import annotations
 
-import math
-import numbers
-from collections.abc import Callable
 from typing import Any
 
 from trl import GRPOConfig, GRPOTrainer
 
 from hellbender.config import HellbenderConfig
-from hellbender.config.reward_functions import load_reward_function
-from hellbender.data.grpo_rows import ROW_COLUMN
-from hellbender.errors import DataError
-from hellbender.train.methods.shared import PreferenceMixin, shared_arguments
+from hellbender.train.methods.generation_state import GenerationStateMixin
+from hellbender.train.methods.online import OnlineRLMixin, online_arguments, reward_functions
+from hellbender.train.methods.shared import PreferenceMixin
 from hellbender.train.trainer import HellbenderMixin
-
-# The column of each prompt row's index in the training data, added by `data/grpo_rows.py` so that a failing reward
-# function can name the row; it is taken out before the user's functions see the other columns.
-PROMPT_COLUMNS = ("prompt",)
-# What TRL passes to every reward function besides the dataset's columns; not per-completion lists.
-_TRL_KEYWORDS = ("trainer_state", "log_extra", "log_metric", "environments")
 
 
 def arguments(cfg: HellbenderConfig) -> tuple[type[GRPOConfig], dict[str, Any]]:
@@ -36,110 +23,14 @@ def arguments(cfg: HellbenderConfig) -> tuple[type[GRPOConfig], dict[str, Any]]:
     trl = cfg.trl
     assert trl is not None  # `rl: grpo` without it is refused at validation
     return GRPOConfig, {
-        **shared_arguments(),
-        "beta": trl.beta,
-        "num_generations": trl.num_generations,
-        "max_completion_length": trl.max_completion_length,
-        "temperature": trl.temperature,
-        "top_p": trl.top_p,
-        "reward_weights": list(trl.reward_weights) if trl.reward_weights is not None else None,
+        **online_arguments(cfg),
         "loss_type": trl.loss_type,
         "scale_rewards": trl.scale_rewards,
-        "epsilon": trl.epsilon,
-        "epsilon_high": trl.epsilon_high,
-        "num_iterations": trl.num_iterations,
-        "mask_truncated_completions": trl.mask_truncated_completions,
-        "use_vllm": trl.use_vllm,
-        # The dataset's other columns are the reward functions' keywords.
-        "remove_unused_columns": False,
-        # TRL's completion table is printed with `rich` every logging step; hellbender's run report is the record.
-        "log_completions": False,
     }
 
 
-class RewardFunction:
-    """A user's reward function as TRL calls it, checked: an exception, a wrong number of scores or a score that is
-    neither a number nor None becomes a DataError naming the function and the training row."""
-
-    def __init__(self, name: str, function: Callable[..., Any]) -> None:
-        self.name = name
-        self.function = function
-        self.__name__ = name.rpartition(".")[2]  # TRL logs each function's reward under this name
-
-    def __call__(self, *, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
-        rows = kwargs.pop(ROW_COLUMN, None) or list(range(len(prompts)))
-        try:
-            scores = self.function(prompts=prompts, completions=completions, **kwargs)
-        except Exception as exc:  # the user's code: any failure is theirs, reported with the row it failed on
-            raise DataError(self._failure(exc, prompts, completions, rows, kwargs)) from None
-        if scores is None or isinstance(scores, (str, bytes)) or not hasattr(scores, "__len__"):
-            raise DataError(
-                f"Reward function `{self.name}` returned {type(scores).__name__}, not a list of scores: it must "
-                f"return one number (or None to skip) per completion, {len(completions)} here."
-            )
-        scores = list(scores)
-        if len(scores) != len(completions):
-            raise DataError(
-                f"Reward function `{self.name}` returned {len(scores)} score(s) for {len(completions)} completions "
-                f"(training rows {_shown_rows(rows)}): it must return one number (or None to skip) per completion, "
-                "in the order of `completions`."
-            )
-        for position, score in enumerate(scores):
-            if score is not None and (isinstance(score, bool) or not isinstance(score, numbers.Real)):
-                raise DataError(
-                    f"Reward function `{self.name}` returned {score!r} ({type(score).__name__}) for completion "
-                    f"{position} (training row {rows[position]}): a score is a number, or None to skip it."
-                )
-            if score is not None and math.isnan(float(score)):
-                raise DataError(
-                    f"Reward function `{self.name}` returned NaN for completion {position} (training row "
-                    f"{rows[position]}): return None to skip a completion."
-                )
-        return [float(s) if s is not None else None for s in scores]
-
-    def _failure(
-        self, exc: Exception, prompts: list[Any], completions: list[Any], rows: list[int], kwargs: dict[str, Any]
-    ) -> str:
-        """The paragraph for a function that raised: the first row it fails on alone (the whole batch's failure
-        when every row alone passes)."""
-        for position in range(len(completions)):
-            one = {k: (v[position : position + 1] if k not in _TRL_KEYWORDS else v) for k, v in kwargs.items()}
-            try:
-                self.function(
-                    prompts=prompts[position : position + 1], completions=completions[position : position + 1], **one
-                )
-            except Exception as alone:  # noqa: BLE001 - the user's code, as above
-                return (
-                    f"Reward function `{self.name}` failed on training row {rows[position]} (completion "
-                    f"{position} of the batch): {type(alone).__name__}: {alone}. Fix the function (it is called with "
-                    "`prompts`, `completions` and the dataset's other columns as keywords; docs/rl.md)."
-                )
-        return (
-            f"Reward function `{self.name}` failed on the batch of training rows {_shown_rows(rows)}: "
-            f"{type(exc).__name__}: {exc}. Fix the function (docs/rl.md)."
-        )
-
-
-def _shown_rows(rows: list[int]) -> str:
-    unique = sorted(set(rows))
-    return ", ".join(map(str, unique[:8])) + (", ..." if len(unique) > 8 else "")
-
-
-def reward_functions(cfg: HellbenderConfig) -> list[RewardFunction]:
-    trl = cfg.trl
-    assert trl is not None and trl.reward_funcs
-    return [RewardFunction(n, load_reward_function(n, trl.reward_funcs_dir or ".")) for n in trl.reward_funcs]
-
-
-class GRPOHellbenderTrainer(HellbenderMixin, PreferenceMixin, GRPOTrainer):
+class GRPOHellbenderTrainer(HellbenderMixin, GenerationStateMixin, OnlineRLMixin, PreferenceMixin, GRPOTrainer):
     """TRL's GRPOTrainer with hellbender's run behaviour, on prompt rows."""
-
-    columns = PROMPT_COLUMNS
-
-    def batch_tokens(self, inputs: dict[str, Any]) -> tuple[int, int]:
-        """(prompt and completion tokens, completion tokens) of a generated batch: the completions are trained."""
-        completion = int(inputs["completion_mask"].sum())
-        return int(inputs["prompt_mask"].sum()) + completion, completion
 
 
 def build_trainer(
@@ -154,9 +45,11 @@ def build_trainer(
 ) -> GRPOHellbenderTrainer:
     """The GRPO trainer for `cfg`, on `model` as built (`build_trainable_model`) and prompt rows (`prompt` and the
     columns the reward functions read). `hellbender`: `HellbenderMixin`'s keywords and the Trainer's `callbacks`."""
+    scorers, scorer_tokenizers = reward_functions(cfg)
     return GRPOHellbenderTrainer(
         model=model,
-        reward_funcs=reward_functions(cfg),
+        reward_funcs=scorers,
+        reward_processing_classes=scorer_tokenizers,
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

@@ -1,0 +1,148 @@
+"""What online reinforcement learning (`rl: grpo`, `rl: rloo`) shares on TRL's GRPOTrainer and RLOOTrainer: the
+`trl:` fields both configs have, the user's reward functions wrapped so that a failing one is named with its row, and
+the trainers' prompt rows and token counts. The model generates `trl.num_generations` completions per prompt with
+transformers' `generate`; TRL receives the model hellbender built and applies hellbender's tokenizer and chat template
+to the prompts itself."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+from hellbender.config import HellbenderConfig
+from hellbender.config.precision import torch_dtype
+from hellbender.config.reward_functions import load_reward_function, reward_model_source
+from hellbender.data.grpo_rows import ROW_COLUMN
+from hellbender.errors import DataError
+from hellbender.models.reward_scorer import load_reward_scorer
+from hellbender.train.methods.shared import shared_arguments
+
+# The columns online RL reads: each row's `prompt` (the others are the reward functions' keywords).
+PROMPT_COLUMNS = ("prompt",)
+# What TRL passes to every reward function besides the dataset's columns; not per-completion lists.
+_TRL_KEYWORDS = ("trainer_state", "log_extra", "log_metric", "environments")
+
+
+def online_arguments(cfg: HellbenderConfig) -> dict[str, Any]:
+    """The fields of the `trl:` block that GRPOConfig and RLOOConfig share, beside those every method shares."""
+    trl = cfg.trl
+    assert trl is not None  # an online method without it is refused at validation
+    return {
+        **shared_arguments(),
+        "beta": trl.beta,
+        "num_generations": trl.num_generations,
+        "max_completion_length": trl.max_completion_length,
+        "temperature": trl.temperature,
+        "top_p": trl.top_p,
+        "reward_weights": list(trl.reward_weights) if trl.reward_weights is not None else None,
+        "epsilon": trl.epsilon,
+        "epsilon_high": trl.epsilon_high,
+        "num_iterations": trl.num_iterations,
+        "mask_truncated_completions": trl.mask_truncated_completions,
+        "use_vllm": trl.use_vllm,
+        # The dataset's other columns are the reward functions' keywords.
+        "remove_unused_columns": False,
+        # TRL's completion table is printed with `rich` every logging step; hellbender's run report is the record.
+        "log_completions": False,
+    }
+
+
+class RewardFunction:
+    """A user's reward function as TRL calls it, checked: an exception, a wrong number of scores or a score that is
+    neither a number nor None becomes a DataError naming the function and the training row."""
+
+    def __init__(self, name: str, function: Callable[..., Any]) -> None:
+        self.name = name
+        self.function = function
+        self.__name__ = name.rpartition(".")[2]  # TRL logs each function's reward under this name
+
+    def __call__(self, *, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+        rows = kwargs.pop(ROW_COLUMN, None) or list(range(len(prompts)))
+        try:
+            scores = self.function(prompts=prompts, completions=completions, **kwargs)
+        except Exception as exc:  # the user's code: any failure is theirs, reported with the row it failed on
+            raise DataError(self._failure(exc, prompts, completions, rows, kwargs)) from None
+        if scores is None or isinstance(scores, (str, bytes)) or not hasattr(scores, "__len__"):
+            raise DataError(
+                f"Reward function `{self.name}` returned {type(scores).__name__}, not a list of scores: it must "
+                f"return one number (or None to skip) per completion, {len(completions)} here."
+            )
+        scores = list(scores)
+        if len(scores) != len(completions):
+            raise DataError(
+                f"Reward function `{self.name}` returned {len(scores)} score(s) for {len(completions)} completions "
+                f"(training rows {_shown_rows(rows)}): it must return one number (or None to skip) per completion, "
+                "in the order of `completions`."
+            )
+        for position, score in enumerate(scores):
+            if score is not None and (isinstance(score, bool) or not isinstance(score, numbers.Real)):
+                raise DataError(
+                    f"Reward function `{self.name}` returned {score!r} ({type(score).__name__}) for completion "
+                    f"{position} (training row {rows[position]}): a score is a number, or None to skip it."
+                )
+            if score is not None and math.isnan(float(score)):
+                raise DataError(
+                    f"Reward function `{self.name}` returned NaN for completion {position} (training row "
+                    f"{rows[position]}): return None to skip a completion."
+                )
+        return [float(s) if s is not None else None for s in scores]
+
+    def _failure(
+        self, exc: Exception, prompts: list[Any], completions: list[Any], rows: list[int], kwargs: dict[str, Any]
+    ) -> str:
+        """The paragraph for a function that raised: the first row it fails on alone (the whole batch's failure
+        when every row alone passes)."""
+        for position in range(len(completions)):
+            one = {k: (v[position : position + 1] if k not in _TRL_KEYWORDS else v) for k, v in kwargs.items()}
+            try:
+                self.function(
+                    prompts=prompts[position : position + 1], completions=completions[position : position + 1], **one
+                )
+            except Exception as alone:  # noqa: BLE001 - the user's code, as above
+                return (
+                    f"Reward function `{self.name}` failed on training row {rows[position]} (completion "
+                    f"{position} of the batch): {type(alone).__name__}: {alone}. Fix the function (it is called with "
+                    "`prompts`, `completions` and the dataset's other columns as keywords; docs/rl.md)."
+                )
+        return (
+            f"Reward function `{self.name}` failed on the batch of training rows {_shown_rows(rows)}: "
+            f"{type(exc).__name__}: {exc}. Fix the function (docs/rl.md)."
+        )
+
+
+def _shown_rows(rows: list[int]) -> str:
+    unique = sorted(set(rows))
+    return ", ".join(map(str, unique[:8])) + (", ..." if len(unique) > 8 else "")
+
+
+def reward_functions(cfg: HellbenderConfig) -> tuple[list[Any], list[Any]]:
+    """The entries of `trl.reward_funcs` in order, as TRL takes them: each function wrapped (`RewardFunction`), each
+    reward model loaded; and beside them, each one's tokenizer (None for a function)."""
+    trl = cfg.trl
+    assert trl is not None and trl.reward_funcs
+    directory = trl.reward_funcs_dir or "."
+    scorers: list[Any] = []
+    tokenizers: list[Any] = []
+    for name in trl.reward_funcs:
+        source = reward_model_source(name, directory)
+        if source is None:
+            scorers.append(RewardFunction(name, load_reward_function(name, directory)))
+            tokenizers.append(None)
+        else:
+            model, tokenizer = load_reward_scorer(source, name, torch_dtype(cfg))
+            scorers.append(model)
+            tokenizers.append(tokenizer)
+    return scorers, tokenizers
+
+
+class OnlineRLMixin:
+    """Put between `PreferenceMixin` and the TRL trainer's mixins: prompt rows, and the tokens of generated batches."""
+
+    columns = PROMPT_COLUMNS
+
+    def batch_tokens(self, inputs: dict[str, Any]) -> tuple[int, int]:
+        """(prompt and completion tokens, completion tokens) of a generated batch: the completions are trained."""
+        completion = int(inputs["completion_mask"].sum())
+        return int(inputs["prompt_mask"].sum()) + completion, completion
