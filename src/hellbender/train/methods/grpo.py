@@ -13,7 +13,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from hellbender.config import HellbenderConfig
 from hellbender.train.methods.generation_state import GenerationStateMixin
-from hellbender.train.methods.online import OnlineRLMixin, online_arguments, reward_functions
+from hellbender.train.methods.online import OnlineRLMixin, build_online_trainer, online_arguments
 from hellbender.train.methods.shared import PreferenceMixin
 from hellbender.train.trainer import HellbenderMixin
 
@@ -33,6 +33,9 @@ class GRPOHellbenderTrainer(HellbenderMixin, GenerationStateMixin, OnlineRLMixin
     """TRL's GRPOTrainer with hellbender's run behaviour, on prompt rows."""
 
 
+TRAINER = GRPOHellbenderTrainer
+
+
 def build_trainer(
     cfg: HellbenderConfig,
     model: Any,
@@ -43,16 +46,4 @@ def build_trainer(
     data_collator: Any = None,
     **hellbender: Any,
 ) -> GRPOHellbenderTrainer:
-    """The GRPO trainer for `cfg`, on `model` as built (`build_trainable_model`) and prompt rows (`prompt` and the
-    columns the reward functions read). `hellbender`: `HellbenderMixin`'s keywords and the Trainer's `callbacks`."""
-    scorers, scorer_tokenizers = reward_functions(cfg)
-    return GRPOHellbenderTrainer(
-        model=model,
-        reward_funcs=scorers,
-        reward_processing_classes=scorer_tokenizers,
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        **hellbender,
-    )
+    return build_online_trainer(TRAINER, cfg, model, args, train_dataset, eval_dataset, tokenizer, **hellbender)

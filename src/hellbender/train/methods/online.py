@@ -17,7 +17,7 @@ from hellbender.config.reward_functions import load_reward_function, reward_mode
 from hellbender.data.grpo_rows import ROW_COLUMN
 from hellbender.errors import DataError
 from hellbender.models.reward_scorer import load_reward_scorer
-from hellbender.train.methods.shared import shared_arguments
+from hellbender.train.methods.shared import build_preference_trainer, shared_arguments
 
 # The columns online RL reads: each row's `prompt` (the others are the reward functions' keywords).
 PROMPT_COLUMNS = ("prompt",)
@@ -135,6 +135,33 @@ def reward_functions(cfg: HellbenderConfig) -> tuple[list[Any], list[Any]]:
             scorers.append(model)
             tokenizers.append(tokenizer)
     return scorers, tokenizers
+
+
+def build_online_trainer(
+    trainer_class: type,
+    cfg: HellbenderConfig,
+    model: Any,
+    args: Any,
+    train_dataset: Any,
+    eval_dataset: Any,
+    tokenizer: Any,
+    **hellbender: Any,
+) -> Any:
+    """An online method's trainer for `cfg`, on `model` as built (`build_trainable_model`) and prompt rows (`prompt`
+    and the columns the reward functions read), scored by the config's reward functions and models. `hellbender`:
+    `HellbenderMixin`'s keywords and the Trainer's `callbacks`."""
+    scorers, scorer_tokenizers = reward_functions(cfg)
+    return build_preference_trainer(
+        trainer_class,
+        model,
+        args,
+        train_dataset,
+        eval_dataset,
+        tokenizer,
+        reward_funcs=scorers,
+        reward_processing_classes=scorer_tokenizers,
+        **hellbender,
+    )
 
 
 class OnlineRLMixin:

@@ -14,7 +14,7 @@ from trl import RLOOConfig, RLOOTrainer
 
 from hellbender.config import HellbenderConfig
 from hellbender.train.methods.generation_state import GenerationStateMixin
-from hellbender.train.methods.online import OnlineRLMixin, online_arguments, reward_functions
+from hellbender.train.methods.online import OnlineRLMixin, build_online_trainer, online_arguments
 from hellbender.train.methods.shared import PreferenceMixin
 from hellbender.train.trainer import HellbenderMixin
 
@@ -28,6 +28,9 @@ class RLOOHellbenderTrainer(HellbenderMixin, GenerationStateMixin, OnlineRLMixin
     """TRL's RLOOTrainer with hellbender's run behaviour, on prompt rows."""
 
 
+TRAINER = RLOOHellbenderTrainer
+
+
 def build_trainer(
     cfg: HellbenderConfig,
     model: Any,
@@ -38,16 +41,4 @@ def build_trainer(
     data_collator: Any = None,
     **hellbender: Any,
 ) -> RLOOHellbenderTrainer:
-    """The RLOO trainer for `cfg`, on `model` as built (`build_trainable_model`) and prompt rows (`prompt` and the
-    columns the reward functions read). `hellbender`: `HellbenderMixin`'s keywords and the Trainer's `callbacks`."""
-    scorers, scorer_tokenizers = reward_functions(cfg)
-    return RLOOHellbenderTrainer(
-        model=model,
-        reward_funcs=scorers,
-        reward_processing_classes=scorer_tokenizers,
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        **hellbender,
-    )
+    return build_online_trainer(TRAINER, cfg, model, args, train_dataset, eval_dataset, tokenizer, **hellbender)
