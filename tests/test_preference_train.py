@@ -81,6 +81,26 @@ def test_kto_full_fine_tuning_saves_a_causal_lm(tmp_path):
     assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "llama"
 
 
+@pytest.mark.parametrize("adapter", [LORA, {}], ids=["lora", "full"])
+def test_kto_with_precomputed_reference_scores_trains_as_with_the_reference_model(tmp_path, adapter):
+    """The reference scores of each row and of its KL completion, computed once before training, are the ones the
+    reference model gives during training: the logged losses, KL and rewards agree, and no score file is written."""
+    datasets = [{"path": str(kto_rows(tmp_path / "kto.jsonl")), "type": "chatml.prompt_pairs"}]
+    keys = dict(rl="kto", datasets=datasets, max_steps=4, lora_dropout=0.0, **adapter)
+    _, live = run(tmp_path / "live", **keys)
+    _, precomputed = run(tmp_path / "precomputed", precompute_ref_log_probs=True, **keys)
+    for key in ("loss", "kl", "rewards/chosen", "rewards/rejected"):
+        expected = {e["step"]: e[key] for e in trainer_state(live)["log_history"] if key in e}
+        got = {e["step"]: e[key] for e in trainer_state(precomputed)["log_history"] if key in e}
+        assert sorted(got) == sorted(expected) and expected, key
+        assert got == pytest.approx(expected, abs=1e-5), key
+    # TRL would cache the scores as an Arrow file among hellbender's prepared data; only the KL pairing's rows are.
+    from datasets import Dataset
+
+    for cached in tmp_path.rglob("cache-*.arrow"):
+        assert not {"ref_logps", "ref_KL_logps"} & set(Dataset.from_file(str(cached)).column_names), cached
+
+
 def test_reward_model_full_fine_tuning_saves_a_sequence_classifier(tmp_path):
     from transformers import AutoModelForSequenceClassification
 

@@ -37,7 +37,7 @@ METHOD_KEYS: dict[str, tuple[str, ...]] = {
     "rpo_alpha": ("dpo", "ipo"),
     "dpo_use_weighting": ("dpo", "ipo"),
     "dpo_norm_loss": ("dpo",),
-    "precompute_ref_log_probs": ("dpo", "ipo"),
+    "precompute_ref_log_probs": ("dpo", "ipo", "kto"),
     "kto_desirable_weight": ("kto",),
     "kto_undesirable_weight": ("kto",),
     "orpo_alpha": ("orpo",),
@@ -117,7 +117,8 @@ class PreferenceSettings(BaseModel):
     )
     precompute_ref_log_probs: bool | None = Field(
         None,
-        description="Compute the reference model's log-probabilities of every pair once before training, so no "
+        description="Compute the reference model's log-probabilities of every pair (KTO: every row) once before "
+        "training, so no "
         "reference model is kept in memory (full fine-tuning) and no reference forward pass runs per step.",
     )
     kto_desirable_weight: Float | None = Field(

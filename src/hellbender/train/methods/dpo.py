@@ -43,32 +43,7 @@ class DPOPreferenceTrainer(HellbenderMixin, PreferenceMixin, DPOTrainer):
     """TRL's DPOTrainer with hellbender's run behaviour, on pre-tokenized pairs."""
 
     def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
-        """The reference's log-probabilities of every pair, scored once and added as two columns, in memory.
-
-        TRL would also write them as an Arrow file beside the dataset's own files, which are hellbender's
-        prepared-data cache, and read that file back in any later run whose weights hash the same, though
-        precision (`bf16` autocast), attention or kernels change the scores. They are never written here: two
-        numbers per pair are scored again each run."""
-        import torch
-        from torch.utils.data import DataLoader
-
-        self._drop_reference_adapter()  # TRL scores the pairs inside its own __init__, before it returns to ours
-        loader = DataLoader(
-            dataset,
-            batch_size=batch_size,
-            collate_fn=self.data_collator,
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory,
-            shuffle=False,
-        )
-        scored: dict[str, list[Any]] = {"ref_chosen_logps": [], "ref_rejected_logps": []}
-        for batch in self.accelerator.prepare(loader):  # each process scores its share; all gather every score
-            pair = self.accelerator.gather_for_metrics(self.compute_ref_log_probs(self.ref_model or self.model, batch))
-            for column, values in zip(scored, pair, strict=True):
-                scored[column].append(values.float().cpu())
-        for column, values in scored.items():
-            dataset = dataset.add_column(column, torch.cat(values).tolist())
-        return dataset
+        return self.score_reference_in_memory(dataset, batch_size, ("ref_chosen_logps", "ref_rejected_logps"))
 
 
 TRAINER = DPOPreferenceTrainer  # also built by `hellbender evaluate` (use/evaluate_preference.py)

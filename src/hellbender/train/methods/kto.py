@@ -27,7 +27,7 @@ def arguments(cfg: HellbenderConfig) -> tuple[type[KTOConfig], dict[str, Any]]:
         "beta": cfg.rl_beta,
         "desirable_weight": cfg.kto_desirable_weight,
         "undesirable_weight": cfg.kto_undesirable_weight,
-        "precompute_ref_log_probs": False,
+        "precompute_ref_log_probs": bool(cfg.precompute_ref_log_probs),
         "max_length": None,  # the data preparation has applied the length limits; the collator must not cut further
         "train_sampling_strategy": "sequential",  # TRL's KL pairing below needs the rows in their prepared order
     }
@@ -60,6 +60,12 @@ class KTOPreferenceTrainer(HellbenderMixin, PreferenceMixin, KTOTrainer):
             batch_size=args.per_device_train_batch_size,
             desc=f"Pairing KL completions of the {dataset_name} rows",
         )
+
+    def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
+        """Each row's reference score, and its KL completion's when the KL term is on (rows in their paired order:
+        `_method_columns` has run)."""
+        columns = ("ref_logps", "ref_KL_logps") if self.calculate_KL else ("ref_logps",)
+        return self.score_reference_in_memory(dataset, batch_size, columns)
 
 
 TRAINER = KTOPreferenceTrainer  # also built by `hellbender evaluate` (use/evaluate_preference.py)

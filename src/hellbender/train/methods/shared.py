@@ -153,6 +153,36 @@ class PreferenceMixin:
         if is_adapter_model(self.model) and REFERENCE_ADAPTER in self.model.peft_config:
             self.model.delete_adapter(REFERENCE_ADAPTER)
 
+    def score_reference_in_memory(self, dataset: Any, batch_size: int, columns: tuple[str, ...]) -> Any:
+        """The reference's log-probabilities of every row (`precompute_ref_log_probs`), scored once by the TRL
+        trainer's `compute_ref_log_probs` (one tensor per column) and added as columns, in memory.
+
+        TRL would also write them as an Arrow file beside the dataset's own files, which are hellbender's
+        prepared-data cache, and read that file back in any later run whose weights hash the same, though
+        precision (`bf16` autocast), attention or kernels change the scores. They are never written here: a few
+        numbers per row are scored again each run."""
+        import torch
+        from torch.utils.data import DataLoader
+
+        self._drop_reference_adapter()  # TRL scores the rows inside its own __init__, before it returns to ours
+        loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+            shuffle=False,
+        )
+        scored: dict[str, list[Any]] = {column: [] for column in columns}
+        for batch in self.accelerator.prepare(loader):  # each process scores its share; all gather every score
+            scores = self.compute_ref_log_probs(self.ref_model or self.model, batch)
+            scores = self.accelerator.gather_for_metrics(tuple(scores[: len(columns)]))
+            for column, values in zip(scored, scores, strict=True):
+                scored[column].append(values.float().cpu())
+        for column, values in scored.items():
+            dataset = dataset.add_column(column, torch.cat(values).tolist())
+        return dataset
+
     def _send_telemetry(self) -> None:
         """No usage report leaves the machine from a hellbender run."""
 
