@@ -47,3 +47,23 @@ def test_a_preference_step_line_leads_with_what_says_the_preference_is_learned()
     assert step_line(logs, 5, 84) == (
         "step 5/84  loss 0.6  rewards/accuracies 0.75  rewards/margins 0.3  grad_norm 0.2  rewards/chosen 0.1  epoch 0.5"
     )
+
+
+def test_an_online_rl_step_line_leads_with_the_reward_and_leaves_out_the_length_extremes():
+    logs = {
+        "loss": 0.0,
+        "grad_norm": 0.5,
+        "completions/mean_length": 8.0,
+        "completions/min_length": 4.0,
+        "completions/max_length": 8.0,
+        "completions/max_terminated_length": 0.0,
+        "rewards/even_tokens/mean": 0.75,
+        "reward": 0.75,
+        "reward_std": 0.25,
+        "clip_ratio/high_max": 0.0,
+        "clip_ratio/region_mean": 0.0,
+    }
+    assert step_line(logs, 5, 40) == (
+        "step 5/40  loss 0  reward 0.75  reward_std 0.25  grad_norm 0.5  completions/mean_length 8  "
+        "rewards/even_tokens/mean 0.75  clip_ratio/region_mean 0"
+    )

@@ -7,15 +7,31 @@ from typing import Any
 from transformers.trainer_callback import ProgressCallback
 
 # Logged values that say nothing to a reader of the console (they stay in trainer_state.json and the report): FLOP
-# counts; TRL's `num_tokens`, which repeats `input_tokens`; and the mean logits of chosen / rejected answers, which
-# only TRL's developers read.
+# counts; TRL's `num_tokens`, which repeats `input_tokens`; the mean logits of chosen / rejected answers, which only
+# TRL's developers read; and online RL's extremes of completion lengths and clipping ratios beside their means.
 HIDDEN = frozenset(
     f"{prefix}{key}"
     for prefix in ("", "eval_")
-    for key in ("total_flos", "num_tokens", "logits/chosen", "logits/rejected")
+    for key in (
+        "total_flos",
+        "num_tokens",
+        "logits/chosen",
+        "logits/rejected",
+        "completions/min_length",
+        "completions/max_length",
+        "completions/min_terminated_length",
+        "completions/max_terminated_length",
+        "clip_ratio/low_min",
+        "clip_ratio/high_max",
+    )
 )
-# Shown first, in this order, where logged: what says whether preference tuning learns.
-FIRST = tuple(f"{prefix}{key}" for prefix in ("", "eval_") for key in ("loss", "rewards/accuracies", "rewards/margins"))
+# Shown first, in this order, where logged: what says whether preference tuning (accuracy, margin) or online RL
+# (the mean reward of the completions and its spread) learns.
+FIRST = tuple(
+    f"{prefix}{key}"
+    for prefix in ("", "eval_")
+    for key in ("loss", "rewards/accuracies", "rewards/margins", "reward", "reward_std")
+)
 
 
 def format_value(value: Any) -> str:
