@@ -377,3 +377,34 @@ def test_the_tiny_grpo_example_is_copied_with_its_reward_file_and_validates(tmp_
     cfg = load_config(copied / "tiny-grpo.yml")
     assert cfg.trl.reward_funcs == ["tiny_grpo_rewards.even_tokens"]
     assert cfg.trl.reward_funcs_dir == str(copied.resolve())
+
+
+def test_the_gsm8k_example_copies_its_code_validates_and_scores_completions(tmp_path):
+    """The real-model GRPO example: copied with the file its transform and reward functions live in, it validates
+    offline; the transform makes prompt rows of a GSM8K row, and the rewards score a right, a wrong and an unformatted
+    answer as documented."""
+    import importlib.util
+
+    result = invoke("examples", "llama-3.2-1b-grpo-gsm8k", "--dest", tmp_path / "copy")
+    assert result.exit_code == 0, result.output
+    copied = tmp_path / "copy"
+    cfg = load_config(copied / "llama-3.2-1b-grpo-gsm8k.yml")
+    assert cfg.datasets[0].type == "gsm8k_grpo.gsm8k" and len(cfg.trl.reward_funcs) == 2
+
+    spec = importlib.util.spec_from_file_location("gsm8k_grpo_copy", copied / "gsm8k_grpo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    transform, options = module.gsm8k(cfg, dataset_idx=0)
+    row = transform(
+        {"question": "Ann has 3 apples and buys 1,204 more. How many?", "answer": "3+1204=1207\n#### 1,207"}
+    )
+    assert row["answer"] == "1207" and row["prompt"][-1] == {"role": "user", "content": row["prompt"][-1]["content"]}
+    assert options == {"remove_columns": ["question"]}
+    completions = [
+        [{"role": "assistant", "content": "3 + 1204 = 1207\n#### 1,207"}],
+        [{"role": "assistant", "content": "3 + 1204 = 1208\n#### 1208"}],
+        [{"role": "assistant", "content": "The answer is 1207."}],
+    ]
+    answers = ["1207"] * 3
+    assert module.correct_answer(None, completions, answer=answers) == [1.0, 0.0, 0.0]
+    assert module.answer_format(None, completions) == [0.2, 0.2, 0.0]
