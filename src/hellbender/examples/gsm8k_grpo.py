@@ -30,7 +30,7 @@ def _text(completion):
 def correct_answer(prompts, completions, answer, **kwargs):
     """1 where the final `#### N` line gives the reference number, else 0."""
     scores = []
-    for completion, expected in zip(completions, answer):
+    for completion, expected in zip(completions, answer, strict=True):
         found = FINAL_LINE.search(_text(completion).strip())
         given = found.group(1).replace(",", "") if found else None
         scores.append(1.0 if given is not None and float(given) == float(expected) else 0.0)
