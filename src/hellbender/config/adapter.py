@@ -48,7 +48,17 @@ class AdapterSettings(BaseModel):
     lora_target_modules: list[Name] | Name | None = Field(
         None, description="Module names (or a regex string) to adapt. Default: the attention and MLP projections."
     )
-    lora_target_linear: bool = Field(False, description="Adapt every linear layer except the output head.")
+    lora_target_linear: bool = Field(
+        False,
+        description="Adapt every linear layer except the output head; on a mixture-of-experts model whose experts are "
+        "stored as 3-D parameters (transformers 5), the expert weights too.",
+    )
+    lora_target_parameters: list[Name] = Field(
+        default_factory=list,
+        description="Parameters to adapt directly (PEFT's `target_parameters`), by full name or a suffix after a dot: "
+        "the fused expert weights of a mixture-of-experts model, e.g. `mlp.experts.gate_up_proj`, "
+        "`mlp.experts.down_proj`. When set, exactly these expert weights are adapted. Needs `lora_dropout: 0`.",
+    )
     lora_modules_to_save: list[Name] = Field(
         default_factory=list, description="Modules trained in full and saved beside the adapter (e.g. `embed_tokens`)."
     )

@@ -59,6 +59,15 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
             f"{', '.join(f'`{k}`' for k in lora_keys)} set but `adapter` is not: add `adapter: lora` (or `qlora`), "
             "or remove these keys for full fine-tuning."
         )
+    if cfg.adapter and cfg.lora_target_parameters and (cfg.lora_dropout or cfg.peft_use_dora):
+        # PEFT's ParamWrapper adds the update to the weight itself, so there is no adapter input to drop out and no
+        # per-column magnitude for DoRA to keep.
+        asked = "`lora_dropout`" if cfg.lora_dropout else "`peft_use_dora: true`"
+        problems.append(
+            f"`lora_target_parameters` adapts weights directly (PEFT's `target_parameters`), which PEFT cannot "
+            f"combine with {asked}: set `lora_dropout: 0` and leave `peft_use_dora` off, or remove "
+            "`lora_target_parameters`."
+        )
     if cfg.load_in_8bit and (cfg.adapter != "lora" or cfg.load_in_4bit):
         problems.append(
             "`load_in_8bit: true` needs `adapter: lora` (an 8-bit base is trained through an adapter), and not "

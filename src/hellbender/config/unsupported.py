@@ -13,8 +13,8 @@ PLANNED: dict[str, tuple[str, ...]] = {
         "swanlab_log_completions", "swanlab_completion_log_interval", "swanlab_completion_max_buffer",
     ),
     "more online reinforcement learning (GDPO, EBFT and generation with vLLM)": ("vllm", "ebft"),
-    "mixture-of-experts training (adapters on experts, quantized experts, expert kernels and parallelism)": (
-        "quantize_moe_experts", "lora_target_parameters", "use_kernels", "llama4_linearized_experts",
+    "mixture-of-experts training (quantized experts, expert kernels and parallelism)": (
+        "quantize_moe_experts", "use_kernels", "llama4_linearized_experts",
         "use_scattermoe", "use_sonicmoe", "expert_parallel_size", "expert_parallel_backend",
         "expert_parallel_num_nvl_bytes", "expert_parallel_num_rdma_bytes", "expert_parallel_token_capacity",
         "expert_parallel_fallback_on_unsupported", "expert_backend", "nonexpert_quantization", "moe_grouped_backend",

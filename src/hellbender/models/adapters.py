@@ -8,6 +8,14 @@ from typing import Any
 
 from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError, EnvironmentProblem
+from hellbender.models.expert_targets import (
+    check_adapted,
+    check_parameter_wrapper_options,
+    expert_weights,
+    layers_peft_moves,
+    names_reaching_experts,
+    wanted_expert_weights,
+)
 
 # PEFT's ModulesToSaveWrapper forwards keyword-only calls from this version on; Gemma 4 calls its vision
 # tower and embedder with keyword arguments only.
@@ -33,6 +41,50 @@ def _linear_modules(model: Any, prefix: str) -> dict[str, str]:
         for name, module in model.named_modules()
         if isinstance(module, torch.nn.Linear) and module is not head and name.startswith(prefix)
     }
+
+
+def adapter_targets(cfg: HellbenderConfig, model: Any) -> tuple[list[str] | str, list[str]]:
+    """(PEFT's `target_modules`, its `target_parameters`). A model without fused expert weights, and a config without
+    `lora_target_parameters`, keeps the plain path; otherwise every target is decided here by full name."""
+    prefix = language_model_prefix(model) if cfg.is_multimodal else ""
+    if not cfg.lora_target_parameters and not expert_weights(model, prefix):
+        return target_modules(cfg, model), []
+    import re
+
+    linear = _linear_modules(model, prefix)
+    if cfg.reward_model:  # PEFT trains the new score head in full (SEQ_CLS); it is no layer to adapt
+        linear = {n: leaf for n, leaf in linear.items() if leaf != "score"}
+    if isinstance(cfg.lora_target_modules, str):  # a regex: PEFT's rule, the whole name; experts only by parameter
+        modules = [n for n in _linear_modules(model, "") if re.fullmatch(cfg.lora_target_modules, n)]
+        asked: set[str] | None = set()
+    elif cfg.lora_target_linear:
+        modules, asked = list(linear), None
+    else:
+        asked = set(cfg.lora_target_modules or [])
+        leaves = set(linear.values())
+        if missing := sorted(asked - leaves - names_reaching_experts(model, prefix, asked)):
+            raise ConfigError(
+                f"`lora_target_modules`: {', '.join(missing)} not found among the linear layers or the expert "
+                f"weights: {', '.join(sorted(leaves))}. Name the ones to adapt in `lora_target_modules` (expert "
+                "weights in `lora_target_parameters`), or set `lora_target_linear: true`."
+            )
+        modules = [n for n, leaf in linear.items() if leaf in asked]
+    parameters = wanted_expert_weights(cfg, model, prefix, asked)
+    if cfg.unfrozen_parameters:
+        modules = [n for n in modules if any(re.match(p, f"{n}.weight") for p in cfg.unfrozen_parameters)]
+        parameters = [n for n in parameters if any(re.match(p, n) for p in cfg.unfrozen_parameters)]
+    if not modules and not parameters:
+        raise ConfigError(
+            "No layer or expert weight to adapt: check `lora_target_modules`, `lora_target_parameters` and "
+            "`unfrozen_parameters`."
+        )
+    # Layers PEFT would silently turn into expert-weight targets are adapted as parameters (their `.weight`) instead.
+    moved = layers_peft_moves(model, modules)
+    modules = sorted(set(modules) - moved)
+    parameters = sorted({*parameters, *(f"{n}.weight" for n in moved)})
+    why = "This config adapts expert weights (or layers PEFT adapts like them, e.g. a shared expert's `down_proj`):"
+    check_parameter_wrapper_options(cfg, parameters, why)
+    return modules, parameters
 
 
 def target_modules(cfg: HellbenderConfig, model: Any) -> list[str] | str:
@@ -163,16 +215,23 @@ def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
     # does. PEFT's `prepare_model_for_kbit_training` would cast them to float32: on an 8B model that is 4 GiB
     # more for the embeddings and head, a float32 residual stream (twice the activation memory) and a float32
     # output-head matmul. Checkpointing is enabled later, by hellbender (train/run.py), for every kind of training.
+    modules, parameters = adapter_targets(cfg, model)
     lora = LoraConfig(
         **loftq_arguments(cfg),
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,
         lora_dropout=cfg.lora_dropout,
-        target_modules=target_modules(cfg, model),
+        target_modules=modules,
+        target_parameters=parameters or None,
         modules_to_save=list(cfg.lora_modules_to_save) or None,
         use_dora=cfg.peft_use_dora,
         use_rslora=cfg.peft_use_rslora,
         # A reward model's score head is new: PEFT's SEQ_CLS task trains it in full and saves it with the adapter.
         task_type="SEQ_CLS" if cfg.reward_model else "CAUSAL_LM",
     )
-    return get_peft_model(model, lora)
+    prefix = language_model_prefix(model) if cfg.is_multimodal else ""
+    experts = expert_weights(model, prefix)
+    adapted = get_peft_model(model, lora)
+    decided_here = bool(cfg.lora_target_parameters or experts)  # full names, from `adapter_targets`
+    check_adapted(adapted, modules if decided_here else None, parameters, experts)
+    return adapted

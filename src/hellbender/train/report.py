@@ -184,6 +184,8 @@ class RunReport(TrainerCallback):
         if cfg.adapter:
             targets = cfg.lora_target_modules or ("all linear layers" if cfg.lora_target_linear else "the defaults")
             targets = ", ".join(targets) if isinstance(targets, list) else targets
+            if cfg.lora_target_parameters:  # expert weights of a mixture-of-experts model, adapted as parameters
+                targets += f"; parameters: {', '.join(cfg.lora_target_parameters)}"
             name = {"lora": "LoRA", "qlora": "QLoRA (4-bit base)"}.get(cfg.adapter, cfg.adapter)
             name += " with DoRA" if cfg.peft_use_dora else ""
             method = f"{name} (r {cfg.lora_r}, alpha {cfg.lora_alpha}, targets: {targets})"

@@ -62,6 +62,7 @@ DEFINING_KEYS = (
     "lora_alpha",
     "lora_target_modules",
     "lora_target_linear",
+    "lora_target_parameters",
     "lora_modules_to_save",
     "peft_use_dora",
     "peft_use_rslora",
