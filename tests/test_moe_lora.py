@@ -237,3 +237,26 @@ def test_trained_expert_adapter_loads_in_peft_and_merges_to_the_same_logits(fami
     assert not any("lora" in n for n, _ in merged.named_parameters())
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=ids).logits, final.logits, atol=1e-4, rtol=1e-4)
+
+
+def test_only_the_parameters_of_experts_modules_count_as_expert_weights():
+    """A hybrid linear-attention layer's convolution also has a 3-D weight; it is not an expert and is never adapted
+    as one."""
+    import torch
+
+    from hellbender.models.expert_targets import expert_weights
+
+    class TinyExperts(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate_up_proj = torch.nn.Parameter(torch.zeros(4, 8, 16))
+
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1d = torch.nn.Conv1d(8, 8, kernel_size=4, groups=8)  # weight: 8 x 1 x 4
+            self.experts = TinyExperts()
+
+    layer = Layer()
+    assert layer.conv1d.weight.dim() == 3
+    assert expert_weights(layer) == {"experts.gate_up_proj": (4, 8, 16)}

@@ -32,11 +32,15 @@ FUSED_HALVES = (("gate_proj", "up_proj"), ("w1", "w3"))
 
 
 def expert_weights(model: Any, prefix: str = "") -> dict[str, tuple[int, ...]]:
-    """Full name -> shape of every expert weight under `prefix`: a 3-D parameter (one matrix per expert)."""
+    """Full name -> shape of every expert weight under `prefix`: a 3-D parameter (one matrix per expert) of an
+    experts module (transformers names their classes `*Experts`). Other 3-D parameters are not experts: the
+    convolutions of hybrid linear-attention layers (Qwen3-Next's `Conv1d`) have them too."""
     return {
-        name: tuple(param.shape)
-        for name, param in model.named_parameters()
-        if param.dim() == 3 and name.startswith(prefix)
+        f"{module_name}.{name}" if module_name else name: tuple(param.shape)
+        for module_name, module in model.named_modules()
+        if type(module).__name__.endswith("Experts")
+        for name, param in module.named_parameters(recurse=False)
+        if param.dim() == 3 and f"{module_name}.{name}".startswith(prefix)
     }
 
 
