@@ -99,7 +99,8 @@ def test_grpo_gives_each_prompts_image_to_the_model_and_the_reward_functions(tmp
     from tests.test_grpo import recording_trainer
 
     steps = 2 if model == QWEN else 1  # Gemma 4's tiny model is the slower one
-    cfg = grpo_vlm_config(tmp_path, model, max_steps=steps)
+    # A red and a green square: each step draws both prompts (one epoch), so a mix-up of images would show.
+    cfg = grpo_vlm_config(tmp_path, model, rows=[image_prompt(0), image_prompt(1)], max_steps=steps)
     trainer, batches = recording_trainer(cfg)
     pixels: list[torch.Tensor | None] = []
     trainer.model.register_forward_pre_hook(
@@ -120,7 +121,7 @@ def test_grpo_gives_each_prompts_image_to_the_model_and_the_reward_functions(tmp
     for call in calls:
         assert len(call["texts"]) == 4 and all(isinstance(t, str) for t in call["texts"])
         assert [colours[0] for colours in call["image_colours"]] == call["colours"]
-    assert len({c for call in calls for c in call["colours"]}) > 1  # different squares: a mix-up would show
+    assert all(sorted(set(call["colours"])) == ["green", "red"] for call in calls)
 
 
 def test_rloo_trains_on_images_from_an_image_column_through_hellbender_train(tmp_path):

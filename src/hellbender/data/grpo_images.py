@@ -63,7 +63,7 @@ def prompt_image_rows(rows: Any, entry: DatasetEntry, cfg: HellbenderConfig, whe
         return {"prompt": _placeholders(messages), IMAGE_PATHS: [str(p) for p in paths], IMAGE_BASE: str(base)}
 
     drop = [column] if column in rows.column_names else []
-    return rows.map(located, with_indices=True, remove_columns=drop, load_from_cache_file=False)
+    return rows.map(located, with_indices=True, remove_columns=drop, keep_in_memory=True, load_from_cache_file=False)
 
 
 def _messages(prompt: Any) -> list[dict[str, Any]]:
