@@ -103,7 +103,6 @@ def test_a_grpo_config_reads_its_reward_functions_next_to_the_config_file(tmp_pa
         ({"val_set_size": 0.1}, ["val_set_size", "rl: grpo"]),
         ({"curriculum_sampling": True}, ["curriculum_sampling", "rl: grpo"]),
         ({"datasets": [{"path": "x.jsonl", "field_messages": "m"}]}, ["datasets[0]", "field_messages"]),
-        ({"processor_type": "AutoProcessor"}, ["processor_type", "rl: grpo"]),
         ({"rl_beta": 0.1}, ["rl_beta", "trl.beta"]),
     ],
 )
@@ -265,12 +264,12 @@ def recording_trainer(cfg) -> tuple[object, list[dict]]:
     from hellbender.train.tokens import TokenCounter
 
     method = preference_method(cfg)
-    tokenizer, _ = load_tokenizer_and_processor(cfg)
+    tokenizer, processor = load_tokenizer_and_processor(cfg)
     model = build_trainable_model(cfg, tokenizer)
     rows = grpo_rows(cfg)
     schedule = plan_schedule(cfg, len(rows) * cfg.trl.num_generations, 1)
     args = training_arguments(cfg, schedule, False, False, *method.arguments(cfg))
-    trainer = method.build_trainer(cfg, model, args, rows, None, tokenizer, callbacks=[TokenCounter()])
+    trainer = method.build_trainer(cfg, model, args, rows, None, processor or tokenizer, callbacks=[TokenCounter()])
     batches: list[dict] = []
     generate = trainer._generate_and_score_completions
 

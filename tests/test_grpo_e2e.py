@@ -50,6 +50,35 @@ def per_step(output_dir: str | Path) -> dict[int, tuple[float | None, ...]]:
     return {e["step"]: tuple(e.get(k) for k in keys) for e in trainer_state(output_dir)["log_history"] if "loss" in e}
 
 
+def assert_resumes_in_a_new_process_exactly(tmp_path: Path, **overrides) -> None:
+    """Train the config of `grpo_file(**overrides)` uninterrupted; train it again, stopped after checkpoint-3 and
+    resumed by a new `hellbender train` process: every step logs the same loss, gradient norm, rewards and completion
+    lengths, and the final weights are equal, bit for bit."""
+    reference = load_config(grpo_file(tmp_path / "reference", **overrides))
+    train(reference)
+    expected = per_step(reference.output_dir)
+    assert sorted(expected) == list(range(1, STEPS + 1))
+    assert len({v[2] for v in expected.values()}) > 1  # the rewards vary: equal ones would prove nothing
+
+    config = grpo_file(tmp_path / "stopped", auto_resume_from_checkpoints=True, **overrides)
+    train(load_config(config), callbacks=[StopAt(SAVE_AT)])
+    out = tmp_path / "stopped" / "out"
+    assert max(per_step(out)) == SAVE_AT
+    if overrides.get("trl", {}).get("num_iterations", 1) > 1:
+        assert (out / f"checkpoint-{SAVE_AT}" / "generation_buffer_0.pt").is_file()  # step 4's completions
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.stopped_run", str(config)], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (out / "report" / "report.md").read_text()
+    assert f"resumed at step {SAVE_AT}" in report  # not trained again from the start
+    assert per_step(out) == expected
+    final, wanted = final_weights(out), final_weights(reference.output_dir)
+    assert final.keys() == wanted.keys()
+    for name in final:
+        torch.testing.assert_close(final[name], wanted[name], atol=0, rtol=0)
+
+
 def test_a_stopped_grpo_run_resumes_in_a_new_process_exactly(tmp_path):
     """Stopped after checkpoint-3 and resumed by a new process, steps 4 to 6 generate, score and train exactly as the
     uninterrupted run did, to the same final weights. With `num_iterations: 2` a generated batch trains two optimizer
@@ -62,28 +91,7 @@ def test_a_stopped_grpo_run_resumes_in_a_new_process_exactly(tmp_path):
         "max_completion_length": 4,
         "num_iterations": 2,
     }
-    reference = load_config(grpo_file(tmp_path / "reference", trl=trl))
-    train(reference)
-    expected = per_step(reference.output_dir)
-    assert sorted(expected) == list(range(1, STEPS + 1))
-    assert len({v[2] for v in expected.values()}) > 1  # the rewards vary: equal ones would prove nothing
-
-    config = grpo_file(tmp_path / "stopped", trl=trl, auto_resume_from_checkpoints=True)
-    train(load_config(config), callbacks=[StopAt(SAVE_AT)])
-    out = tmp_path / "stopped" / "out"
-    assert max(per_step(out)) == SAVE_AT
-    assert (out / f"checkpoint-{SAVE_AT}" / "generation_buffer_0.pt").is_file()  # step 4's completions
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.stopped_run", str(config)], cwd=REPO, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = (out / "report" / "report.md").read_text()
-    assert f"resumed at step {SAVE_AT}" in report  # not trained again from the start
-    assert per_step(out) == expected
-    final, wanted = final_weights(out), final_weights(reference.output_dir)
-    assert final.keys() == wanted.keys()
-    for name in final:
-        torch.testing.assert_close(final[name], wanted[name], atol=0, rtol=0)
+    assert_resumes_in_a_new_process_exactly(tmp_path, trl=trl)
 
 
 def test_two_processes_train_like_one_with_the_same_global_batch(tmp_path):

@@ -88,3 +88,20 @@ def test_rloo_learns_the_reward_of_a_tiny_task(tmp_path):
     )
     resolved = load_config(Path(cfg.output_dir) / "hellbender_config.yml")  # as a resumed run reads it
     assert resolved.trl == cfg.trl and resolved.trl.loss_type is None
+
+
+def test_a_stopped_rloo_run_resumes_in_a_new_process_exactly(tmp_path):
+    """`rl: rloo` with its default KL weight (0.05: a frozen reference copy of the starting weights) and
+    `num_iterations: 2`, stopped after checkpoint-3, between two optimizer steps on one generated batch, and resumed by
+    a new `hellbender train` process: steps 4 to 6 log the same losses, rewards and completion lengths as the
+    uninterrupted run, which ends with the same weights (the resumed run goes on with the completions generated at
+    step 3, and samples the next ones from the same random state)."""
+    from tests.test_grpo_e2e import assert_resumes_in_a_new_process_exactly
+
+    trl = {
+        "reward_funcs": ["rewards.even_share"],
+        "num_generations": 4,
+        "max_completion_length": 4,
+        "num_iterations": 2,
+    }
+    assert_resumes_in_a_new_process_exactly(tmp_path, rl="rloo", trl=trl, learning_rate=5e-2)

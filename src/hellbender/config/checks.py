@@ -17,6 +17,7 @@ from hellbender.config.model_sources import local_source_problem
 from hellbender.config.plugins import plugin_problems
 from hellbender.config.preference_checks import preference_problems
 from hellbender.config.preference_data_checks import preference_data_problems
+from hellbender.config.rl import ONLINE_RL_METHODS
 from hellbender.config.rl_checks import rl_problems
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.streaming_checks import streaming_problems
@@ -309,8 +310,10 @@ def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`pad_to_sequence_len` is not supported yet with `processor_type`: the processor pads image+text batches "
             "itself. Remove it."
         )
-    # Preference types with a processor are checked with the rest of preference data (`preference_data_checks.py`).
-    sft_entries = [e for e in cfg.datasets + cfg.test_datasets if not is_preference_type(e.type)]
+    # Preference types with a processor are checked with the rest of preference data (`preference_data_checks.py`),
+    # online RL's prompt rows with the rest of online RL (`rl_checks.py`).
+    online = cfg.rl in ONLINE_RL_METHODS
+    sft_entries = [e for e in cfg.datasets + cfg.test_datasets if not is_preference_type(e.type) and not online]
     other_types = sorted({e.type or "pretokenized" for e in sft_entries} - MULTIMODAL_TYPES)
     other_types += sorted({e.type for e in cfg.pretraining_dataset} - MULTIMODAL_TYPES)
     if other_types:

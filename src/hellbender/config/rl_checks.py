@@ -102,11 +102,6 @@ def rl_problems(cfg: HellbenderConfig) -> list[str]:
         except ConfigError as exc:
             problems.append(str(exc))
     problems += _data_problems(cfg)
-    if cfg.processor_type is not None:
-        problems.append(
-            f"`processor_type: {cfg.processor_type}` with {method}: online RL is offered for text models so far "
-            "(prompts with images are not read yet). Remove `processor_type` to train the text model."
-        )
     if cfg.rl_beta is not None:
         problems.append(
             f"`rl_beta` is the beta of DPO, IPO, KTO and SimPO; the KL weight of {method} is `trl.beta`. Move the "
@@ -128,8 +123,9 @@ PREPARATION_KEYS = (
     "dataset_exact_deduplication", "min_sample_len", "group_by_length",
     "sample_packing_sequentially", "curriculum_sampling", "skip_prepare_dataset", "eot_tokens",
 )  # fmt: skip
-# What an online RL entry may set: where its rows are.
+# What an online RL entry may set: where its rows are, and for a vision-language model where its images are.
 ENTRY_KEYS = ("path", "type", "ds_type", "data_files", "name", "split", "revision")
+IMAGE_ENTRY_KEYS = ("image_column", "image_base_dir")
 
 
 def _differs_from_default(model: Any, key: str) -> bool:
@@ -164,14 +160,21 @@ def _data_problems(cfg: HellbenderConfig) -> list[str]:
     ):
         if getattr(cfg, key):
             problems.append(f"`{key}` cannot be used with {method}: {why}. Remove `{key}`.")
+    for key, why in (
+        ("cache_images", "the prompts' images are opened per batch, and no prepared data holds them"),
+        ("vision_tokens_to_mask", "only generated completions are trained, and they hold no image tokens"),
+    ):
+        if getattr(cfg, key):
+            problems.append(f"`{key}` cannot be used with {method}: {why}. Remove `{key}`.")
     for key in PREPARATION_KEYS:
         if _differs_from_default(cfg, key):
             problems.append(
                 f"`{key}` cannot be used with {method}: it tunes the preparation of training rows, and online RL "
                 f"reads its prompt rows as they are (they are not tokenized, cut or reordered beforehand). Remove `{key}`."
             )
+    allowed = ENTRY_KEYS + (IMAGE_ENTRY_KEYS if cfg.is_multimodal else ())
     for i, entry in enumerate(cfg.datasets):
-        extra = [k for k in type(entry).model_fields if k not in ENTRY_KEYS and _differs_from_default(entry, k)]
+        extra = [k for k in type(entry).model_fields if k not in allowed and _differs_from_default(entry, k)]
         if extra:
             problems.append(
                 f"`datasets[{i}]` sets {', '.join(f'`{k}`' for k in extra)}, which {method} does not read: its rows "

@@ -1,4 +1,5 @@
-"""The run report's plots (loss, learning rate, tokens/s and memory per optimizer step), drawn with matplotlib's
+"""The run report's plots (loss, learning rate, tokens/s and memory per optimizer step, and the training method's
+own metrics: preference tuning's rewards, online RL's rewards and completion lengths), drawn with matplotlib's
 Agg canvas: no display, and no pyplot global state, so plotting from a training callback neither needs a screen
 nor touches the figures of the program around it."""
 
@@ -63,6 +64,57 @@ def preference_plots_logged(train: list[dict[str, Any]]) -> dict[str, MetricsPlo
     """The preference plots whose metrics the run has logged."""
     logged = {key for entry in train for key in entry}
     return {name: plot for name, plot in PREFERENCE_PLOTS.items() if any(key in logged for _, key in plot.series)}
+
+
+# What online RL (GRPO, RLOO) logs per step: TRL's total reward, each reward function's under `rewards/<name>/...`.
+ONLINE_REWARD = "reward"
+_FUNCTION_PREFIX = "rewards/"
+
+
+def online_rl_plots_logged(train: list[dict[str, Any]]) -> dict[str, MetricsPlot]:
+    """The plots of an online RL run (GRPO, RLOO): its rewards, their spread, the completions' lengths, and the KL
+    to the reference where `beta > 0` logs it. Its loss is no progress measure (the advantages of a group sum to
+    about zero), so these are what show whether it learns."""
+    logged = {key for entry in train for key in entry}
+    functions = sorted(
+        key[len(_FUNCTION_PREFIX) : -len("/mean")]
+        for key in logged
+        if key.startswith(_FUNCTION_PREFIX) and key.endswith("/mean")
+    )
+    plots = {
+        "reward": MetricsPlot(
+            "reward.png",
+            "Reward of the generated completions",
+            "mean reward per step",
+            (("total (weighted sum)", ONLINE_REWARD), *((name, f"rewards/{name}/mean") for name in functions)),
+        ),
+        "reward_std": MetricsPlot(
+            "reward_std.png",
+            "Reward spread",
+            "standard deviation of the rewards",
+            (("total", "reward_std"), *((name, f"rewards/{name}/std") for name in functions)),
+        ),
+        "completion_length": MetricsPlot(
+            "completion_length.png",
+            "Completion length",
+            "tokens per completion",
+            (
+                ("mean", "completions/mean_length"),
+                ("min", "completions/min_length"),
+                ("max", "completions/max_length"),
+            ),
+        ),
+        "kl": MetricsPlot("kl.png", "KL to the reference", "KL(policy || reference) per token", (("KL", "kl"),)),
+    }
+    return {name: plot for name, plot in plots.items() if any(key in logged for _, key in plot.series)}
+
+
+def method_plots_logged(train: list[dict[str, Any]]) -> dict[str, MetricsPlot]:
+    """The plots of the training method's own metrics: online RL's when the run logs rewards of generated
+    completions, else preference tuning's (KTO's `kl` and GRPO's share a name, not a meaning)."""
+    if any(ONLINE_REWARD in entry for entry in train):
+        return online_rl_plots_logged(train)
+    return preference_plots_logged(train)
 
 
 GIB = 1024**3
@@ -148,8 +200,12 @@ def report_plots(history: list[dict], memory: list[tuple[int, int, int]] | str) 
     loss = [_series("training", train, "loss")]
     if evals:
         loss.append(_series("evaluation", evals, "eval_loss", points=True))
+    online = any(ONLINE_REWARD in entry for entry in train)
+    loss_label = (
+        "policy loss (about 0 by construction; see the reward)" if online else "cross-entropy per trained token"
+    )
     return {
-        PLOTS["loss"]: _plot_or_reason(loss, "Loss", "cross-entropy per trained token"),
+        PLOTS["loss"]: _plot_or_reason(loss, "Loss", loss_label),
         PLOTS["learning_rate"]: _plot_or_reason(
             [_series("learning rate", train, "learning_rate")], "Learning rate", "learning rate"
         ),
@@ -157,14 +213,14 @@ def report_plots(history: list[dict], memory: list[tuple[int, int, int]] | str) 
             [_series("tokens/s", train, "tokens_per_second")], "Throughput", "input tokens per second"
         ),
         PLOTS["memory"]: _memory_plot(memory),
-        **_preference_plots(train),
+        **_method_plots(train),
     }
 
 
-def _preference_plots(train: list[dict]) -> dict[str, bytes | str]:
+def _method_plots(train: list[dict]) -> dict[str, bytes | str]:
     return {
         plot.file: _plot_or_reason([_series(label, train, key) for label, key in plot.series], plot.title, plot.ylabel)
-        for plot in preference_plots_logged(train).values()
+        for plot in method_plots_logged(train).values()
     }
 
 

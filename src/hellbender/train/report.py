@@ -34,12 +34,12 @@ from hellbender.train.plots import (
     MIB,
     PLOTS,
     memory_labels,
-    preference_plots_logged,
+    method_plots_logged,
     report_plots,
     train_logs,
 )
 from hellbender.train.preference_outcome import is_preference_log, preference_lines
-from hellbender.train.rl_outcome import is_rl_log, reward_lines
+from hellbender.train.rl_outcome import is_rl_log, reward_lines, reward_notes
 
 logger = logging.getLogger("hellbender")
 REPORT_DIR = "report"
@@ -132,17 +132,17 @@ class RunReport(TrainerCallback):
         outcome = self._outcome(train, evals, summary, cross_entropy)
         if is_preference_log(history):  # after the losses: what says whether the preference was learned
             outcome[2:2] = preference_lines(history)
-        elif is_rl_log(history):  # likewise, whether the rewards were learned
-            outcome[2:2] = reward_lines(history)
+        elif is_rl_log(history):  # its loss is no progress measure (it stays near 0): the rewards take its line
+            outcome[0 : 1 if evals else 2] = reward_lines(history)  # and online RL has no evaluation yet
         lines += ["## Outcome", "", *outcome, ""]
-        notes = self._notes(train, evals)
+        notes = self._notes(train, evals, online=is_rl_log(history))
         if notes:
             lines += ["## Look at this", "", *[f"- {n}" for n in notes], ""]
         lines += ["## Plots", ""]
         if self.drawn_at_step is not None and self.drawn_at_step < state.global_step:
             share = f"{MAX_DRAWING_SHARE:.0%}"
             lines += [f"As of step {self.drawn_at_step} (redrawn when that costs under {share} of the run's time).", ""]
-        method_plots = {name: plot.file for name, plot in preference_plots_logged(train).items()}
+        method_plots = {name: plot.file for name, plot in method_plots_logged(train).items()}
         for key, name in {**PLOTS, **method_plots}.items():
             alt = key.replace("_", " ")
             drawn = self.drawn.get(name, "not drawn yet (at a later save, or at the end)")
@@ -259,14 +259,16 @@ class RunReport(TrainerCallback):
             lines.append(f"- Trainer's runtime: {_duration(summary['train_runtime'])}")
         return lines
 
-    def _notes(self, train: list[dict], evals: list[dict]) -> list[str]:
-        """What someone judging the run should not miss."""
+    def _notes(self, train: list[dict], evals: list[dict], online: bool = False) -> list[str]:
+        """What someone judging the run should not miss. `online`: an online RL run, judged by its rewards."""
         notes = []
         bad = [e["step"] for e in train if not math.isfinite(e["loss"])]
         if bad:
             notes.append(f"The training loss was not finite at step(s) {', '.join(map(str, bad[:10]))}.")
         finite = [e["loss"] for e in train if math.isfinite(e["loss"])]
-        if len(finite) >= 8:
+        if online:
+            notes += reward_notes(train)
+        elif len(finite) >= 8:
             quarter = len(finite) // 4
             early, late = _mean(finite[:quarter]), _mean(finite[-quarter:])
             if late >= early:

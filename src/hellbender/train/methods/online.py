@@ -14,7 +14,10 @@ from typing import Any
 from hellbender.config import HellbenderConfig
 from hellbender.config.precision import torch_dtype
 from hellbender.config.reward_functions import load_reward_function, reward_model_source
+from hellbender.data.contexts import image_policy
+from hellbender.data.grpo_images import IMAGE_PATHS, with_opened_images
 from hellbender.data.grpo_rows import ROW_COLUMN
+from hellbender.data.images import ImagePolicy
 from hellbender.errors import DataError
 from hellbender.models.reward_scorer import load_reward_scorer
 from hellbender.train.methods.shared import build_preference_trainer, shared_arguments
@@ -151,7 +154,7 @@ def build_online_trainer(
     and the columns the reward functions read), scored by the config's reward functions and models. `hellbender`:
     `HellbenderMixin`'s keywords and the Trainer's `callbacks`."""
     scorers, scorer_tokenizers = reward_functions(cfg)
-    return build_preference_trainer(
+    trainer = build_preference_trainer(
         trainer_class,
         model,
         args,
@@ -162,12 +165,23 @@ def build_online_trainer(
         reward_processing_classes=scorer_tokenizers,
         **hellbender,
     )
+    # A vision-language run's images are opened per batch, each path checked again against its directory.
+    trainer.prompt_image_policy = image_policy(cfg) if cfg.is_multimodal else None
+    return trainer
 
 
 class OnlineRLMixin:
     """Put between `PreferenceMixin` and the TRL trainer's mixins: prompt rows, and the tokens of generated batches."""
 
     columns = PROMPT_COLUMNS
+    prompt_image_policy: ImagePolicy | None = None
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Prompt rows with images get them decoded here, through hellbender's image sandbox, as TRL's `images`."""
+        if inputs and IMAGE_PATHS in inputs[0]:
+            assert self.prompt_image_policy is not None  # set by `build_online_trainer` for vision-language runs
+            inputs = [with_opened_images(row, self.prompt_image_policy) for row in inputs]
+        return super()._generate_and_score_completions(inputs)  # type: ignore[misc]
 
     def batch_tokens(self, inputs: dict[str, Any]) -> tuple[int, int]:
         """(prompt and completion tokens, completion tokens) of a generated batch: the completions are trained."""
