@@ -128,3 +128,51 @@ def test_two_processes_train_like_one_with_the_same_global_batch(tmp_path):
         # Adam divides each update by the gradient's running spread: where a gradient is near zero, the two summation
         # orders' rounding moves a weight by up to ~0.1 % of the learning rate (2.7e-5 measured at lr 2e-2).
         torch.testing.assert_close(b[name], a[name], atol=1e-4, rtol=1e-4)
+
+
+def test_a_sigterm_stopped_lora_run_resumes_then_merges_and_answers(tmp_path):
+    """SIGTERM during a step saves that step's checkpoint and exits 143; the next run resumes and finishes; the
+    adapter merges into a model plain transformers loads, and `hellbender inference` answers with it."""
+    import signal
+
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from hellbender.config import validate_config
+    from hellbender.storage import FINAL_MANIFEST, complete_checkpoints
+    from tests.helpers import invoke
+    from tests.test_grpo import grpo_settings
+
+    class SigtermDuringStep(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                signal.raise_signal(signal.SIGTERM)
+
+    raw = grpo_settings(
+        tmp_path,
+        adapter="lora",
+        lora_r=8,
+        lora_alpha=16,
+        lora_target_linear=True,
+        max_steps=4,
+        save_steps=2,
+        auto_resume_from_checkpoints=True,
+    )
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump(raw))
+    cfg = load_config(config)
+    metrics = train(cfg, callbacks=[SigtermDuringStep()])
+    out = Path(cfg.output_dir)
+    assert metrics["exit_code"] == 128 + signal.SIGTERM
+    assert [p.name for p in complete_checkpoints(out)] == ["checkpoint-2", "checkpoint-3"]
+    assert not (out / FINAL_MANIFEST).exists()
+    train(validate_config(cfg.model_dump()))
+    assert max(e["step"] for e in trainer_state(out)["log_history"] if "reward" in e) == 4
+    assert (out / FINAL_MANIFEST).exists()
+
+    merged = invoke("merge-lora", config)
+    assert merged.exit_code == 0, merged.output
+    model = AutoModelForCausalLM.from_pretrained(out / "merged")
+    assert model.config.model_type == "llama"
+    answer = invoke("inference", config, "--prompt", "question 1", "--max-new-tokens", "3")
+    assert answer.exit_code == 0, answer.output
+    assert answer.stdout.strip()
