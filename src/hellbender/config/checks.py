@@ -329,12 +329,6 @@ def _multimodal_packing_conflicts(cfg: HellbenderConfig, mm_pretrain: list) -> l
             f"{named} with `type: multimodal_pretrain` is not supported yet: only prepared `type: chat_template` "
             "image+text rows are packed. Remove the packing keys, or use `type: chat_template` rows."
         ]
-    if cfg.uses_streaming or cfg.skip_prepare_dataset:
-        how = "streamed" if cfg.uses_streaming else "used as they are (`skip_prepare_dataset`)"
-        return [
-            f"{named} with `processor_type` packs prepared image+text rows only, and these rows are {how}. Remove "
-            "the packing keys, or prepare the rows (`streaming: false`, no `skip_prepare_dataset`)."
-        ]
     if cfg.tokenizer_use_mistral_common:
         return [
             f"{named} is not supported yet with `tokenizer_use_mistral_common` and `processor_type`: mistral-common "
