@@ -613,7 +613,7 @@ def conflict_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
         ),
         "sample packing": (
             dict(datasets=[data], sample_packing=True),
-            "`sample_packing` is not supported yet with `processor_type`",
+            "`sample_packing` with `type: multimodal_pretrain` is not supported yet",
         ),
         "chat template": (
             dict(datasets=[data], chat_template="chatml"),

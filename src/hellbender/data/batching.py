@@ -11,17 +11,21 @@ from hellbender.data.contexts import image_policy
 from hellbender.data.formats.mistral_chat import is_mistral_common
 from hellbender.data.mistral_image_collator import MistralImageCollator
 from hellbender.data.multimodal_collator import MultimodalCollator
+from hellbender.data.multimodal_packed_collator import PackedMultimodalCollator
 from hellbender.data.vision_tokens import vision_token_ids
 
 
 def build_collator(
     cfg: HellbenderConfig, tokenizer: Any, processor: Any | None
-) -> CausalLMCollator | MultimodalCollator | MistralImageCollator:
+) -> CausalLMCollator | MultimodalCollator | PackedMultimodalCollator | MistralImageCollator:
     if processor is None:
         pad_to = cfg.sequence_len if cfg.pad_to_sequence_len else None
         return CausalLMCollator(tokenizer.pad_token_id, pad_to_multiple_of=pad_to)
     if is_mistral_common(processor.tokenizer):  # rows hold every token; only the pixels are made here
         return MistralImageCollator(processor, image_policy(cfg))
-    return MultimodalCollator(
+    documents = MultimodalCollator(
         processor, image_policy(cfg), frozenset(vision_token_ids(processor, cfg.vision_tokens_to_mask))
     )
+    if cfg.sample_packing or cfg.eval_sample_packing:
+        return PackedMultimodalCollator(documents, processor.tokenizer.pad_token_id)
+    return documents

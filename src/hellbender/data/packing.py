@@ -5,7 +5,8 @@ wastes few tokens, or, with `sample_packing_sequentially`, in row order (each ro
 next one when it does not fit), which keeps the rows' order at the cost of emptier bins. Both are deterministic,
 so packed data can be cached and resumed exactly. Each packed row
 keeps `seq_lens`, the length of every document in it: the collator uses them to restart position ids and
-to keep attention inside each document.
+to keep attention inside each document. Packed vision-language rows also keep `documents`, each document's rendered
+text and images in order, which the collator processes again at batch time (`data/multimodal_packed_collator.py`).
 """
 
 from __future__ import annotations
@@ -72,25 +73,55 @@ def concat_documents(input_ids: Sequence[list[int]], labels: Sequence[list[int]]
     return {"input_ids": ids, "labels": labs, "seq_lens": [len(x) for x in input_ids]}
 
 
+# What a prepared vision-language row keeps for batch time besides its tokens (`formats/multimodal_chat.vision_row`).
+DOCUMENT_KEYS = ("text", "images", "image_base_dir", "pixels")
+
+
 def pack_dataset(ds, capacity: int, num_proc: int | None = None, in_order: bool = False):
     """Pack a tokenized `datasets.Dataset` (with a `length` column) into bins of at most `capacity` tokens; with
-    `in_order`, keeping the rows' order (`pack_lengths_in_order`)."""
+    `in_order`, keeping the rows' order (`pack_lengths_in_order`). Vision-language rows (a `text` column) keep
+    their documents' texts and images in `documents`; `length` counts their image tokens, so bins are filled by
+    each row's whole length."""
     import datasets
 
     bins = (pack_lengths_in_order if in_order else pack_lengths)(ds["length"], capacity)
+    vision = "text" in ds.column_names
 
     def gather(batch: dict[str, list]) -> dict[str, list]:
         out: dict[str, list] = {"input_ids": [], "labels": [], "seq_lens": []}
+        if vision:
+            out["documents"] = []
         for rows in batch["rows"]:
             docs = ds[rows]
             packed = concat_documents(docs["input_ids"], docs["labels"])
+            if vision:
+                packed["documents"] = [{k: docs[k][j] for k in DOCUMENT_KEYS} for j in range(len(rows))]
             for key in out:
                 out[key].append(packed[key])
         return out
 
     index = datasets.Dataset.from_dict({"rows": bins})
     with quiet_progress():
-        return index.map(gather, batched=True, remove_columns=["rows"], num_proc=num_proc, desc="Packing")
+        return index.map(
+            gather,
+            batched=True,
+            remove_columns=["rows"],
+            num_proc=num_proc,
+            desc="Packing",
+            features=_packed_features(ds) if vision else None,
+        )
+
+
+def _packed_features(ds):
+    """Column types of packed vision-language rows, given up front (an empty image list would otherwise fix its
+    column's type before a row with images arrives)."""
+    import datasets
+
+    ints = datasets.List(datasets.Value("int64"))
+    document = {key: ds.features[key] for key in DOCUMENT_KEYS}
+    return datasets.Features(
+        {"input_ids": ints, "labels": ints, "seq_lens": ints, "documents": datasets.List(document)}
+    )
 
 
 def pack_stream(documents: Iterable[dict[str, list[int]]], capacity: int, separate_documents: bool = True):

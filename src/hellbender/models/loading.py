@@ -15,6 +15,7 @@ from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.models.hub_kernels import check_hub_kernel_packing, require_kernels_package
 from hellbender.models.mistral_tokenizer import load_mistral_common_tokenizer
 from hellbender.models.packed_attention import check_packed_masks
+from hellbender.models.packed_vision import check_packable_vision_model
 from hellbender.models.remote_code import remote_code_refused
 from hellbender.models.tiny import is_tiny_model, tiny_model_dir
 
@@ -350,6 +351,8 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
     check_hub_kernel_packing(cfg, model)
     if cfg.sample_packing or cfg.eval_sample_packing:
         check_packed_masks(model)
+        if cfg.is_multimodal:
+            check_packable_vision_model(model)
     embeddings = model.get_input_embeddings().weight
     # Under DeepSpeed ZeRO-3 the local tensor is an empty shard; `ds_shape` is the whole matrix's shape.
     rows = getattr(embeddings, "ds_shape", embeddings.shape)[0]

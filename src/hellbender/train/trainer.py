@@ -21,6 +21,7 @@ from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.models.activation_checkpointing import side_channel_of
 from hellbender.models.packed_attention import packed_attention_mask
+from hellbender.models.packed_vision import packed_vision_positions
 from hellbender.storage import FINAL_MANIFEST, complete_checkpoints, listed_files, move_files_into, write_manifest
 from hellbender.train.console import StepLines
 from hellbender.train.divergence import Divergence, agreed, not_finite, weights_not_finite
@@ -215,6 +216,7 @@ class HellbenderTrainer(HellbenderMixin, Trainer):
             self._callback(StreamPosition).advance(int(stream_rows.max()))
         inputs.update(forward_kwargs(inputs))
         inputs.update(packed_attention_mask(model, inputs))
+        inputs.update(packed_vision_positions(model, inputs))
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
 

@@ -44,6 +44,7 @@ def token_metrics(model: Any, rows: Any, collator: Any, batch_size: int) -> dict
     from hellbender.data.formats.base import IGNORE_INDEX
     from hellbender.data.streaming import STREAM_ROW_KEY
     from hellbender.models.packed_attention import packed_attention_mask
+    from hellbender.models.packed_vision import packed_vision_positions
 
     target_device = model.device if hasattr(model, "device") else device()
     loss_sum, correct, tokens = 0.0, 0, 0
@@ -55,6 +56,7 @@ def token_metrics(model: Any, rows: Any, collator: Any, batch_size: int) -> dict
             labels = batch.pop("labels")[:, 1:].to(target_device)
             inputs = {k: v.to(target_device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             inputs.update(packed_attention_mask(model, inputs))  # packed rows of a family that needs them
+            inputs.update(packed_vision_positions(model, inputs))
             logits = model(**inputs, use_cache=False).logits[:, :-1]
             trained = labels != IGNORE_INDEX
             picked, targets = logits[trained].float(), labels[trained]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from transformers import PreTrainedTokenizerBase, Qwen2_5_VLProcessor
+from transformers import PreTrainedTokenizerBase, Qwen2_5_VLModel, Qwen2_5_VLProcessor
 
 from hellbender.models.fixes.contract import Contract, Requirement
 
@@ -114,3 +114,47 @@ def load_processor(path: str | Path, **kwargs: Any):
         return AutoProcessor.from_pretrained(str(path), **kwargs)
     PROCESSOR_CONTRACT.check()
     return ImageOnlyQwen2_5_VLProcessor.from_pretrained(str(path), **kwargs)
+
+
+# What packed batches rely on in transformers: the model's own 3-D position builder, called once per document.
+PACKED_POSITIONS_CONTRACT = Contract(
+    "hellbender's Qwen2.5-VL sample packing",
+    (
+        Requirement(
+            Qwen2_5_VLModel,
+            "get_rope_index",
+            "builds each packed document's 3-D (M-RoPE) positions as if it were alone",
+            parameters=("input_ids", "mm_token_type_ids", "image_grid_thw"),
+        ),
+    ),
+)
+
+
+def packed_rope_positions(model: Any, batch: dict[str, Any]) -> Any:
+    """Position ids for a packed batch: `[4, batch, seq]`, the restarting 1-D positions first (the language model
+    finds the documents there and keeps attention inside each) and then each document's own 3-D positions, built by
+    the model's `get_rope_index` on the document alone, so every document is positioned as it is unpacked. Documents
+    start where the collator's 1-D positions restart (`data/multimodal_packed_collator.py`); each takes the next
+    grids of `image_grid_thw`, one per image it holds, in order."""
+    import itertools
+
+    import torch
+
+    text_positions = batch["position_ids"]
+    input_ids, token_types = batch["input_ids"], batch["mm_token_type_ids"]
+    grids = iter(batch["image_grid_thw"]) if batch.get("image_grid_thw") is not None else iter(())
+    rope = torch.zeros((3, *text_positions.shape), dtype=text_positions.dtype, device=text_positions.device)
+    for row in range(text_positions.shape[0]):
+        starts = (text_positions[row] == 0).nonzero().flatten().tolist() + [text_positions.shape[1]]
+        for start, end in itertools.pairwise(starts):
+            types = token_types[row, start:end]
+            # One image per run of image tokens, as `get_rope_index` counts them.
+            images = int(((types == 1) & (torch.nn.functional.pad(types, (1, 0))[:-1] != 1)).sum())
+            doc_grids = [next(grids) for _ in range(images)]
+            positions, _ = model.get_rope_index(
+                input_ids=input_ids[row : row + 1, start:end],
+                mm_token_type_ids=types[None],
+                image_grid_thw=torch.stack(doc_grids) if doc_grids else None,
+            )
+            rope[:, row, start:end] = positions[:, 0]
+    return torch.cat([text_positions[None], rope], dim=0)

@@ -1,0 +1,67 @@
+"""Sample packing for vision-language models: which families it is exact for, and what their packed batches need.
+
+A packed vision-language batch has 1-D position ids that restart at every document and no attention mask
+(`data/multimodal_packed_collator.py`). That is all Gemma 4 needs: its forward hands the position ids to the mask
+builders, which keep each document apart, its sliding-window masks included. Gemma 4 models whose image tokens
+attend both ways (`use_bidirectional_attention: vision`) are refused: transformers 5.24 reads their image blocks
+from the start of the packed row instead of each document's. Qwen2.5-VL rotates by
+3-D positions that it builds itself only for a whole unpacked row, so its batches get each document's own from
+`fixes/qwen2_5_vl.packed_rope_positions`. Other families are refused by name: each needs its own check that packed
+documents neither see each other nor shift their images' positions (tests/test_multimodal_packing.py is that check
+for these two).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hellbender.errors import ConfigError
+from hellbender.models.packed_attention import unwrapped
+
+# model_type -> how packed batches are kept exact (see the module docstring).
+PACKABLE_VISION_FAMILIES = {
+    "qwen2_5_vl": "each document's 3-D rotary positions built by the model's own `get_rope_index`",
+    "gemma4": "restarting 1-D positions, from which its mask builders keep the documents apart",
+}
+
+
+def check_packable_vision_model(model: Any) -> None:
+    """At loading, with a processor and packing on: refuse a family whose packed documents are not known to stay
+    apart."""
+    model_type = unwrapped(model).config.model_type
+    if model_type not in PACKABLE_VISION_FAMILIES:
+        families = ", ".join(sorted(PACKABLE_VISION_FAMILIES))
+        raise ConfigError(
+            f"`sample_packing` (or `eval_sample_packing`) with this `{model_type}` vision-language model is not "
+            f"supported yet: packing image+text rows is only checked to keep every document's attention and image "
+            f"positions its own for {families}, and this family may build positions or masks from the whole packed "
+            "row. Set `sample_packing: false` and `eval_sample_packing: false`."
+        )
+    if getattr(unwrapped(model).config.get_text_config(), "use_bidirectional_attention", None) == "vision":
+        # transformers 5.24 remaps a packed row's mask functions to each document's positions, the image-block
+        # overlay included, which then reads the image blocks of the row's start (measured: logits 0.96 off).
+        raise ConfigError(
+            f"`sample_packing` (or `eval_sample_packing`) with this `{model_type}` model is not supported yet: its "
+            "image tokens attend to each other both ways (`use_bidirectional_attention: vision`), and transformers "
+            "builds those image blocks from the start of the packed row, not of each document, so packed documents "
+            "would attend to the wrong tokens. Set `sample_packing: false` and `eval_sample_packing: false`."
+        )
+    if model_type == "qwen2_5_vl":
+        from hellbender.models.fixes.qwen2_5_vl import PACKED_POSITIONS_CONTRACT
+
+        PACKED_POSITIONS_CONTRACT.check()
+
+
+def packed_vision_positions(model: Any, batch: dict[str, Any]) -> dict[str, Any]:
+    """`{"position_ids": ...}` for a packed batch of a family whose positions are not 1-D; else `{}`."""
+    if "position_ids" not in batch or "attention_mask" in batch or batch["position_ids"].ndim != 2:
+        return {}
+    if "mm_token_type_ids" not in batch:  # not a vision-language batch
+        return {}
+    base = unwrapped(model)
+    if base.config.model_type != "qwen2_5_vl":
+        return {}
+    from hellbender.models.fixes.qwen2_5_vl import packed_rope_positions
+
+    inner = base.get_base_model() if hasattr(base, "get_base_model") else base
+    return {"position_ids": packed_rope_positions(inner.model, batch)}
