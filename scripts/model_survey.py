@@ -1,0 +1,420 @@
+"""Survey which architectures of the installed transformers train through hellbender, and write docs/models.md.
+
+For each causal-LM model type (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`) it builds a tiny random model from the type's
+config class (hidden size, layers, heads, vocabulary and experts shrunk generically; `OVERRIDES` where that is not
+enough), saves it with hellbender's tiny tokenizer, and trains it in a subprocess through hellbender's own path
+(`load_config` + `train`, the code `hellbender train` runs) on the bundled chat data, with activation checkpointing:
+
+- lora:    LoRA on every linear layer (`lora_target_linear: true`), 2 steps;
+- packing: the same with `sample_packing: true`, 2 steps;
+- full:    full fine-tuning, 1 step.
+
+Each mode is recorded as ok / the error's class and first line / timeout, with the number of LoRA-adapted modules and
+whether any expert weights were adapted. Results go to docs/models.json; the survey is resumable (recorded types are
+skipped unless `--redo`), so it can run in pieces:
+
+    python scripts/model_survey.py --types llama,qwen3_moe       # survey these (all unrecorded types without it)
+    python scripts/model_survey.py --render                      # only rewrite docs/models.md from the JSON
+
+Runs offline on CPU; one core is enough (`OMP_NUM_THREADS=1 taskset -c 1 python ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "models.json"
+DOC = ROOT / "docs" / "models.md"
+CHAT_DATA = ROOT / "examples" / "data" / "chat.jsonl"
+MODES = ("lora", "packing", "full")
+NOT_SURVEYED = "not surveyed yet"
+
+# Generic shrink: each target value applies to whichever of these names the config class has (and sets to an int).
+HIDDEN = ("hidden_size", "n_embd", "d_model", "n_embed", "dim", "embed_dim", "model_dim")
+INTERMEDIATE = ("intermediate_size", "ffn_dim", "n_inner", "d_ff", "ffn_hidden_size", "decoder_ffn_dim", "ffn_size")
+EXPERT_INTERMEDIATE = ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size")
+LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers", "encoder_layers")
+HEADS = ("num_attention_heads", "n_head", "n_heads", "decoder_attention_heads", "encoder_attention_heads")
+KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
+EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "num_experts_per_token", "moe_k")
+FIXED = {  # MoE routing groups and multi-head latent attention ranks, when the config has them
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "decoder_sparse_step": 1,
+    "n_shared_experts": 1,
+    "num_shared_experts": 1,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "head_dim": 16,
+}
+# Per-type keyword arguments where the generic shrink gives a config the model cannot be built from.
+OVERRIDES: dict[str, dict[str, Any]] = {}
+
+
+def _int_attr(config: Any, name: str) -> int | None:
+    """The config's integer `name`, or None; a derived property (Falcon's `head_dim`) is not a setting."""
+    if isinstance(getattr(type(config), name, None), property):
+        return None
+    value = getattr(config, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _layer_pick(config: Any, layers: int) -> list[int]:
+    """Which of the default layers to keep: the first of each distinct layer type (so a hybrid model keeps its
+    attention and its recurrent layers), at least two."""
+    pattern = getattr(config, "layer_types", None)
+    if not isinstance(pattern, (list, tuple)) or len(pattern) != layers:
+        return [0, 1]
+    picked = sorted({str(kind): i for i, kind in reversed(list(enumerate(pattern)))}.values())
+    return picked if len(picked) >= 2 else [0, 1]
+
+
+def shrunk_kwargs(config: Any, vocab_size: int | None) -> dict[str, Any]:
+    """Keyword arguments that rebuild `config` (a default instance of its class) tiny."""
+    kwargs: dict[str, Any] = {}
+
+    def put(names: tuple[str, ...], value: int) -> None:
+        for name in names:
+            if _int_attr(config, name) is not None:
+                kwargs[name] = value
+
+    put(HIDDEN, 64)
+    put(INTERMEDIATE, 128)
+    put(EXPERT_INTERMEDIATE, 32)
+    put(HEADS, 4)
+    heads = next((_int_attr(config, n) for n in HEADS if _int_attr(config, n)), None)
+    for name in KV_HEADS:  # keep multi-head attention where the default has it, grouped query attention otherwise
+        kv = _int_attr(config, name)
+        if kv is not None:
+            kwargs[name] = 4 if heads is not None and kv >= heads else min(kv, 2)
+    put(EXPERTS, 4)
+    put(EXPERTS_PER_TOKEN, 2)
+    for name, value in FIXED.items():
+        if _int_attr(config, name) is not None:
+            kwargs[name] = value
+    if "qk_rope_head_dim" in kwargs and "head_dim" in kwargs:  # latent attention rotates `head_dim` channels
+        kwargs["head_dim"] = kwargs["qk_rope_head_dim"]
+    for name in LAYERS:
+        layers = _int_attr(config, name)
+        if layers is None:
+            continue
+        picked = _layer_pick(config, layers) if layers > 2 else list(range(layers))
+        kwargs[name] = len(picked)
+        for attr, value in vars(config).items():  # per-layer lists and pattern strings keep the picked layers
+            if attr != name and isinstance(value, (list, tuple, str)) and len(value) == layers and layers > 2:
+                kept = [value[i] for i in picked]
+                kwargs[attr] = "".join(kept) if isinstance(value, str) else kept
+    if vocab_size is not None and _int_attr(config, "vocab_size") is not None:
+        kwargs["vocab_size"] = vocab_size
+    return kwargs
+
+
+def tiny_config(model_type: str, tokenizer: Any) -> Any:
+    """A tiny random-init config of `model_type`; composite configs shrink each sub-config the same way."""
+    from transformers import AutoConfig
+
+    config_class = type(AutoConfig.for_model(model_type))
+    default = config_class()
+    kwargs = shrunk_kwargs(default, len(tokenizer))
+    for name in getattr(default, "sub_configs", {}) or {}:
+        sub = getattr(default, name, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            text = "text" in name
+            kwargs[name] = {**sub.to_dict(), **shrunk_kwargs(sub, len(tokenizer) if text else None)}
+    ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None}
+    kwargs.update({k: v for k, v in ids.items() if hasattr(default, k)})
+    kwargs["tie_word_embeddings"] = False
+    kwargs.update(OVERRIDES.get(model_type, {}))
+    return config_class(**kwargs)
+
+
+def build(model_type: str, target: Path) -> dict[str, Any]:
+    """Save a tiny `model_type` model with hellbender's tiny tokenizer into `target`; returns what it is made of."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    config = tiny_config(model_type, tokenizer)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    names = [name for name, _ in model.named_parameters()]
+    return {
+        "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "moe": any("expert" in name for name in names),
+    }
+
+
+def run_config(model_dir: Path, mode: str) -> str:
+    lines = [
+        f"base_model: {model_dir}",
+        "datasets:",
+        f"  - path: {CHAT_DATA}",
+        "    type: chat_template",
+        "    roles_to_train: [assistant]",
+        "    train_on_eos: turn",
+        f"dataset_prepared_path: {model_dir.parent / 'prepared'}",
+        "sequence_len: 128",
+        "micro_batch_size: 2",
+        f"max_steps: {1 if mode == 'full' else 2}",
+        "learning_rate: 1.0e-4",
+        "gradient_checkpointing: true",
+        f"output_dir: {model_dir.parent / ('out-' + mode)}",
+    ]
+    if mode != "full":
+        lines += ["adapter: lora", "lora_r: 4", "lora_alpha: 8", "lora_target_linear: true"]
+    if mode == "packing":
+        lines.append("sample_packing: true")
+    return "\n".join(lines) + "\n"
+
+
+def adapter_facts(output_dir: Path) -> dict[str, Any]:
+    """How many modules the saved adapter adapts, and whether any of them is an expert weight."""
+    from safetensors import safe_open
+
+    with safe_open(str(output_dir / "adapter_model.safetensors"), "pt") as f:
+        names = f.keys()  # a safetensors file handle is not iterable itself
+    modules = {name.split(".lora_A")[0] for name in names if ".lora_A" in name}
+    return {"lora_modules": len(modules), "experts_adapted": any("expert" in m for m in modules)}
+
+
+def reload_status(model_dir: Path, output_dir: Path, mode: str) -> str:
+    """Whether plain transformers (and PEFT, for an adapter) load the saved output again, as a user would."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        if mode == "full":
+            AutoModelForCausalLM.from_pretrained(output_dir)
+        else:
+            from peft import PeftModel
+
+            PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), output_dir)
+    except Exception as exc:
+        return describe(exc)
+    return "ok"
+
+
+def describe(exc: BaseException) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    from hellbender.errors import UserError
+
+    return isinstance(exc, UserError)
+
+
+def raised_at(exc: BaseException) -> str:
+    """Where the error was raised (file below site-packages or src, line, function), to group failures by cause."""
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    path = re.split(r"site-packages/|/src/", frame.filename)[-1]
+    return f"{path}:{frame.lineno} in {frame.name}"
+
+
+def worker(model_type: str, work: Path, partial: Path) -> None:
+    """Build and train one type, appending one JSON line per finished stage to `partial` (so a timeout still
+    tells which stage it stopped in)."""
+    import logging
+
+    logging.disable(logging.WARNING)
+
+    def record(stage: str, **facts: Any) -> None:
+        with partial.open("a") as f:
+            f.write(json.dumps({"stage": stage, **facts}) + "\n")
+
+    model_dir = work / "model"
+    try:
+        record("build", status="ok", **build(model_type, model_dir))
+    except Exception as exc:  # any failure is the finding
+        record("build", status=describe(exc), where=raised_at(exc))
+        return
+    from hellbender.config import load_config
+    from hellbender.train.run import train
+
+    for mode in MODES:
+        config = work / f"{mode}.yml"
+        config.write_text(run_config(model_dir, mode))
+        start = time.monotonic()
+        try:
+            train(load_config(config))
+            facts = adapter_facts(work / f"out-{mode}") if mode != "full" else {}
+            facts["reload"] = reload_status(model_dir, work / f"out-{mode}", mode)
+            record(mode, status="ok", seconds=round(time.monotonic() - start, 1), **facts)
+        except Exception as exc:
+            refused = _is_refusal(exc)  # hellbender's own error for the user, naming the problem, not a crash
+            seconds = round(time.monotonic() - start, 1)
+            record(mode, status=describe(exc), where=raised_at(exc), refused=refused, seconds=seconds)
+
+
+def survey(model_type: str, timeout: float) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"{model_type}-", dir=os.environ.get("SURVEY_TMP")))
+    partial = work / "stages.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.setdefault("HELLBENDER_CACHE", str(work / "cache"))
+    command = [sys.executable, __file__, "--worker", model_type, str(work)]
+    timed_out = False
+    try:
+        done = subprocess.run(command, env=env, cwd=work, timeout=timeout, capture_output=True, text=True)
+        crash = done.returncode != 0 and done.stderr.strip().splitlines()[-1:] or []
+    except subprocess.TimeoutExpired:
+        timed_out, crash = True, []
+    stages = [json.loads(line) for line in partial.read_text().splitlines()] if partial.exists() else []
+    result: dict[str, Any] = {stage.pop("stage"): stage for stage in stages}
+    missing = "timeout" if timed_out else f"process died: {crash[0][:200]}" if crash else "not run"
+    for stage in ("build", *MODES):
+        if stage not in result:
+            result[stage] = {"status": missing if stage == "build" or result["build"]["status"] == "ok" else "-"}
+            if timed_out:
+                missing = "not run (an earlier stage timed out)"
+    return result
+
+
+# ---- the document ----
+
+
+def _cell(entry: dict[str, Any] | None, mode: str) -> str:
+    if entry is None:
+        return NOT_SURVEYED
+    stage = entry.get(mode, {})
+    status = stage.get("status", "-")
+    if entry.get("build", {}).get("status") != "ok":
+        return "-"
+    if status == "ok" and stage.get("reload", "ok") != "ok":
+        return "ok, reload fails"
+    if status == "ok" and "lora_modules" in stage:
+        return f"ok ({stage['lora_modules']} modules{', experts' if stage.get('experts_adapted') else ''})"
+    if status == "ok" or status.startswith(("timeout", "not run", "process died")):
+        return status.split(":")[0]
+    return "refused" if stage.get("refused") else "fails"
+
+
+def _quote(text: str) -> str:
+    """One error line made safe inside a table cell's code span."""
+    return text.replace("|", "/").replace("`", "'")[:160]
+
+
+def _note(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return ""
+    build = entry.get("build", {})
+    if build.get("status") != "ok":
+        return f"tiny model not built: `{_quote(build.get('status', ''))}`"
+    notes = []
+    if build.get("moe") and not any(entry.get(m, {}).get("experts_adapted") for m in ("lora", "packing")):
+        notes.append("MoE: expert weights not LoRA-adapted")
+    seen = set()
+    for mode in MODES:
+        status = entry.get(mode, {}).get("status", "")
+        if status not in ("ok", "-", "") and status not in seen:
+            seen.add(status)
+            notes.append(f"{mode}: `{_quote(status)}`")
+        reload = entry.get(mode, {}).get("reload", "ok")
+        if reload != "ok" and reload not in seen:
+            seen.add(reload)
+            notes.append(f"{mode} output does not reload: `{_quote(reload)}`")
+    return "; ".join(notes)
+
+
+def render(results: dict[str, Any], model_types: list[str]) -> str:
+    """docs/models.md: every type of the installed causal-LM mapping, with its survey result or `not surveyed yet`."""
+    surveyed = [t for t in model_types if t in results]
+    ok = [t for t in surveyed if all(results[t].get(m, {}).get("status") == "ok" for m in MODES)]
+    lines = [
+        "# Model architectures",
+        "",
+        "Generated by `scripts/model_survey.py` from `docs/models.json`; do not edit by hand "
+        "(`python scripts/model_survey.py --render` rewrites it, and a test checks it is current).",
+        "",
+        f"Each causal-LM architecture of the installed transformers ({results.get('_transformers', '?')}) is built "
+        "tiny from its config class with random weights and trained on CPU through hellbender's own training path, "
+        "with activation checkpointing: LoRA on every linear layer (2 steps), the same with `sample_packing` "
+        "(2 steps), and full fine-tuning (1 step); each output is then loaded again with plain transformers (and PEFT). "
+        "`ok (N modules)` gives the number of LoRA-adapted modules; "
+        "`experts` says expert weights were among them. `refused` is hellbender's own error naming the problem "
+        "(the note quotes its first line); `fails` is any other error, a bug to fix or to turn into a refusal; "
+        "`-` means the tiny model could not be built (the note says why), which may be the survey's shrink "
+        "rather than the architecture. A tiny random model checks that the code path runs, not training quality.",
+        "",
+        f"Surveyed: {len(surveyed)} of {len(model_types)} architectures; all three modes pass for {len(ok)}. "
+        f"Rows marked `{NOT_SURVEYED}` have not been run yet: their status is unknown.",
+        "",
+        "| architecture | LoRA | packing | full FT | note |",
+        "|---|---|---|---|---|",
+    ]
+    for model_type in model_types:
+        entry = results.get(model_type)
+        cells = [_cell(entry, mode) for mode in MODES]
+        lines.append(f"| {model_type} | {' | '.join(cells)} | {_note(entry)} |")
+    return "\n".join(lines) + "\n"
+
+
+def causal_lm_types() -> list[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def load_results() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+
+
+def write_results(results: dict[str, Any]) -> None:
+    RESULTS.write_text(json.dumps(dict(sorted(results.items())), indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", help="comma-separated model types (default: every unrecorded one)")
+    parser.add_argument("--redo", action="store_true", help="survey the given types again even if recorded")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per type (all three modes)")
+    parser.add_argument("--render", action="store_true", help="only rewrite docs/models.md from docs/models.json")
+    parser.add_argument("--worker", nargs=2, metavar=("TYPE", "DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        model_type, work = args.worker
+        worker(model_type, Path(work), Path(work) / "stages.jsonl")
+        return
+    model_types = causal_lm_types()
+    results = load_results()
+    if not args.render:
+        import transformers
+
+        wanted = args.types.split(",") if args.types else model_types
+        unknown = sorted(set(wanted) - set(model_types))
+        if unknown:
+            parser.error(f"not causal-LM model types of this transformers: {', '.join(unknown)}")
+        for model_type in wanted:
+            if model_type in results and not args.redo:
+                continue
+            start = time.monotonic()
+            results[model_type] = survey(model_type, args.timeout)
+            results["_transformers"] = transformers.__version__
+            write_results(results)  # after each type, so an interrupted survey resumes where it stopped
+            summary = "  ".join(f"{m}={results[model_type][m]['status'][:70]}" for m in ("build", *MODES))
+            print(f"{model_type} ({time.monotonic() - start:.0f}s): {summary}", flush=True)
+    DOC.write_text(render(results, model_types))
+
+
+if __name__ == "__main__":
+    main()
