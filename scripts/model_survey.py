@@ -22,10 +22,10 @@ Runs offline on CPU; one core is enough (`OMP_NUM_THREADS=1 taskset -c 1 python 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +39,8 @@ DOC = ROOT / "docs" / "models.md"
 CHAT_DATA = ROOT / "examples" / "data" / "chat.jsonl"
 MODES = ("lora", "packing", "full")
 NOT_SURVEYED = "not surveyed yet"
+# hellbender's refusal of its default attention for a model without SDPA support (the survey then asks for eager).
+SDPA_REFUSED = "`attn_implementation: sdpa` cannot be used with this model"
 
 # Generic shrink: each target value applies to whichever of these names the config class has (and sets to an int).
 HIDDEN = ("hidden_size", "n_embd", "d_model", "n_embed", "dim", "embed_dim", "model_dim")
@@ -65,13 +67,18 @@ FIXED = {  # MoE routing groups and multi-head latent attention ranks, when the 
 }
 # Per-type keyword arguments where the generic shrink gives a config the model cannot be built from.
 OVERRIDES: dict[str, dict[str, Any]] = {}
+# Types hellbender already builds tiny (with their own tokenizer): "module:function" saving into a directory.
+OWN_BUILDERS = {"gemma4_text": "hellbender.models.tiny_vlm.gemma4:build_text"}
 
 
 def _int_attr(config: Any, name: str) -> int | None:
     """The config's integer `name`, or None; a derived property (Falcon's `head_dim`) is not a setting."""
     if isinstance(getattr(type(config), name, None), property):
         return None
-    value = getattr(config, name, None)
+    try:
+        value = getattr(config, name, None)
+    except Exception:  # per-layer configs (Gemma 4) refuse reading a global value of a per-layer attribute
+        return None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -105,9 +112,13 @@ def shrunk_kwargs(config: Any, vocab_size: int | None) -> dict[str, Any]:
             kwargs[name] = 4 if heads is not None and kv >= heads else min(kv, 2)
     put(EXPERTS, 4)
     put(EXPERTS_PER_TOKEN, 2)
+    if any(name in kwargs for name in EXPERTS):  # some defaults leave the routing width unset (DeepSeek-V2: None)
+        kwargs.update({name: 2 for name in EXPERTS_PER_TOKEN if name in vars(config)})
     for name, value in FIXED.items():
         if _int_attr(config, name) is not None:
             kwargs[name] = value
+    if vars(config).get("head_dim", 0) is None:  # some defaults leave it to the checkpoint
+        kwargs["head_dim"] = 16
     if "qk_rope_head_dim" in kwargs and "head_dim" in kwargs:  # latent attention rotates `head_dim` channels
         kwargs["head_dim"] = kwargs["qk_rope_head_dim"]
     for name in LAYERS:
@@ -117,7 +128,8 @@ def shrunk_kwargs(config: Any, vocab_size: int | None) -> dict[str, Any]:
         picked = _layer_pick(config, layers) if layers > 2 else list(range(layers))
         kwargs[name] = len(picked)
         for attr, value in vars(config).items():  # per-layer lists and pattern strings keep the picked layers
-            if attr != name and isinstance(value, (list, tuple, str)) and len(value) == layers and layers > 2:
+            per_layer = isinstance(value, (list, tuple)) or (isinstance(value, str) and "pattern" in attr)
+            if attr != name and per_layer and len(value) == layers and layers > 2:
                 kept = [value[i] for i in picked]
                 kwargs[attr] = "".join(kept) if isinstance(value, str) else kept
     if vocab_size is not None and _int_attr(config, "vocab_size") is not None:
@@ -151,21 +163,28 @@ def build(model_type: str, target: Path) -> dict[str, Any]:
 
     from hellbender.models.tiny import build_tiny_tokenizer
 
-    tokenizer = build_tiny_tokenizer()
-    config = tiny_config(model_type, tokenizer)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
+    if model_type in OWN_BUILDERS:
+        module, function = OWN_BUILDERS[model_type].split(":")
+        getattr(importlib.import_module(module), function)(target)
+        model = AutoModelForCausalLM.from_pretrained(target)
+    else:
+        tokenizer = build_tiny_tokenizer()
+        config = tiny_config(model_type, tokenizer)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)
+        model.save_pretrained(target)
+        tokenizer.save_pretrained(target)
     names = [name for name, _ in model.named_parameters()]
     return {
         "class": type(model).__name__,
         "parameters": sum(p.numel() for p in model.parameters()),
         "moe": any("expert" in name for name in names),
+        # An encoder (BERT-like) loaded as a causal LM stays bidirectional unless its config says `is_decoder`.
+        "bidirectional": getattr(model.config, "is_decoder", None) is False,
     }
 
 
-def run_config(model_dir: Path, mode: str) -> str:
+def run_config(model_dir: Path, mode: str, output_dir: Path, eager: bool = False) -> str:
     lines = [
         f"base_model: {model_dir}",
         "datasets:",
@@ -179,8 +198,10 @@ def run_config(model_dir: Path, mode: str) -> str:
         f"max_steps: {1 if mode == 'full' else 2}",
         "learning_rate: 1.0e-4",
         "gradient_checkpointing: true",
-        f"output_dir: {model_dir.parent / ('out-' + mode)}",
+        f"output_dir: {output_dir}",
     ]
+    if eager:
+        lines.append("attn_implementation: eager")
     if mode != "full":
         lines += ["adapter: lora", "lora_r: 4", "lora_alpha: 8", "lora_target_linear: true"]
     if mode == "packing":
@@ -252,42 +273,75 @@ def worker(model_type: str, work: Path, partial: Path) -> None:
     from hellbender.config import load_config
     from hellbender.train.run import train
 
+    eager = False  # set once the default attention (sdpa) is refused: the remaining runs ask for eager
     for mode in MODES:
-        config = work / f"{mode}.yml"
-        config.write_text(run_config(model_dir, mode))
-        start = time.monotonic()
-        try:
-            train(load_config(config))
-            facts = adapter_facts(work / f"out-{mode}") if mode != "full" else {}
-            facts["reload"] = reload_status(model_dir, work / f"out-{mode}", mode)
-            record(mode, status="ok", seconds=round(time.monotonic() - start, 1), **facts)
-        except Exception as exc:
-            refused = _is_refusal(exc)  # hellbender's own error for the user, naming the problem, not a crash
-            seconds = round(time.monotonic() - start, 1)
-            record(mode, status=describe(exc), where=raised_at(exc), refused=refused, seconds=seconds)
+        refusal = None
+        while True:
+            output_dir = work / f"out-{mode}{'-eager' if eager else ''}"
+            config = work / f"{mode}{'-eager' if eager else ''}.yml"
+            config.write_text(run_config(model_dir, mode, output_dir, eager))
+            start = time.monotonic()
+            try:
+                train(load_config(config))
+            except Exception as exc:
+                if not eager and SDPA_REFUSED in str(exc):  # what a user would do next: ask for eager attention
+                    eager, refusal = True, describe(exc)
+                    continue
+                facts = {"status": describe(exc), "where": raised_at(exc), "refused": _is_refusal(exc)}
+            else:
+                facts = adapter_facts(output_dir) if mode != "full" else {}
+                facts.update(status="ok", reload=reload_status(model_dir, output_dir, mode))
+            if eager:
+                facts["attn"] = "eager"
+            if refusal:
+                facts["sdpa_refusal"] = refusal
+            record(mode, seconds=round(time.monotonic() - start, 1), **facts)
+            break
+
+
+def _child(model_type: str, work: Path, partial: Path) -> None:
+    """The forked process surveying one type: its own directory, its output in a log file there."""
+    os.chdir(work)
+    log = os.open(work / "output.log", os.O_WRONLY | os.O_CREAT)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    worker(model_type, work, partial)
 
 
 def survey(model_type: str, timeout: float) -> dict[str, Any]:
+    """Survey one type in a forked process (the libraries are imported once, in the parent; each type gets a
+    fresh copy of their state, and a crash or a hang stops only its own process)."""
+    import multiprocessing
+
     work = Path(tempfile.mkdtemp(prefix=f"{model_type}-", dir=os.environ.get("SURVEY_TMP")))
     partial = work / "stages.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.setdefault("HELLBENDER_CACHE", str(work / "cache"))
-    command = [sys.executable, __file__, "--worker", model_type, str(work)]
-    timed_out = False
-    try:
-        done = subprocess.run(command, env=env, cwd=work, timeout=timeout, capture_output=True, text=True)
-        crash = done.returncode != 0 and done.stderr.strip().splitlines()[-1:] or []
-    except subprocess.TimeoutExpired:
-        timed_out, crash = True, []
+    process = multiprocessing.get_context("fork").Process(target=_child, args=(model_type, work, partial))
+    process.start()
+    process.join(timeout)
+    timed_out = process.is_alive()
+    if timed_out:
+        process.kill()
+        process.join()
     stages = [json.loads(line) for line in partial.read_text().splitlines()] if partial.exists() else []
     result: dict[str, Any] = {stage.pop("stage"): stage for stage in stages}
-    missing = "timeout" if timed_out else f"process died: {crash[0][:200]}" if crash else "not run"
+    missing = "timeout" if timed_out else f"process died: exit code {process.exitcode}"
     for stage in ("build", *MODES):
         if stage not in result:
             result[stage] = {"status": missing if stage == "build" or result["build"]["status"] == "ok" else "-"}
-            if timed_out:
-                missing = "not run (an earlier stage timed out)"
+            missing = "not run (an earlier stage stopped the process)"
     return result
+
+
+def _import_once() -> None:
+    """What every type's run needs, imported before the forks (offline: the hub client reads this when imported)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    sys.path.insert(0, str(ROOT / "src"))
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+
+    import hellbender.config  # noqa: F401
+    import hellbender.train.run  # noqa: F401
 
 
 # ---- the document ----
@@ -300,13 +354,14 @@ def _cell(entry: dict[str, Any] | None, mode: str) -> str:
     status = stage.get("status", "-")
     if entry.get("build", {}).get("status") != "ok":
         return "-"
+    eager = " (eager)" if stage.get("attn") == "eager" else ""
     if status == "ok" and stage.get("reload", "ok") != "ok":
-        return "ok, reload fails"
+        return f"ok{eager}, reload fails"
     if status == "ok" and "lora_modules" in stage:
-        return f"ok ({stage['lora_modules']} modules{', experts' if stage.get('experts_adapted') else ''})"
+        return f"ok ({stage['lora_modules']} modules{', experts' if stage.get('experts_adapted') else ''}){eager}"
     if status == "ok" or status.startswith(("timeout", "not run", "process died")):
-        return status.split(":")[0]
-    return "refused" if stage.get("refused") else "fails"
+        return status.split(":")[0] + eager
+    return ("refused" if stage.get("refused") else "fails") + eager
 
 
 def _quote(text: str) -> str:
@@ -321,8 +376,13 @@ def _note(entry: dict[str, Any] | None) -> str:
     if build.get("status") != "ok":
         return f"tiny model not built: `{_quote(build.get('status', ''))}`"
     notes = []
+    if build.get("bidirectional"):
+        notes.append("`is_decoder` is false, so attention is bidirectional: training runs, but it is not a causal LM")
     if build.get("moe") and not any(entry.get(m, {}).get("experts_adapted") for m in ("lora", "packing")):
         notes.append("MoE: expert weights not LoRA-adapted")
+    refusal = next((entry[m]["sdpa_refusal"] for m in MODES if entry.get(m, {}).get("sdpa_refusal")), None)
+    if refusal:
+        notes.append("the default `sdpa` attention is refused, so the survey ran with `attn_implementation: eager`")
     seen = set()
     for mode in MODES:
         status = entry.get(mode, {}).get("status", "")
@@ -336,10 +396,15 @@ def _note(entry: dict[str, Any] | None) -> str:
     return "; ".join(notes)
 
 
-def render(results: dict[str, Any], model_types: list[str]) -> str:
-    """docs/models.md: every type of the installed causal-LM mapping, with its survey result or `not surveyed yet`."""
+def _passes(entry: dict[str, Any]) -> bool:
+    return all(entry.get(m, {}).get("status") == "ok" and entry[m].get("reload", "ok") == "ok" for m in MODES)
+
+
+def render(results: dict[str, Any], model_types: list[str], vlm_types: list[str] = ()) -> str:
+    """docs/models.md: every type of the installed causal-LM mapping, with its survey result or `not surveyed yet`,
+    then the image-text-to-text types (not surveyed by this script yet)."""
     surveyed = [t for t in model_types if t in results]
-    ok = [t for t in surveyed if all(results[t].get(m, {}).get("status") == "ok" for m in MODES)]
+    ok = [t for t in surveyed if _passes(results[t])]
     lines = [
         "# Model architectures",
         "",
@@ -351,7 +416,8 @@ def render(results: dict[str, Any], model_types: list[str]) -> str:
         "with activation checkpointing: LoRA on every linear layer (2 steps), the same with `sample_packing` "
         "(2 steps), and full fine-tuning (1 step); each output is then loaded again with plain transformers (and PEFT). "
         "`ok (N modules)` gives the number of LoRA-adapted modules; "
-        "`experts` says expert weights were among them. `refused` is hellbender's own error naming the problem "
+        "`experts` says expert weights were among them; `(eager)` marks a run with `attn_implementation: eager` after "
+        "hellbender refused its default `sdpa` for the model. `refused` is hellbender's own error naming the problem "
         "(the note quotes its first line); `fails` is any other error, a bug to fix or to turn into a refusal; "
         "`-` means the tiny model could not be built (the note says why), which may be the survey's shrink "
         "rather than the architecture. A tiny random model checks that the code path runs, not training quality.",
@@ -366,13 +432,51 @@ def render(results: dict[str, Any], model_types: list[str]) -> str:
         entry = results.get(model_type)
         cells = [_cell(entry, mode) for mode in MODES]
         lines.append(f"| {model_type} | {' | '.join(cells)} | {_note(entry)} |")
+    if vlm_types:
+        lines += [
+            "",
+            "## Image-text-to-text architectures",
+            "",
+            "Not surveyed yet: a tiny vision-language model also needs a processor (image processor, image tokens, "
+            "chat template) per family, which this script does not build yet. hellbender's own tiny VLMs "
+            "(`hellbender/tiny-llava`, `tiny-idefics3`, `tiny-qwen2.5-vl`, `tiny-gemma4-vlm`) are trained by its tests.",
+            "",
+            "| architecture | status |",
+            "|---|---|",
+        ]
+        for model_type in vlm_types:
+            also = " (its causal-LM class is in the table above)" if model_type in model_types else ""
+            lines.append(f"| {model_type} | {NOT_SURVEYED}{also} |")
     return "\n".join(lines) + "\n"
+
+
+def failure_groups(results: dict[str, Any]) -> dict[str, list[str]]:
+    """Failures grouped by cause (the error's class, where it was raised, its first line without numbers):
+    cause -> the `type/stage` entries that show it."""
+    groups: dict[str, list[str]] = {}
+    for model_type, entry in results.items():
+        if model_type.startswith("_"):
+            continue
+        for stage in ("build", *MODES):
+            facts = entry.get(stage, {})
+            for status in (facts.get("status", "-"), facts.get("reload", "ok")):
+                if status in ("ok", "-") or status.startswith("not run"):
+                    continue
+                cause = re.sub(r"\d+", "N", status)[:140] + (f"  [{facts['where']}]" if "where" in facts else "")
+                groups.setdefault(cause, []).append(f"{model_type}/{stage}")
+    return dict(sorted(groups.items(), key=lambda item: -len(item[1])))
 
 
 def causal_lm_types() -> list[str]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def image_text_to_text_types() -> list[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
 
 def load_results() -> dict[str, Any]:
@@ -389,15 +493,16 @@ def main() -> None:
     parser.add_argument("--redo", action="store_true", help="survey the given types again even if recorded")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per type (all three modes)")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/models.md from docs/models.json")
-    parser.add_argument("--worker", nargs=2, metavar=("TYPE", "DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--failures", action="store_true", help="print the recorded failures grouped by cause")
     args = parser.parse_args()
-    if args.worker:
-        model_type, work = args.worker
-        worker(model_type, Path(work), Path(work) / "stages.jsonl")
-        return
     model_types = causal_lm_types()
     results = load_results()
+    if args.failures:
+        for cause, where in failure_groups(results).items():
+            print(f"{len(where):3d}  {cause}\n     {' '.join(where)}")
+        return
     if not args.render:
+        _import_once()
         import transformers
 
         wanted = args.types.split(",") if args.types else model_types
@@ -413,7 +518,7 @@ def main() -> None:
             write_results(results)  # after each type, so an interrupted survey resumes where it stopped
             summary = "  ".join(f"{m}={results[model_type][m]['status'][:70]}" for m in ("build", *MODES))
             print(f"{model_type} ({time.monotonic() - start:.0f}s): {summary}", flush=True)
-    DOC.write_text(render(results, model_types))
+    DOC.write_text(render(results, model_types, image_text_to_text_types()))
 
 
 if __name__ == "__main__":

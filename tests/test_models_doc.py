@@ -20,13 +20,13 @@ survey = _survey_module()
 
 
 def test_models_doc_is_rendered_from_the_survey_results() -> None:
-    expected = survey.render(survey.load_results(), survey.causal_lm_types())
+    expected = survey.render(survey.load_results(), survey.causal_lm_types(), survey.image_text_to_text_types())
     assert survey.DOC.read_text() == expected, "run `python scripts/model_survey.py --render` and commit docs/models.md"
 
 
-def test_every_installed_causal_lm_architecture_has_a_row() -> None:
+def test_every_installed_causal_lm_and_image_text_to_text_architecture_has_a_row() -> None:
     rows = {line.split("|")[1].strip() for line in survey.DOC.read_text().splitlines() if line.startswith("| ")}
-    missing = sorted(set(survey.causal_lm_types()) - rows)
+    missing = sorted((set(survey.causal_lm_types()) | set(survey.image_text_to_text_types())) - rows)
     assert not missing, f"docs/models.md lacks {missing}: survey them or run `scripts/model_survey.py --render`"
 
 
@@ -54,3 +54,20 @@ def test_moe_without_adapted_experts_is_noted() -> None:
         }
     }
     assert "MoE: expert weights not LoRA-adapted" in survey.render(results, ["mixtral"])
+
+
+def test_an_output_that_does_not_reload_is_not_counted_as_passing() -> None:
+    results = {
+        "llama": {
+            "build": {"status": "ok", "moe": False},
+            "lora": {"status": "ok", "lora_modules": 14, "reload": "KeyError: 'lm_head'"},
+            "packing": {"status": "ok", "lora_modules": 14},
+            "full": {"status": "ok"},
+        }
+    }
+    doc = survey.render(results, ["llama"])
+    assert (
+        "| llama | ok, reload fails | ok (14 modules) | ok | lora output does not reload: `KeyError: 'lm_head'` |"
+        in doc
+    )
+    assert "all three modes pass for 0." in doc
