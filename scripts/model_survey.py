@@ -110,9 +110,10 @@ def shrunk_kwargs(config: Any, vocab_size: int | None) -> dict[str, Any]:
         kv = _int_attr(config, name)
         if kv is not None:
             kwargs[name] = 4 if heads is not None and kv >= heads else min(kv, 2)
-    put(EXPERTS, 4)
-    put(EXPERTS_PER_TOKEN, 2)
-    if any(name in kwargs for name in EXPERTS):  # some defaults leave the routing width unset (DeepSeek-V2: None)
+    # Some defaults leave the expert count or the routing width to the checkpoint (dots1, DeepSeek-V2: None).
+    settings = vars(config)
+    kwargs.update({name: 4 for name in EXPERTS if name in settings and isinstance(settings[name], (int, type(None)))})
+    if any(name in kwargs for name in EXPERTS):
         kwargs.update({name: 2 for name in EXPERTS_PER_TOKEN if name in vars(config)})
     for name, value in FIXED.items():
         if _int_attr(config, name) is not None:
@@ -153,7 +154,10 @@ def tiny_config(model_type: str, tokenizer: Any) -> Any:
     kwargs.update({k: v for k, v in ids.items() if hasattr(default, k)})
     kwargs["tie_word_embeddings"] = False
     kwargs.update(OVERRIDES.get(model_type, {}))
-    return config_class(**kwargs)
+    try:
+        return config_class(**kwargs)
+    except Exception:  # no BOS, as hellbender's tiny models, unless the class insists on an integer (CWM)
+        return config_class(**{**kwargs, "bos_token_id": tokenizer.eos_token_id})
 
 
 def build(model_type: str, target: Path) -> dict[str, Any]:
@@ -247,10 +251,17 @@ def _is_refusal(exc: BaseException) -> bool:
 
 
 def raised_at(exc: BaseException) -> str:
-    """Where the error was raised (file below site-packages or src, line, function), to group failures by cause."""
-    frame = traceback.extract_tb(exc.__traceback__)[-1]
-    path = re.split(r"site-packages/|/src/", frame.filename)[-1]
-    return f"{path}:{frame.lineno} in {frame.name}"
+    """Where the error was raised (file below site-packages or src, line, function) and, when that is in a library,
+    the last hellbender frame that led there: enough to group failures by cause."""
+    frames = traceback.extract_tb(exc.__traceback__)
+
+    def where(frame: traceback.FrameSummary) -> str:
+        return f"{re.split(r'site-packages/|/src/', frame.filename)[-1]}:{frame.lineno} in {frame.name}"
+
+    ours = [f for f in frames if "/src/hellbender/" in f.filename]
+    if not frames or frames[-1] in ours[-1:] or not ours:
+        return where(frames[-1]) if frames else "?"
+    return f"{where(frames[-1])} (from {where(ours[-1])})"
 
 
 def worker(model_type: str, work: Path, partial: Path) -> None:
