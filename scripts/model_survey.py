@@ -64,6 +64,7 @@ FIXED = {  # MoE routing groups and multi-head latent attention ranks, when the 
     "qk_nope_head_dim": 8,
     "v_head_dim": 16,
     "head_dim": 16,
+    "rotary_dim": 8,  # GPT-J and CodeGen rotate the first `rotary_dim` channels of each head
 }
 # Per-type keyword arguments where the generic shrink gives a config the model cannot be built from.
 OVERRIDES: dict[str, dict[str, Any]] = {}
@@ -110,6 +111,8 @@ def shrunk_kwargs(config: Any, vocab_size: int | None) -> dict[str, Any]:
         kv = _int_attr(config, name)
         if kv is not None:
             kwargs[name] = 4 if heads is not None and kv >= heads else min(kv, 2)
+        elif name in vars(config) and vars(config)[name] is None:  # unset means one per query head (Nemotron)
+            kwargs[name] = 4
     # Some defaults leave the expert count or the routing width to the checkpoint (dots1, DeepSeek-V2: None).
     settings = vars(config)
     kwargs.update({name: 4 for name in EXPERTS if name in settings and isinstance(settings[name], (int, type(None)))})
