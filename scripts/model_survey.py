@@ -117,7 +117,9 @@ def shrunk_kwargs(config: Any, vocab_size: int | None) -> dict[str, Any]:
     settings = vars(config)
     kwargs.update({name: 4 for name in EXPERTS if name in settings and isinstance(settings[name], (int, type(None)))})
     if any(name in kwargs for name in EXPERTS):
-        kwargs.update({name: 2 for name in EXPERTS_PER_TOKEN if name in vars(config)})
+        kwargs.update({name: 2 for name in EXPERTS_PER_TOKEN if name in settings})
+        kwargs.update({name: 32 for name in EXPERT_INTERMEDIATE if settings.get(name, 0) is None})
+        kwargs.update({name: 1 for name in ("n_shared_experts", "num_shared_experts") if settings.get(name, 0) is None})
     for name, value in FIXED.items():
         if _int_attr(config, name) is not None:
             kwargs[name] = value
