@@ -188,9 +188,26 @@ def build(model_type: str, target: Path) -> dict[str, Any]:
         "class": type(model).__name__,
         "parameters": sum(p.numel() for p in model.parameters()),
         "moe": any("expert" in name for name in names),
-        # An encoder (BERT-like) loaded as a causal LM stays bidirectional unless its config says `is_decoder`.
-        "bidirectional": getattr(model.config, "is_decoder", None) is False,
+        "bidirectional": sees_the_future(model),
     }
+
+
+def sees_the_future(model: Any) -> bool | None:
+    """Whether a position's logits change when a later token changes: an encoder (BERT-like) loaded as a causal LM
+    stays bidirectional unless its config says `is_decoder`, and would then train on the tokens it predicts.
+    None where the model does not run on token ids alone."""
+    import torch
+
+    ids = torch.arange(10, 16).unsqueeze(0)
+    changed = ids.clone()
+    changed[0, -1] = 20
+    model.eval()
+    try:
+        with torch.no_grad():
+            before, after = (model(input_ids=x).logits[0, :-1] for x in (ids, changed))
+    except Exception:
+        return None
+    return not torch.allclose(before, after, atol=1e-5)
 
 
 def run_config(model_dir: Path, mode: str, output_dir: Path, eager: bool = False) -> str:
