@@ -1,0 +1,558 @@
+"""Survey which architectures of the installed transformers train through hellbender, and write docs/models.md.
+
+For each causal-LM model type (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`) it builds a tiny random model from the type's
+config class (hidden size, layers, heads, vocabulary and experts shrunk generically; `OVERRIDES` where that is not
+enough), saves it with hellbender's tiny tokenizer, and trains it in a subprocess through hellbender's own path
+(`load_config` + `train`, the code `hellbender train` runs) on the bundled chat data, with activation checkpointing:
+
+- lora:    LoRA on every linear layer (`lora_target_linear: true`), 2 steps;
+- packing: the same with `sample_packing: true`, 2 steps;
+- full:    full fine-tuning, 1 step.
+
+Each mode is recorded as ok / the error's class and first line / timeout, with the number of LoRA-adapted modules and
+whether any expert weights were adapted. Results go to docs/models.json; the survey is resumable (recorded types are
+skipped unless `--redo`), so it can run in pieces:
+
+    python scripts/model_survey.py --types llama,qwen3_moe       # survey these (all unrecorded types without it)
+    python scripts/model_survey.py --render                      # only rewrite docs/models.md from the JSON
+
+Runs offline on CPU; one core is enough (`OMP_NUM_THREADS=1 taskset -c 1 python ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "models.json"
+DOC = ROOT / "docs" / "models.md"
+CHAT_DATA = ROOT / "examples" / "data" / "chat.jsonl"
+MODES = ("lora", "packing", "full")
+NOT_SURVEYED = "not surveyed yet"
+# hellbender's refusal of its default attention for a model without SDPA support (the survey then asks for eager).
+SDPA_REFUSED = "`attn_implementation: sdpa` cannot be used with this model"
+
+# Generic shrink: each target value applies to whichever of these names the config class has (and sets to an int).
+HIDDEN = ("hidden_size", "n_embd", "d_model", "n_embed", "dim", "embed_dim", "model_dim")
+INTERMEDIATE = ("intermediate_size", "ffn_dim", "n_inner", "d_ff", "ffn_hidden_size", "decoder_ffn_dim", "ffn_size")
+EXPERT_INTERMEDIATE = ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size")
+LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers", "encoder_layers")
+HEADS = ("num_attention_heads", "n_head", "n_heads", "decoder_attention_heads", "encoder_attention_heads")
+KV_HEADS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")
+EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "num_experts_per_token", "moe_k")
+FIXED = {  # MoE routing groups and multi-head latent attention ranks, when the config has them
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "decoder_sparse_step": 1,
+    "n_shared_experts": 1,
+    "num_shared_experts": 1,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "head_dim": 16,
+    "rotary_dim": 8,  # GPT-J and CodeGen rotate the first `rotary_dim` channels of each head
+}
+# Per-type keyword arguments where the generic shrink gives a config the model cannot be built from.
+OVERRIDES: dict[str, dict[str, Any]] = {}
+# Types hellbender already builds tiny (with their own tokenizer): "module:function" saving into a directory.
+OWN_BUILDERS = {"gemma4_text": "hellbender.models.tiny_vlm.gemma4:build_text"}
+
+
+def _int_attr(config: Any, name: str) -> int | None:
+    """The config's integer `name`, or None; a derived property (Falcon's `head_dim`) is not a setting."""
+    if isinstance(getattr(type(config), name, None), property):
+        return None
+    try:
+        value = getattr(config, name, None)
+    except Exception:  # per-layer configs (Gemma 4) refuse reading a global value of a per-layer attribute
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _layer_pick(config: Any, layers: int) -> list[int]:
+    """Which of the default layers to keep: the first of each distinct layer type (so a hybrid model keeps its
+    attention and its recurrent layers), at least two."""
+    pattern = getattr(config, "layer_types", None)
+    if not isinstance(pattern, (list, tuple)) or len(pattern) != layers:
+        return [0, 1]
+    picked = sorted({str(kind): i for i, kind in reversed(list(enumerate(pattern)))}.values())
+    return picked if len(picked) >= 2 else [0, 1]
+
+
+def shrunk_kwargs(config: Any, vocab_size: int | None) -> dict[str, Any]:
+    """Keyword arguments that rebuild `config` (a default instance of its class) tiny."""
+    kwargs: dict[str, Any] = {}
+
+    def put(names: tuple[str, ...], value: int) -> None:
+        for name in names:
+            if _int_attr(config, name) is not None:
+                kwargs[name] = value
+
+    put(HIDDEN, 64)
+    put(INTERMEDIATE, 128)
+    put(EXPERT_INTERMEDIATE, 32)
+    put(HEADS, 4)
+    heads = next((_int_attr(config, n) for n in HEADS if _int_attr(config, n)), None)
+    for name in KV_HEADS:  # keep multi-head attention where the default has it, grouped query attention otherwise
+        kv = _int_attr(config, name)
+        if kv is not None:
+            kwargs[name] = 4 if heads is not None and kv >= heads else min(kv, 2)
+        elif name in vars(config) and vars(config)[name] is None:  # unset means one per query head (Nemotron)
+            kwargs[name] = 4
+    # Some defaults leave the expert count or the routing width to the checkpoint (dots1, DeepSeek-V2: None).
+    settings = vars(config)
+    kwargs.update({name: 4 for name in EXPERTS if name in settings and isinstance(settings[name], (int, type(None)))})
+    if any(name in kwargs for name in EXPERTS):
+        kwargs.update({name: 2 for name in EXPERTS_PER_TOKEN if name in settings})
+        kwargs.update({name: 32 for name in EXPERT_INTERMEDIATE if settings.get(name, 0) is None})
+        kwargs.update({name: 1 for name in ("n_shared_experts", "num_shared_experts") if settings.get(name, 0) is None})
+    for name, value in FIXED.items():
+        if _int_attr(config, name) is not None:
+            kwargs[name] = value
+    if vars(config).get("head_dim", 0) is None:  # some defaults leave it to the checkpoint
+        kwargs["head_dim"] = 16
+    if "qk_rope_head_dim" in kwargs and "head_dim" in kwargs:  # latent attention rotates `head_dim` channels
+        kwargs["head_dim"] = kwargs["qk_rope_head_dim"]
+    for name in LAYERS:
+        layers = _int_attr(config, name)
+        if layers is None:
+            continue
+        picked = _layer_pick(config, layers) if layers > 2 else list(range(layers))
+        kwargs[name] = len(picked)
+        for attr, value in vars(config).items():  # per-layer lists and pattern strings keep the picked layers
+            per_layer = isinstance(value, (list, tuple)) or (isinstance(value, str) and "pattern" in attr)
+            if attr != name and per_layer and len(value) == layers and layers > 2:
+                kept = [value[i] for i in picked]
+                kwargs[attr] = "".join(kept) if isinstance(value, str) else kept
+    if vocab_size is not None and _int_attr(config, "vocab_size") is not None:
+        kwargs["vocab_size"] = vocab_size
+    return kwargs
+
+
+def tiny_config(model_type: str, tokenizer: Any) -> Any:
+    """A tiny random-init config of `model_type`; composite configs shrink each sub-config the same way."""
+    from transformers import AutoConfig
+
+    config_class = type(AutoConfig.for_model(model_type))
+    default = config_class()
+    kwargs = shrunk_kwargs(default, len(tokenizer))
+    for name in getattr(default, "sub_configs", {}) or {}:
+        sub = getattr(default, name, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            text = "text" in name
+            kwargs[name] = {**sub.to_dict(), **shrunk_kwargs(sub, len(tokenizer) if text else None)}
+    ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None}
+    kwargs.update({k: v for k, v in ids.items() if hasattr(default, k)})
+    kwargs["tie_word_embeddings"] = False
+    kwargs.update(OVERRIDES.get(model_type, {}))
+    try:
+        return config_class(**kwargs)
+    except Exception:  # no BOS, as hellbender's tiny models, unless the class insists on an integer (CWM)
+        return config_class(**{**kwargs, "bos_token_id": tokenizer.eos_token_id})
+
+
+def build(model_type: str, target: Path) -> dict[str, Any]:
+    """Save a tiny `model_type` model with hellbender's tiny tokenizer into `target`; returns what it is made of."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    if model_type in OWN_BUILDERS:
+        module, function = OWN_BUILDERS[model_type].split(":")
+        getattr(importlib.import_module(module), function)(target)
+        model = AutoModelForCausalLM.from_pretrained(target)
+    else:
+        tokenizer = build_tiny_tokenizer()
+        config = tiny_config(model_type, tokenizer)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)
+        model.save_pretrained(target)
+        tokenizer.save_pretrained(target)
+    names = [name for name, _ in model.named_parameters()]
+    return {
+        "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "moe": any("expert" in name for name in names),
+        "bidirectional": sees_the_future(model),
+    }
+
+
+def sees_the_future(model: Any) -> bool | None:
+    """Whether a position's logits change when a later token changes: an encoder (BERT-like) loaded as a causal LM
+    stays bidirectional unless its config says `is_decoder`, and would then train on the tokens it predicts.
+    None where the model does not run on token ids alone."""
+    import torch
+
+    ids = torch.arange(10, 16).unsqueeze(0)
+    changed = ids.clone()
+    changed[0, -1] = 20
+    model.eval()
+    try:
+        with torch.no_grad():
+            before, after = (model(input_ids=x).logits[0, :-1] for x in (ids, changed))
+    except Exception:
+        return None
+    return not torch.allclose(before, after, atol=1e-5)
+
+
+def run_config(model_dir: Path, mode: str, output_dir: Path, eager: bool = False) -> str:
+    lines = [
+        f"base_model: {model_dir}",
+        "datasets:",
+        f"  - path: {CHAT_DATA}",
+        "    type: chat_template",
+        "    roles_to_train: [assistant]",
+        "    train_on_eos: turn",
+        f"dataset_prepared_path: {model_dir.parent / 'prepared'}",
+        "sequence_len: 128",
+        "micro_batch_size: 2",
+        f"max_steps: {1 if mode == 'full' else 2}",
+        "learning_rate: 1.0e-4",
+        "gradient_checkpointing: true",
+        f"output_dir: {output_dir}",
+    ]
+    if eager:
+        lines.append("attn_implementation: eager")
+    if mode != "full":
+        lines += ["adapter: lora", "lora_r: 4", "lora_alpha: 8", "lora_target_linear: true"]
+    if mode == "packing":
+        lines.append("sample_packing: true")
+    return "\n".join(lines) + "\n"
+
+
+def adapter_facts(output_dir: Path) -> dict[str, Any]:
+    """How many modules the saved adapter adapts, and whether any of them is an expert weight."""
+    from safetensors import safe_open
+
+    with safe_open(str(output_dir / "adapter_model.safetensors"), "pt") as f:
+        names = f.keys()  # a safetensors file handle is not iterable itself
+    modules = {name.split(".lora_A")[0] for name in names if ".lora_A" in name}
+    return {"lora_modules": len(modules), "experts_adapted": any("expert" in m for m in modules)}
+
+
+def reload_status(model_dir: Path, output_dir: Path, mode: str) -> str:
+    """Whether plain transformers (and PEFT, for an adapter) load the saved output again, as a user would."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        if mode == "full":
+            AutoModelForCausalLM.from_pretrained(output_dir)
+        else:
+            from peft import PeftModel
+
+            PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), output_dir)
+    except Exception as exc:
+        return describe(exc)
+    return "ok"
+
+
+def describe(exc: BaseException) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    from hellbender.errors import UserError
+
+    return isinstance(exc, UserError)
+
+
+def raised_at(exc: BaseException) -> str:
+    """Where the error was raised (file below site-packages or src, line, function) and, when that is in a library,
+    the last hellbender frame that led there: enough to group failures by cause."""
+    frames = traceback.extract_tb(exc.__traceback__)
+
+    def where(frame: traceback.FrameSummary) -> str:
+        return f"{re.split(r'site-packages/|/src/', frame.filename)[-1]}:{frame.lineno} in {frame.name}"
+
+    ours = [f for f in frames if "/src/hellbender/" in f.filename]
+    if not frames or frames[-1] in ours[-1:] or not ours:
+        return where(frames[-1]) if frames else "?"
+    return f"{where(frames[-1])} (from {where(ours[-1])})"
+
+
+def worker(model_type: str, work: Path, partial: Path) -> None:
+    """Build and train one type, appending one JSON line per finished stage to `partial` (so a timeout still
+    tells which stage it stopped in)."""
+    import logging
+
+    logging.disable(logging.WARNING)
+
+    def record(stage: str, **facts: Any) -> None:
+        with partial.open("a") as f:
+            f.write(json.dumps({"stage": stage, **facts}) + "\n")
+
+    model_dir = work / "model"
+    try:
+        record("build", status="ok", **build(model_type, model_dir))
+    except Exception as exc:  # any failure is the finding
+        record("build", status=describe(exc), where=raised_at(exc))
+        return
+    from hellbender.config import load_config
+    from hellbender.train.run import train
+
+    eager = False  # set once the default attention (sdpa) is refused: the remaining runs ask for eager
+    for mode in MODES:
+        refusal = None
+        while True:
+            output_dir = work / f"out-{mode}{'-eager' if eager else ''}"
+            config = work / f"{mode}{'-eager' if eager else ''}.yml"
+            config.write_text(run_config(model_dir, mode, output_dir, eager))
+            start = time.monotonic()
+            try:
+                train(load_config(config))
+            except Exception as exc:
+                if not eager and SDPA_REFUSED in str(exc):  # what a user would do next: ask for eager attention
+                    eager, refusal = True, describe(exc)
+                    continue
+                facts = {"status": describe(exc), "where": raised_at(exc), "refused": _is_refusal(exc)}
+            else:
+                facts = adapter_facts(output_dir) if mode != "full" else {}
+                facts.update(status="ok", reload=reload_status(model_dir, output_dir, mode))
+            if eager:
+                facts["attn"] = "eager"
+            if refusal:
+                facts["sdpa_refusal"] = refusal
+            record(mode, seconds=round(time.monotonic() - start, 1), **facts)
+            break
+
+
+def _child(model_type: str, work: Path, partial: Path) -> None:
+    """The forked process surveying one type: its own directory, its output in a log file there."""
+    os.chdir(work)
+    log = os.open(work / "output.log", os.O_WRONLY | os.O_CREAT)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    worker(model_type, work, partial)
+
+
+def survey(model_type: str, timeout: float) -> dict[str, Any]:
+    """Survey one type in a forked process (the libraries are imported once, in the parent; each type gets a
+    fresh copy of their state, and a crash or a hang stops only its own process)."""
+    import multiprocessing
+
+    work = Path(tempfile.mkdtemp(prefix=f"{model_type}-", dir=os.environ.get("SURVEY_TMP")))
+    partial = work / "stages.jsonl"
+    process = multiprocessing.get_context("fork").Process(target=_child, args=(model_type, work, partial))
+    process.start()
+    process.join(timeout)
+    timed_out = process.is_alive()
+    if timed_out:
+        process.kill()
+        process.join()
+    stages = [json.loads(line) for line in partial.read_text().splitlines()] if partial.exists() else []
+    result: dict[str, Any] = {stage.pop("stage"): stage for stage in stages}
+    missing = "timeout" if timed_out else f"process died: exit code {process.exitcode}"
+    for stage in ("build", *MODES):
+        if stage not in result:
+            result[stage] = {"status": missing if stage == "build" or result["build"]["status"] == "ok" else "-"}
+            missing = "not run (an earlier stage stopped the process)"
+    return result
+
+
+def _import_once() -> None:
+    """What every type's run needs, imported before the forks (offline: the hub client reads this when imported)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    sys.path.insert(0, str(ROOT / "src"))
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+
+    import hellbender.config  # noqa: F401
+    import hellbender.train.run  # noqa: F401
+
+
+# ---- the document ----
+
+
+def _cell(entry: dict[str, Any] | None, mode: str) -> str:
+    if entry is None:
+        return NOT_SURVEYED
+    stage = entry.get(mode, {})
+    status = stage.get("status", "-")
+    if entry.get("build", {}).get("status") != "ok":
+        return "-"
+    eager = " (eager)" if stage.get("attn") == "eager" else ""
+    if status == "ok" and stage.get("reload", "ok") != "ok":
+        return f"ok{eager}, reload fails"
+    if status == "ok" and "lora_modules" in stage:
+        return f"ok ({stage['lora_modules']} modules{', experts' if stage.get('experts_adapted') else ''}){eager}"
+    if status == "ok" or status.startswith(("timeout", "not run", "process died")):
+        return status.split(":")[0] + eager
+    return ("refused" if stage.get("refused") else "fails") + eager
+
+
+def _quote(text: str) -> str:
+    """One error line made safe inside a table cell's code span."""
+    return text.replace("|", "/").replace("`", "'")[:160]
+
+
+def _note(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return ""
+    build = entry.get("build", {})
+    if build.get("status") != "ok":
+        return f"tiny model not built: `{_quote(build.get('status', ''))}`"
+    notes = []
+    if build.get("bidirectional"):
+        notes.append("`is_decoder` is false, so attention is bidirectional: training runs, but it is not a causal LM")
+    if build.get("moe") and not any(entry.get(m, {}).get("experts_adapted") for m in ("lora", "packing")):
+        notes.append("MoE: expert weights not LoRA-adapted")
+    refusal = next((entry[m]["sdpa_refusal"] for m in MODES if entry.get(m, {}).get("sdpa_refusal")), None)
+    if refusal:
+        notes.append("the default `sdpa` attention is refused, so the survey ran with `attn_implementation: eager`")
+    seen = set()
+    for mode in MODES:
+        status = entry.get(mode, {}).get("status", "")
+        if status not in ("ok", "-", "") and status not in seen:
+            seen.add(status)
+            notes.append(f"{mode}: `{_quote(status)}`")
+        reload = entry.get(mode, {}).get("reload", "ok")
+        if reload != "ok" and reload not in seen:
+            seen.add(reload)
+            notes.append(f"{mode} output does not reload: `{_quote(reload)}`")
+    return "; ".join(notes)
+
+
+def _passes(entry: dict[str, Any]) -> bool:
+    return all(entry.get(m, {}).get("status") == "ok" and entry[m].get("reload", "ok") == "ok" for m in MODES)
+
+
+def render(results: dict[str, Any], model_types: list[str], vlm_types: list[str] = ()) -> str:
+    """docs/models.md: every type of the installed causal-LM mapping, with its survey result or `not surveyed yet`,
+    then the image-text-to-text types (not surveyed by this script yet)."""
+    surveyed = [t for t in model_types if t in results]
+    ok = [t for t in surveyed if _passes(results[t])]
+    lines = [
+        "# Model architectures",
+        "",
+        "Generated by `scripts/model_survey.py` from `docs/models.json`; do not edit by hand "
+        "(`python scripts/model_survey.py --render` rewrites it, and a test checks it is current).",
+        "",
+        f"Each causal-LM architecture of the installed transformers ({results.get('_transformers', '?')}) is built "
+        "tiny from its config class with random weights and trained on CPU through hellbender's own training path, "
+        "with activation checkpointing: LoRA on every linear layer (2 steps), the same with `sample_packing` "
+        "(2 steps), and full fine-tuning (1 step); each output is then loaded again with plain transformers (and PEFT). "
+        "`ok (N modules)` gives the number of LoRA-adapted modules; "
+        "`experts` says expert weights were among them; `(eager)` marks a run with `attn_implementation: eager` after "
+        "hellbender refused its default `sdpa` for the model. `refused` is hellbender's own error naming the problem "
+        "(the note quotes its first line); `fails` is any other error, a bug to fix or to turn into a refusal; "
+        "`-` means the tiny model could not be built (the note says why), which may be the survey's shrink "
+        "rather than the architecture. A tiny random model checks that the code path runs, not training quality.",
+        "",
+        f"Surveyed: {len(surveyed)} of {len(model_types)} architectures; all three modes pass for {len(ok)}. "
+        f"Rows marked `{NOT_SURVEYED}` have not been run yet: their status is unknown.",
+        "",
+        "| architecture | LoRA | packing | full FT | note |",
+        "|---|---|---|---|---|",
+    ]
+    for model_type in model_types:
+        entry = results.get(model_type)
+        cells = [_cell(entry, mode) for mode in MODES]
+        lines.append(f"| {model_type} | {' | '.join(cells)} | {_note(entry)} |")
+    if vlm_types:
+        lines += [
+            "",
+            "## Image-text-to-text architectures",
+            "",
+            "Not surveyed yet: a tiny vision-language model also needs a processor (image processor, image tokens, "
+            "chat template) per family, which this script does not build yet. hellbender's own tiny VLMs "
+            "(`hellbender/tiny-llava`, `tiny-idefics3`, `tiny-qwen2.5-vl`, `tiny-gemma4-vlm`) are trained by its tests.",
+            "",
+            "| architecture | status |",
+            "|---|---|",
+        ]
+        for model_type in vlm_types:
+            also = " (its causal-LM class is in the table above)" if model_type in model_types else ""
+            lines.append(f"| {model_type} | {NOT_SURVEYED}{also} |")
+    return "\n".join(lines) + "\n"
+
+
+def failure_groups(results: dict[str, Any]) -> dict[str, list[str]]:
+    """Failures grouped by cause (the error's class, where it was raised, its first line without numbers):
+    cause -> the `type/stage` entries that show it."""
+    groups: dict[str, list[str]] = {}
+    for model_type, entry in results.items():
+        if model_type.startswith("_"):
+            continue
+        for stage in ("build", *MODES):
+            facts = entry.get(stage, {})
+            for status in (facts.get("status", "-"), facts.get("reload", "ok")):
+                if status in ("ok", "-") or status.startswith("not run"):
+                    continue
+                cause = re.sub(r"\d+", "N", status)[:140] + (f"  [{facts['where']}]" if "where" in facts else "")
+                groups.setdefault(cause, []).append(f"{model_type}/{stage}")
+    return dict(sorted(groups.items(), key=lambda item: -len(item[1])))
+
+
+def causal_lm_types() -> list[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def image_text_to_text_types() -> list[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+
+def load_results() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+
+
+def write_results(results: dict[str, Any]) -> None:
+    RESULTS.write_text(json.dumps(dict(sorted(results.items())), indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", help="comma-separated model types (default: every unrecorded one)")
+    parser.add_argument("--redo", action="store_true", help="survey the given types again even if recorded")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per type (all three modes)")
+    parser.add_argument("--render", action="store_true", help="only rewrite docs/models.md from docs/models.json")
+    parser.add_argument("--failures", action="store_true", help="print the recorded failures grouped by cause")
+    args = parser.parse_args()
+    model_types = causal_lm_types()
+    results = load_results()
+    if args.failures:
+        for cause, where in failure_groups(results).items():
+            print(f"{len(where):3d}  {cause}\n     {' '.join(where)}")
+        return
+    if not args.render:
+        _import_once()
+        import transformers
+
+        wanted = args.types.split(",") if args.types else model_types
+        unknown = sorted(set(wanted) - set(model_types))
+        if unknown:
+            parser.error(f"not causal-LM model types of this transformers: {', '.join(unknown)}")
+        for model_type in wanted:
+            if model_type in results and not args.redo:
+                continue
+            start = time.monotonic()
+            results[model_type] = survey(model_type, args.timeout)
+            results["_transformers"] = transformers.__version__
+            write_results(results)  # after each type, so an interrupted survey resumes where it stopped
+            summary = "  ".join(f"{m}={results[model_type][m]['status'][:70]}" for m in ("build", *MODES))
+            print(f"{model_type} ({time.monotonic() - start:.0f}s): {summary}", flush=True)
+    DOC.write_text(render(results, model_types, image_text_to_text_types()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""docs/models.md is what scripts/model_survey.py renders from the committed docs/models.json, and lists every
+causal-LM architecture of the installed transformers (so a transformers upgrade that adds one shows up here)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _survey_module():
+    spec = importlib.util.spec_from_file_location("model_survey", ROOT / "scripts" / "model_survey.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+survey = _survey_module()
+
+
+def test_models_doc_is_rendered_from_the_survey_results() -> None:
+    expected = survey.render(survey.load_results(), survey.causal_lm_types(), survey.image_text_to_text_types())
+    assert survey.DOC.read_text() == expected, "run `python scripts/model_survey.py --render` and commit docs/models.md"
+
+
+def test_every_installed_causal_lm_and_image_text_to_text_architecture_has_a_row() -> None:
+    rows = {line.split("|")[1].strip() for line in survey.DOC.read_text().splitlines() if line.startswith("| ")}
+    missing = sorted((set(survey.causal_lm_types()) | set(survey.image_text_to_text_types())) - rows)
+    assert not missing, f"docs/models.md lacks {missing}: survey them or run `scripts/model_survey.py --render`"
+
+
+def test_a_type_without_results_reads_not_surveyed_and_a_failure_names_its_error() -> None:
+    results = {
+        "llama": {
+            "build": {"status": "ok", "moe": False},
+            "lora": {"status": "ok", "lora_modules": 14, "experts_adapted": False},
+            "packing": {"status": "ValueError: packing broke"},
+            "full": {"status": "ok"},
+        }
+    }
+    doc = survey.render(results, ["llama", "mistral"])
+    assert "| llama | ok (14 modules) | fails | ok | packing: `ValueError: packing broke` |" in doc
+    assert f"| mistral | {survey.NOT_SURVEYED} | {survey.NOT_SURVEYED} | {survey.NOT_SURVEYED} |  |" in doc
+    assert "Surveyed: 1 of 2 architectures; all three modes pass for 0." in doc
+
+
+def test_moe_without_adapted_experts_is_noted() -> None:
+    results = {
+        "mixtral": {
+            "build": {"status": "ok", "moe": True},
+            **{m: {"status": "ok", "lora_modules": 8, "experts_adapted": False} for m in ("lora", "packing")},
+            "full": {"status": "ok"},
+        }
+    }
+    assert "MoE: expert weights not LoRA-adapted" in survey.render(results, ["mixtral"])
+
+
+def test_an_output_that_does_not_reload_is_not_counted_as_passing() -> None:
+    results = {
+        "llama": {
+            "build": {"status": "ok", "moe": False},
+            "lora": {"status": "ok", "lora_modules": 14, "reload": "KeyError: 'lm_head'"},
+            "packing": {"status": "ok", "lora_modules": 14},
+            "full": {"status": "ok"},
+        }
+    }
+    doc = survey.render(results, ["llama"])
+    assert (
+        "| llama | ok, reload fails | ok (14 modules) | ok | lora output does not reload: `KeyError: 'lm_head'` |"
+        in doc
+    )
+    assert "all three modes pass for 0." in doc
