@@ -71,3 +71,23 @@ def test_an_output_that_does_not_reload_is_not_counted_as_passing() -> None:
         in doc
     )
     assert "all three modes pass for 0." in doc
+
+
+def test_a_config_without_a_pad_token_id_attribute_gets_the_tokenizers(tmp_path):
+    """CodeGen's config class has no `pad_token_id` attribute at all (not None): loading sets the tokenizer's."""
+    from transformers import CodeGenConfig, CodeGenForCausalLM
+
+    from hellbender.config import validate_config
+    from hellbender.models.loading import load_model, load_tokenizer_and_processor
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from tests.helpers import base_config
+
+    tokenizer = build_tiny_tokenizer()
+    config = CodeGenConfig(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2, rotary_dim=8, n_positions=64)
+    assert not hasattr(config, "pad_token_id")
+    CodeGenForCausalLM(config).save_pretrained(tmp_path / "codegen")
+    tokenizer.save_pretrained(tmp_path / "codegen")
+    cfg = validate_config(base_config(tmp_path, base_model=str(tmp_path / "codegen")))
+    tokenizer, _ = load_tokenizer_and_processor(cfg)
+    model = load_model(cfg, tokenizer)
+    assert model.config.pad_token_id == tokenizer.pad_token_id is not None

@@ -362,6 +362,7 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
             len(tokenizer), pad_to_multiple_of=32 if cfg.resize_token_embeddings_to_32x else None
         )
     text_config = model.config.get_text_config()
-    if text_config.pad_token_id is None:
+    # Some configs (CodeGen, RWKV, CPM-Ant) have no `pad_token_id` attribute at all, rather than None.
+    if getattr(text_config, "pad_token_id", None) is None:
         text_config.pad_token_id = tokenizer.pad_token_id
     return model
