@@ -25,6 +25,7 @@ from hellbender.data.formats.multimodal_chat import (
     attach_column_images,
     bad_image,
     check_length_floor,
+    counted_placeholders,
     expand,
     image_parts,
     messages_for_template,
@@ -97,12 +98,7 @@ def tokenize_vision_pair(row: dict[str, Any], ctx: PreferenceContext, vision: Vi
     }
     out = tokenize_texts(PreferenceText(prompt=text, full=full, label=None, special_tokens=False), ctx.tokenizer)
     ids = out["prompt_ids"]
-    placeholders = sum(1 for i in ids if i == vision.placeholder_id)
-    if placeholders != len(paths):
-        raise RowError(
-            f"the rendered prompt has {placeholders} image placeholder(s) but the row has {len(paths)} image(s); "
-            "each image part must be rendered by the chat template exactly once"
-        )
+    placeholders = counted_placeholders(ids, len(paths), vision, "prompt")
     for name in ("chosen", "rejected"):
         if any(i in vision.vision_ids for i in out[f"{name}_ids"]):
             raise RowError(

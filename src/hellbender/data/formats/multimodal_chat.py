@@ -124,6 +124,17 @@ def conversation_with_images(row: dict[str, Any], ctx: FormatContext) -> tuple[l
     return messages, paths, open_images(paths, ctx.vision)
 
 
+def counted_placeholders(ids: list[int], images: int, vision: Any, rendered: str) -> int:
+    """The image placeholders in the rendered `ids` (the rendered text, or prompt), which must be one per image."""
+    placeholders = sum(1 for i in ids if i == vision.placeholder_id)
+    if placeholders != images:
+        raise RowError(
+            f"the rendered {rendered} has {placeholders} image placeholder(s) but the row has {images} image(s); "
+            "each image part must be rendered by the chat template exactly once"
+        )
+    return placeholders
+
+
 def check_length_floor(text_tokens: int, placeholders: int, sizes: list[Any], vision: Any) -> None:
     """Stop a row that cannot fit `sequence_len` before its images are decoded and processed: its text tokens plus
     a lower bound on what its images expand into (from their sizes) already exceed it."""
@@ -153,12 +164,7 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
     text, located = render_with_spans(render, messages, ctx.thinking_key)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"]
-    placeholders = sum(1 for i in ids if i == vision.placeholder_id)
-    if placeholders != len(paths):
-        raise RowError(
-            f"the rendered text has {placeholders} image placeholder(s) but the row has {len(paths)} image(s); "
-            "each image part must be rendered by the chat template exactly once"
-        )
+    placeholders = counted_placeholders(ids, len(paths), vision, "text")
     check_length_floor(len(ids), placeholders, sizes, vision)
     if ctx.train_on_inputs:
         refuse_weights_with_train_on_inputs(messages)
