@@ -50,20 +50,27 @@ def run_torchrun(script: Path, *args: str, timeout: float = 300, nproc: int = 2,
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
 
 
+def train_in_two_processes(config: Path, timeout: float = 300, **env: str) -> str:
+    """`hellbender train CONFIG --nproc 2`, as users launch it (one OpenMP thread each unless `env` says otherwise);
+    fails the test with the processes' stderr, else returns it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "hellbender", "train", str(config), "--nproc", "2", "--master-port", str(free_port())],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stderr
+
+
 def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_path):
     common = dict(adapter="lora", lora_target_linear=True, max_steps=4, lora_dropout=0.0, save_steps=2)
     single = validate_config(base_config(tmp_path / "single", micro_batch_size=4, **common))
     train(single)
     config = tmp_path / "ddp.yml"
     config.write_text(yaml.safe_dump(base_config(tmp_path / "ddp", micro_batch_size=2, **common)))
-    done = subprocess.run(
-        [sys.executable, "-m", "hellbender", "train", str(config), "--nproc", "2", "--master-port", str(free_port())],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    stderr = train_in_two_processes(config)
     ddp_out = tmp_path / "ddp" / "out"
     expected = logged_losses(single.output_dir)
     assert sorted(logged_losses(ddp_out)) == [1, 2, 3, 4]
@@ -78,7 +85,7 @@ def test_two_processes_train_like_one_process_with_the_same_global_batch(tmp_pat
     )
     assert ddp_state["stateful_callbacks"]["TokenCounter"] == single_state["stateful_callbacks"]["TokenCounter"]
     # One process prepared and saved the data; the other read the cache. Checkpoints were written once.
-    assert done.stderr.count("Saving the dataset (0/1 shards)") == 1, done.stderr[-3000:]
+    assert stderr.count("Saving the dataset (0/1 shards)") == 1, stderr[-3000:]
     assert sorted(p.name for p in ddp_out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
 

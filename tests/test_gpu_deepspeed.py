@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,7 @@ import yaml
 
 from tests.conftest import EXAMPLES
 from tests.helpers import base_config, logged_losses
-from tests.test_distributed import free_port
+from tests.test_distributed import train_in_two_processes
 
 BUNDLED = {stage: EXAMPLES / "deepspeed" / f"zero{stage}.json" for stage in (2, 3)}
 PADDED_VOCAB = 640
@@ -67,15 +64,8 @@ def launch(tmp_path: Path, name: str, env: dict[str, str] | None = None, **overr
     config = run_dir / "config.yml"
     run_dir.mkdir()
     config.write_text(yaml.safe_dump(base_config(run_dir, **overrides)))
-    done = subprocess.run(
-        [sys.executable, "-m", "hellbender", "train", str(config), "--nproc", "2", "--master-port", str(free_port())],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "4", **(env or {})},
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return run_dir / "out", done.stderr
+    stderr = train_in_two_processes(config, timeout=600, **{"OMP_NUM_THREADS": "4", **(env or {})})
+    return run_dir / "out", stderr
 
 
 def assert_losses_fall(output_dir: Path, steps: int) -> list[float]:

@@ -20,7 +20,7 @@ from hellbender.config import validate_config
 from hellbender.train.run import train
 from tests.conftest import REPO
 from tests.helpers import PREFERENCE_DATA, StopAt, base_config, final_weights, invoke, trainer_state
-from tests.test_distributed import free_port
+from tests.test_distributed import train_in_two_processes
 
 STEPS, SAVE_AT, EVAL_PAIRS = 6, 3, 16
 
@@ -135,15 +135,7 @@ def test_two_processes_train_like_one_with_the_same_global_batch(tmp_path):
     common = dict(lora_dropout=0.0, max_steps=3, save_steps=3, val_set_size=0, eval_steps=None)
     single = validate_config(dpo_raw(tmp_path / "single", micro_batch_size=8, **common))
     train(single)
-    config = write_yaml(tmp_path / "ddp.yml", dpo_raw(tmp_path / "ddp", micro_batch_size=4, **common))
-    done = subprocess.run(
-        [sys.executable, "-m", "hellbender", "train", str(config), "--nproc", "2", "--master-port", str(free_port())],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    train_in_two_processes(write_yaml(tmp_path / "ddp.yml", dpo_raw(tmp_path / "ddp", micro_batch_size=4, **common)))
     ddp_out = tmp_path / "ddp" / "out"
     for key in ("loss", "rewards/margins", "rewards/accuracies"):
         expected, got = logged(single.output_dir, key), logged(ddp_out, key)
