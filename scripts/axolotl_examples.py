@@ -4,6 +4,9 @@ print how many hellbender accepts unchanged, and what stops the others, grouped 
 - planned: every blocker belongs to a feature hellbender plans (preference tuning, MoE training, ...);
 - not offered: a blocker is a feature hellbender deliberately does not offer (the refusal says why);
 - package missing: a blocker is an optional package this machine lacks (e.g. DeepSpeed);
+- config mistake: a blocker is a mistake in the config itself, which Axolotl would also fail on or silently ignore:
+  a key neither hellbender nor Axolotl defines (a typo, a leftover), a file the config names that does not exist
+  (e.g. a reward-function file the example expects the user to write), or a placeholder left in a value;
 - other: anything else (what this script exists to find).
 
     python scripts/axolotl_examples.py PATH/TO/axolotl/examples [--list]
@@ -25,6 +28,11 @@ from hellbender.config import load_config
 from hellbender.config.unsupported import not_offered_reason, planned_feature
 from hellbender.errors import ConfigError
 
+# Refusal wordings of mistakes in the config itself: unknown keys, missing files it names, placeholder values.
+MISTAKE_WORDS = re.compile(
+    r"is not a config key|is not a key of hellbender, nor of Axolotl|, and there is no file |"
+    r"is not a Hugging Face Hub repository id.*\(got '<"
+)
 # Refusal wordings of planned features that are not keys of their own (dataset types, plugins, key values).
 PLANNED_WORDS = re.compile(
     r"is a preference-data format|does not run user transform functions|which hellbender does not offer yet"
@@ -44,6 +52,8 @@ def blockers(error: ConfigError) -> list[tuple[str, str]]:
             group = "planned"
         elif not_offered_reason(leaf) or "is not offered" in paragraph:
             group = "not offered"
+        elif MISTAKE_WORDS.search(paragraph):
+            group = "config mistake"
         else:
             group = "other"
         found.append((key if group == "other" else leaf, group))
@@ -69,16 +79,18 @@ def main() -> None:
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
     for found in outcome.values():
         kinds = {group for _, group in found}
-        worst = next((g for g in ("other", "not offered", "package missing", "planned") if g in kinds), "accepted")
+        order = ("other", "config mistake", "not offered", "package missing", "planned")
+        worst = next((g for g in order if g in kinds), "accepted")
         groups[worst] += 1
         counts.update(set(found))
     total = len(files)
     print(f"{total} configs in {args.folder}")
-    for name in ("accepted", "planned", "package missing", "not offered", "other"):
+    for name in ("accepted", "planned", "package missing", "not offered", "config mistake", "other"):
         print(f"  {name:<16} {groups[name]:4d}  ({groups[name] / total:.0%})")
-    print(f"accepted, or refused only for planned features: {(groups['accepted'] + groups['planned']) / total:.0%}")
+    print(f"accepted, or refused only for planned features: {(groups['accepted'] + groups['planned']) / total:.1%}")
     passing = groups["accepted"] + groups["planned"] + groups["not offered"] + groups["package missing"]
-    print(f"... or also for features not offered (with the reason) or a missing package: {passing / total:.0%}")
+    print(f"... or also for features not offered (with the reason) or a missing package: {passing / total:.1%}")
+    print(f"... or also for a mistake in the config: {(passing + groups['config mistake']) / total:.1%}")
     print("blockers (configs each stops):")
     for (key, group), count in counts.most_common():
         print(f"  {count:4d}  {group:<16} {key}")

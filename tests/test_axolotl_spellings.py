@@ -571,3 +571,21 @@ def test_gemma4_hybrid_attention_is_sdpa_on_every_layer(tmp_path, attn):
     same_config(tmp_path, {"gemma4_hybrid_attn_impl": False}, {})
     with pytest.raises(ConfigError, match=r"`gemma4_hybrid_attn_impl: true` picks Gemma 4's attention kernels"):
         validate_config(base_config(tmp_path, gemma4_hybrid_attn_impl=True, attn_implementation="eager"))
+
+
+def test_field_of_a_pretraining_entry_is_its_text_column(tmp_path):
+    stream = {"path": "p.jsonl", "ds_type": "json"}
+    same_config(
+        tmp_path,
+        {"max_steps": 2, "datasets": [], "pretraining_dataset": [{**stream, "field": "body"}]},
+        {"max_steps": 2, "datasets": [], "pretraining_dataset": [{**stream, "text_column": "body"}]},
+    )
+    with pytest.raises(ConfigError, match="both name the text column"):
+        validate_config(
+            base_config(
+                tmp_path,
+                max_steps=2,
+                datasets=[],
+                pretraining_dataset=[{**stream, "field": "body", "text_column": "text"}],
+            )
+        )

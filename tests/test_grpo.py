@@ -126,10 +126,34 @@ def test_use_vllm_without_vllm_says_how_to_install_it(tmp_path, monkeypatch):
     assert str(error.value).count("\n\n") == 0  # one paragraph
 
 
-def test_gdpo_and_ebft_are_still_refused(tmp_path):
-    for method in ("gdpo", "ebft"):
-        with pytest.raises(ConfigError, match=f"rl: {method}"):
-            validate_config(base_config(tmp_path, rl=method))
+def test_ebft_is_still_refused(tmp_path):
+    with pytest.raises(ConfigError, match="rl: ebft"):
+        validate_config(base_config(tmp_path, rl="ebft"))
+
+
+def test_gdpo_is_grpo_normalising_each_reward_before_the_sum(tmp_path):
+    cfg = grpo_config(tmp_path, rl="gdpo")
+    assert (cfg.rl, cfg.trl.multi_objective_aggregation, cfg.trl.loss_type) == ("gdpo", "normalize_then_sum", "dapo")
+    assert grpo_config(tmp_path).trl.multi_objective_aggregation == "sum_then_normalize"
+    with pytest.raises(ConfigError) as error:
+        grpo_config(tmp_path, {"multi_objective_aggregation": "sum_then_normalize"}, rl="gdpo")
+    assert "rl: gdpo" in str(error.value) and "Set `rl: grpo`" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("trl", "needles"),
+    [
+        ({"multi_objective_aggregation": "normalize_then_sum"}, ["trl.multi_objective_aggregation", "rl: rloo"]),
+        ({"importance_sampling_level": "sequence"}, ["trl.importance_sampling_level", "rl: rloo"]),
+        ({"num_completions_to_print": 2}, ["num_completions_to_print", "log_completions` is off"]),
+    ],
+)
+def test_grpo_only_and_logging_keys_are_refused_where_they_change_nothing(tmp_path, trl, needles):
+    method = "rloo" if "rl: rloo" in needles else "grpo"
+    with pytest.raises(ConfigError) as error:
+        grpo_config(tmp_path, trl, rl=method)
+    for needle in needles:
+        assert needle in str(error.value), str(error.value)
 
 
 def test_the_loss_types_offered_are_trls():
@@ -312,6 +336,46 @@ def test_advantages_follow_the_group_relative_formula(tmp_path, scale_rewards):
     assert cfg.trl.scale_rewards == {True: "group", False: "none"}.get(scale_rewards, scale_rewards)
     assert rewards.std() > 0  # the rewards differ, so the three scalings differ
     torch.testing.assert_close(batch["advantages"].cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_gdpo_advantages_normalise_each_reward_in_its_group_then_the_weighted_sum(tmp_path):
+    """`rl: gdpo`: each reward function's scores minus its group's mean, divided by the group's unbiased standard
+    deviation (+1e-4), summed with the weights; then that sum standardised over the whole batch (TRL's GDPO)."""
+    from hellbender.config.reward_functions import load_reward_function
+
+    trl = {"reward_funcs": ["rewards.even_share", "rewards.low_share"], "reward_weights": [1.0, 0.5]}
+    cfg = grpo_config(tmp_path, trl, rl="gdpo", max_steps=1, micro_batch_size=16)
+    trainer, batches = recording_trainer(cfg)
+    trainer.train()
+    batch = batches[0]
+    ids = [
+        row[mask.bool()].tolist() for row, mask in zip(batch["completion_ids"], batch["completion_mask"], strict=True)
+    ]
+    normalised = []
+    for name in trl["reward_funcs"]:
+        groups = torch.tensor(load_reward_function(name, tmp_path)(prompts=[], completions=[], completion_ids=ids))
+        groups = groups.view(-1, 4)
+        normalised.append((groups - groups.mean(dim=1, keepdim=True)) / (groups.std(dim=1, keepdim=True) + 1e-4))
+    summed = (normalised[0] + 0.5 * normalised[1]).flatten()
+    expected = (summed - summed.mean()) / (summed.std() + 1e-4)
+    assert summed.std() > 0
+    torch.testing.assert_close(batch["advantages"].cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_log_completions_writes_every_completion_and_prints_the_asked_number(tmp_path, capsys):
+    import pandas as pd
+
+    cfg = grpo_config(tmp_path, {"log_completions": True, "num_completions_to_print": 2}, max_steps=2)
+    trainer, _ = recording_trainer(cfg)
+    trainer.train()
+    written = sorted((Path(cfg.output_dir) / "completions").glob("completions_*.parquet"))
+    assert [p.name for p in written] == ["completions_00001.parquet", "completions_00002.parquet"]
+    table = pd.read_parquet(written[-1])
+    assert len(table) == 8 and {"prompt", "completion", "even_share", "advantage"} <= set(table.columns)
+    assert set(table["step"]) == {2}
+    printed = capsys.readouterr().out
+    tables = printed.count(" Step ")
+    assert tables >= 2 and printed.count("│ question") == 2 * tables  # two completions printed per table
 
 
 def test_the_lora_reference_is_the_base_model_with_the_adapter_off(tmp_path, tiny_model_path):

@@ -182,7 +182,8 @@ def test_the_installed_trl_has_no_liger_preference_loss_to_switch_on():
 @pytest.mark.parametrize(
     ("overrides", "needles"),
     [
-        ({"rl": "gdpo"}, ["rl", "dpo"]),
+        ({"rl": "ebft"}, ["rl: ebft", "does not offer yet"]),
+        ({"center_rewards_coefficient": 0.01}, ["center_rewards_coefficient", "reward_model` is not set"]),
         ({"rl": "kto", "micro_batch_size": 1}, ["rl: kto", "micro_batch_size: 1", "at least 2"]),
         ({"reward_model": True, "model_type": "AutoModelForCausalLM"}, ["reward_model", "model_type"]),
         ({"rl": "dpo", "orpo_alpha": 0.1}, ["orpo_alpha", "rl: orpo", "rl: dpo"]),

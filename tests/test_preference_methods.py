@@ -322,6 +322,24 @@ def test_reward_model_ranks_held_out_pairs_and_loads_in_plain_transformers(tmp_p
         torch.testing.assert_close(reward_scores(loaded, rows, side), reward_scores(trainer.model, rows, side))
 
 
+def test_reward_model_step_zero_loss_with_centring_matches_a_hand_computation(tmp_path, tiny_tokenizer):
+    """-log sigmoid(r_chosen - r_rejected), plus `center_rewards_coefficient` x mean (r_chosen + r_rejected)^2."""
+    data = paired_dataset(8, seed=13, eos=tiny_tokenizer.eos_token_id)
+    trainer = preference_trainer(method_config(tmp_path, reward_model=True, center_rewards_coefficient=0.5), data)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(8)])
+    with torch.no_grad():
+        loss = trainer.compute_loss(trainer.model, batch)
+    rows = [data[i] for i in range(8)]
+    chosen, rejected = (
+        reward_scores(trainer.model, rows, "chosen_ids"),
+        reward_scores(trainer.model, rows, "rejected_ids"),
+    )
+    centring = 0.5 * ((chosen + rejected) ** 2).mean()
+    expected = -F.logsigmoid(chosen - rejected).mean() + centring
+    assert centring > 1e-4  # the term is large enough to be seen
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
 def test_reward_model_with_lora_trains_and_saves_the_score_head(tmp_path, tiny_model_path, tiny_tokenizer):
     from peft import PeftModel
     from safetensors.torch import load_file

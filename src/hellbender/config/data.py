@@ -330,6 +330,17 @@ class PretrainingDatasetEntry(ImageEntryKeys):
     split: Name = Field("train", description="Split to stream.")
     revision: Name | None = Field(None, description="Git revision of a hub dataset.")
     text_column: Name = Field("text", description="The column holding the text.")
+    field: Name | None = Field(None, description="Axolotl's name for `text_column`, read as it.")
+
+    @model_validator(mode="after")
+    def _field_is_the_text_column(self) -> PretrainingDatasetEntry:
+        if self.field is None:
+            return self
+        if "text_column" in self.model_fields_set and self.text_column != self.field:
+            raise ValueError(
+                f"`field: {self.field}` and `text_column: {self.text_column}` both name the text column; keep one"
+            )
+        return self.model_copy(update={"text_column": self.field, "field": None})
 
 
 class DataSettings(BaseModel):

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from hellbender.config.unsupported import planned_feature
 from hellbender.config.values import Float, Int
 
-PreferenceMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo", "rloo"]
+PreferenceMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo", "gdpo", "rloo"]
 # The loss types TRL's DPOTrainer computes (its `DPOConfig.loss_type`); a test checks this list against TRL's.
 DpoLossType = Literal[
     "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
@@ -25,8 +25,9 @@ DEFAULT_ORPO_ALPHA = 0.1
 DEFAULT_SIMPO_GAMMA = 0.5
 DEFAULT_CPO_ALPHA = 1.0
 DEFAULT_KTO_WEIGHT = 1.0
-# Axolotl's `rl` values for methods that generate during training and are not offered yet (`grpo` and `rloo` are).
-ONLINE_METHODS = ("gdpo", "ebft")
+# Axolotl's `rl` values for methods that generate during training and are not offered yet (`grpo`, `gdpo` and `rloo`
+# are).
+ONLINE_METHODS = ("ebft",)
 
 # method-specific key -> the `rl` methods it tunes
 METHOD_KEYS: dict[str, tuple[str, ...]] = {
@@ -59,7 +60,8 @@ class PreferenceSettings(BaseModel):
         "weights (full fine-tuning; see `precompute_ref_log_probs`). See docs/preference.md. `grpo`: online "
         "reinforcement learning (Group Relative Policy Optimization): the model generates several completions per "
         "prompt, the `trl.reward_funcs` score them, and it learns from rewards relative to the group (the `trl:` "
-        "block; docs/rl.md). `rloo`: the same with REINFORCE Leave-One-Out, whose baseline for each completion is "
+        "block; docs/rl.md). `gdpo`: GRPO with each reward function normalised within the group before they are summed "
+        "(`trl.multi_objective_aggregation: normalize_then_sum`). `rloo`: the same with REINFORCE Leave-One-Out, whose baseline for each completion is "
         "the mean reward of the other completions of its prompt (TRL's RLOOTrainer).",
     )
 
@@ -69,7 +71,7 @@ class PreferenceSettings(BaseModel):
         if value in ONLINE_METHODS:
             raise ValueError(
                 f"`rl: {value}` belongs to {planned_feature('ebft')}, which hellbender does not offer yet; the "
-                "methods offered are `dpo`, `ipo`, `kto`, `orpo`, `simpo`, `grpo` and `rloo`"
+                "methods offered are `dpo`, `ipo`, `kto`, `orpo`, `simpo`, `grpo`, `gdpo` and `rloo`"
             )
         return value
 
@@ -153,6 +155,12 @@ class PreferenceSettings(BaseModel):
         description="With `reward_model: true`: the score head's outputs, which must be 1 (one reward per sequence; "
         "the default).",
     )
+    center_rewards_coefficient: Float | None = Field(
+        None,
+        ge=0,
+        description="With `reward_model: true`: add this weight times the mean over pairs of (chosen score + rejected "
+        "score)² to the loss, so the rewards stay centred on zero (TRL's `center_rewards_coefficient`, e.g. 0.01).",
+    )
 
 
 # What leaving each key out means (docs/config.md and `hellbender validate --print` state it).
@@ -173,4 +181,5 @@ PREFERENCE_UNSET_MEANS: dict[str, str] = {
     "cpo_alpha": "1.0 with `rl: simpo`",
     "reward_model": "no reward model",
     "num_labels": "1 with `reward_model` (no score head otherwise)",
+    "center_rewards_coefficient": "no centring term",
 }

@@ -9,6 +9,12 @@ from hellbender.config.preference import METHOD_KEYS, SMOOTHED_LOSSES
 from hellbender.config.rl import ONLINE_RL_METHODS
 from hellbender.config.schema import HellbenderConfig
 
+# The keys only a reward model reads -> what each does.
+REWARD_MODEL_KEYS = {
+    "num_labels": "sizes the score head of a reward model",
+    "center_rewards_coefficient": "keeps a reward model's scores near zero",
+}
+
 
 def _is_set(value: Any) -> bool:
     return value is not None and value is not False
@@ -39,11 +45,13 @@ def preference_problems(cfg: HellbenderConfig) -> list[str]:
         )
     if cfg.reward_model:
         problems += _reward_model_problems(cfg)
-    elif cfg.num_labels is not None:
-        problems.append(
-            f"`num_labels: {cfg.num_labels}` sizes the score head of a reward model, and `reward_model` is not set, "
-            "so it would change nothing. Set `reward_model: true`, or remove `num_labels`."
-        )
+    else:
+        problems += [
+            f"`{key}` {what}, and `reward_model` is not set, so it would change nothing. Set `reward_model: true`, or "
+            f"remove `{key}`."
+            for key, what in REWARD_MODEL_KEYS.items()
+            if getattr(cfg, key) is not None
+        ]
     if method in ("dpo", "ipo"):
         problems += _dpo_problems(cfg)
     if method == "kto" and cfg.micro_batch_size < 2:

@@ -14,15 +14,27 @@ from hellbender.config.values import Float, Int
 # sequence-level importance sampling); a test checks them against TRL's.
 GrpoLossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "vespo"]
 ScaleRewards = Literal["group", "batch", "none"]
+# How several reward functions are combined before the advantage (TRL's `multi_objective_aggregation`).
+RewardAggregation = Literal["sum_then_normalize", "normalize_then_sum"]
+ImportanceSamplingLevel = Literal["token", "sequence"]
 DEFAULT_NUM_GENERATIONS = 8
-# The `rl` methods that generate during training and read the `trl:` block.
-ONLINE_RL_METHODS = ("grpo", "rloo")
+# The `rl` methods that generate during training and read the `trl:` block. `gdpo` is GRPO whose reward functions
+# are each normalised within the group before they are summed (GDPO), as Axolotl's `rl: gdpo` sets it.
+ONLINE_RL_METHODS = ("grpo", "gdpo", "rloo")
 # `trl:` keys TRL's RLOOTrainer has no field for: RLOO's advantage is the reward minus the mean of the group's other
-# rewards, and its loss is averaged per sequence.
-GRPO_ONLY_KEYS = ("loss_type", "scale_rewards")
+# rewards, and its loss is averaged per sequence and token by token.
+GRPO_ONLY_KEYS = ("loss_type", "scale_rewards", "multi_objective_aggregation", "importance_sampling_level")
 # TRL's defaults of each method (GRPOConfig, RLOOConfig), written into the config at validation.
+_GRPO_DEFAULTS: dict[str, Any] = {
+    "beta": 0.0,
+    "loss_type": "dapo",
+    "scale_rewards": "group",
+    "multi_objective_aggregation": "sum_then_normalize",
+    "importance_sampling_level": "token",
+}
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "grpo": {"beta": 0.0, "loss_type": "dapo", "scale_rewards": "group"},
+    "grpo": _GRPO_DEFAULTS,
+    "gdpo": {**_GRPO_DEFAULTS, "multi_objective_aggregation": "normalize_then_sum"},
     "rloo": {"beta": 0.05},
 }
 
@@ -100,6 +112,28 @@ class TrlSettings(BaseModel):
         description="With `rl: grpo`: divide each advantage by the standard deviation of the rewards in its `group` (`true`, the "
         "default), in the whole `batch`, or not at all (`none` / `false`, as Dr. GRPO recommends).",
     )
+    multi_objective_aggregation: RewardAggregation | None = Field(
+        None,
+        description="With `rl: grpo` / `gdpo` and several reward functions: `sum_then_normalize` (GRPO, TRL's "
+        "default) sums the weighted rewards, then normalises the sum within the group; `normalize_then_sum` (GDPO, "
+        "the default of `rl: gdpo`) normalises each function's rewards within the group first, then sums them with "
+        "`reward_weights`, so a function with a wide range cannot drown out the others.",
+    )
+    importance_sampling_level: ImportanceSamplingLevel | None = Field(
+        None,
+        description="With `rl: grpo` / `gdpo`: the probability ratio of the clipped loss per `token` (GRPO, the "
+        "default) or one per completion, the mean of its tokens' log-ratios (`sequence`, GSPO).",
+    )
+    log_completions: bool = Field(
+        False,
+        description="Every logging step, print a sample of prompts with their completions, rewards and advantages, "
+        "and write them all to `output_dir/completions/completions_<step>.parquet` (TRL's completion log).",
+    )
+    num_completions_to_print: Int | None = Field(
+        None,
+        ge=1,
+        description="With `log_completions`: how many completions are printed each logging step (all written).",
+    )
     epsilon: Float = Field(0.2, gt=0, description="The clipping range of the probability ratio (lower bound).")
     epsilon_high: Float | None = Field(
         None,
@@ -138,12 +172,15 @@ class RlSettings(BaseModel):
 
 
 RL_UNSET_MEANS: dict[str, str] = {
-    "trl": "TRL's defaults with `rl: grpo` or `rl: rloo` (which then need `reward_funcs`)"
+    "trl": "TRL's defaults with `rl: grpo`, `gdpo` or `rloo` (which then need `reward_funcs`)"
 }
 TRL_UNSET_MEANS: dict[str, str] = {
     "beta": "TRL's default of the method: 0 with `rl: grpo`, 0.05 with `rl: rloo`",
-    "loss_type": "`dapo` with `rl: grpo` (TRL's default); RLOO has no loss types",
-    "scale_rewards": "`group` with `rl: grpo` (TRL's default); RLOO does not scale its advantages",
+    "loss_type": "`dapo` with `rl: grpo` / `gdpo` (TRL's default); RLOO has no loss types",
+    "scale_rewards": "`group` with `rl: grpo` / `gdpo` (TRL's default); RLOO does not scale its advantages",
+    "multi_objective_aggregation": "`sum_then_normalize` with `rl: grpo`, `normalize_then_sum` with `rl: gdpo`",
+    "importance_sampling_level": "`token` with `rl: grpo` / `gdpo`",
+    "num_completions_to_print": "all of the logged completions",
     "reward_funcs": "none: required with `rl: grpo` and `rl: rloo`",
     "reward_funcs_dir": "the config file's directory",
     "reward_weights": "1.0 for each reward function",

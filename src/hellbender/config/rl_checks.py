@@ -65,6 +65,17 @@ def rl_problems(cfg: HellbenderConfig) -> list[str]:
             for key in GRPO_ONLY_KEYS
             if getattr(trl, key) is not None
         ]
+    if cfg.rl == "gdpo" and trl.multi_objective_aggregation == "sum_then_normalize":
+        problems.append(
+            "`rl: gdpo` normalises each reward function within its group before summing them, and "
+            "`trl.multi_objective_aggregation: sum_then_normalize` sums them first, which is GRPO. Set `rl: grpo`, or "
+            "remove `multi_objective_aggregation`."
+        )
+    if trl.num_completions_to_print is not None and not trl.log_completions:
+        problems.append(
+            "`trl.num_completions_to_print` sets how many logged completions are printed, and `trl.log_completions` "
+            "is off, so nothing is printed. Set `trl.log_completions: true`, or remove `num_completions_to_print`."
+        )
     processes = launched_world_size()
     batch = cfg.micro_batch_size * cfg.gradient_accumulation_steps * processes
     if batch % trl.num_generations:

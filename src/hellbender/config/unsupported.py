@@ -7,12 +7,12 @@ from __future__ import annotations
 PLANNED: dict[str, tuple[str, ...]] = {
     "preference tuning (DPO, IPO, KTO, ORPO, SimPO) and reward models": (
         "dpo_padding_free", "dpo_use_logits_to_keep", "dpo_generate_during_eval",
-        "process_reward_model", "center_rewards_coefficient",
+        "process_reward_model",
         "step_separator", "train_on_last_step_only",
         # SwanLab's table of preference-training completions
         "swanlab_log_completions", "swanlab_completion_log_interval", "swanlab_completion_max_buffer",
     ),
-    "more online reinforcement learning (GDPO, EBFT and generation with vLLM)": ("vllm", "ebft"),
+    "more online reinforcement learning (EBFT and generation with vLLM)": ("vllm", "ebft"),
     "mixture-of-experts training (quantized experts, expert kernels and parallelism)": (
         "quantize_moe_experts", "use_kernels", "llama4_linearized_experts",
         "use_scattermoe", "use_sonicmoe", "expert_parallel_size", "expert_parallel_backend",
@@ -113,6 +113,7 @@ _TUNES = {
     "lisa_": "lisa_n_layers",
     "pose_": "use_pose",
     "fp8_": "fp8",
+    "gptq_": "gptq",
 }
 _PLANNED_BY_KEY = {key: feature for feature, keys in PLANNED.items() for key in keys}
 

@@ -23,6 +23,7 @@ METHOD_MODULES = {
     "orpo": "orpo",
     "simpo": "simpo",
     "grpo": "grpo",
+    "gdpo": "grpo",
     "rloo": "rloo",
     "reward_model": "reward_model",
 }

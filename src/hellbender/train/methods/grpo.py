@@ -1,6 +1,8 @@
 """GRPO (`rl: grpo`) on TRL's GRPOTrainer: the model generates `trl.num_generations` completions per prompt, the
 user's reward functions (`trl.reward_funcs`) score them, and the policy learns from each completion's reward relative
 to its group (minus the group's mean, divided by its spread: `trl.scale_rewards`), with the loss `trl.loss_type`.
+`rl: gdpo` is the same trainer with each reward function normalised within the group before the sum
+(`trl.multi_objective_aggregation: normalize_then_sum`).
 
 With an adapter and `trl.beta > 0` the reference is the base model with the adapter switched off (TRL's copy of the
 adapter is removed). What GRPO shares with RLOO is in `online.py`."""
@@ -26,6 +28,8 @@ def arguments(cfg: HellbenderConfig) -> tuple[type[GRPOConfig], dict[str, Any]]:
         **online_arguments(cfg),
         "loss_type": trl.loss_type,
         "scale_rewards": trl.scale_rewards,
+        "multi_objective_aggregation": trl.multi_objective_aggregation,
+        "importance_sampling_level": trl.importance_sampling_level,
     }
 
 

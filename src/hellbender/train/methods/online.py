@@ -47,8 +47,9 @@ def online_arguments(cfg: HellbenderConfig) -> dict[str, Any]:
         "use_vllm": trl.use_vllm,
         # The dataset's other columns are the reward functions' keywords.
         "remove_unused_columns": False,
-        # TRL's completion table is printed with `rich` every logging step; hellbender's run report is the record.
-        "log_completions": False,
+        # TRL prints a sample of them with `rich` every logging step and writes all to output_dir/completions/.
+        "log_completions": trl.log_completions,
+        "num_completions_to_print": trl.num_completions_to_print,
     }
 
 

@@ -25,7 +25,11 @@ SCORE_HEADS = ("score", "classifier")
 
 def arguments(cfg: HellbenderConfig) -> tuple[type[RewardConfig], dict[str, Any]]:
     # The data preparation has applied the length limits; TRL must not drop rows.
-    return RewardConfig, {**shared_arguments(), "max_length": None}
+    return RewardConfig, {
+        **shared_arguments(),
+        "max_length": None,
+        "center_rewards_coefficient": cfg.center_rewards_coefficient,
+    }
 
 
 def check_score_head_trained(model: Any) -> None:
