@@ -4,6 +4,7 @@ of a LoRA run being the base model with the adapter off."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -135,6 +136,16 @@ def test_gdpo_is_grpo_normalising_each_reward_before_the_sum(tmp_path):
     cfg = grpo_config(tmp_path, rl="gdpo")
     assert (cfg.rl, cfg.trl.multi_objective_aggregation, cfg.trl.loss_type) == ("gdpo", "normalize_then_sum", "dapo")
     assert grpo_config(tmp_path).trl.multi_objective_aggregation == "sum_then_normalize"
+    from hellbender.train.methods import preference_method
+
+    config_class, fields = preference_method(cfg).arguments(cfg)
+    assert set(fields) <= {f.name for f in dataclasses.fields(config_class)}  # TRL's own field names
+    assert (fields["multi_objective_aggregation"], fields["importance_sampling_level"]) == (
+        "normalize_then_sum",
+        "token",
+    )
+    sequence = grpo_config(tmp_path, {"importance_sampling_level": "sequence"})
+    assert preference_method(sequence).arguments(sequence)[1]["importance_sampling_level"] == "sequence"
     with pytest.raises(ConfigError) as error:
         grpo_config(tmp_path, {"multi_objective_aggregation": "sum_then_normalize"}, rl="gdpo")
     assert "rl: gdpo" in str(error.value) and "Set `rl: grpo`" in str(error.value)
