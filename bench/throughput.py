@@ -627,6 +627,7 @@ class StepRecorder:
         self._last: float | None = None
         self._begin = 0.0
         self._image_token_id: int | None = None
+        self._pad_id: int | None = None
 
     def _sync(self) -> float:
         if self.cuda:
@@ -644,7 +645,13 @@ class StepRecorder:
         if ids is None:
             return
         mask = kwargs.get("attention_mask")
-        lengths = mask.sum(dim=1).tolist() if mask is not None and mask.dim() == 2 else [ids.shape[1]] * ids.shape[0]
+        if mask is not None and mask.dim() == 2:
+            lengths = mask.sum(dim=1).tolist()
+        elif self._pad_id is not None and kwargs.get("position_ids") is not None:
+            # Packed rows carry no mask: the padding after a row's last document is the pad id.
+            lengths = (ids != self._pad_id).sum(dim=1).tolist()
+        else:
+            lengths = [ids.shape[1]] * ids.shape[0]
         if self._image_token_id is not None:
             images = (ids == self._image_token_id).sum(dim=1).tolist()
         else:
@@ -656,6 +663,7 @@ class StepRecorder:
 
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._image_token_id = getattr(base.config, "image_token_id", None)
+        self._pad_id = getattr(base.config.get_text_config(), "pad_token_id", None)
         self.flops = FlopModel.of(model)
         self.params = {
             "total": sum(p.numel() for p in model.parameters()),
@@ -739,6 +747,9 @@ class StepRecorder:
             "peak_allocated_gib": self.peak_allocated / GIB if self.peak_allocated is not None else None,
             "peak_reserved_gib": self.peak_reserved / GIB if self.peak_reserved is not None else None,
             "peak_host_gib": peak_rss_gib(),
+            # Every step, warm-up included: with `--epoch`, the wall time of one pass over the rows.
+            "all_steps_s": sum(s["seconds"] for s in self.steps),
+            "all_tokens": sum(s["tokens"] for s in self.steps),
         }
         if steady:
             result["tokens_per_s"] = statistics.median(s["tokens"] / s["seconds"] for s in steady)
@@ -790,7 +801,8 @@ def baseline_arguments(job: Job) -> Any:
         output_dir=str(job.output_dir),
         per_device_train_batch_size=w.micro_batch,
         gradient_accumulation_steps=1,
-        max_steps=job.steps,
+        max_steps=job.steps or -1,  # 0: `--epoch`, one pass over the rows
+        num_train_epochs=1,
         learning_rate=w.learning_rate,
         lr_scheduler_type="constant",
         warmup_steps=0,
@@ -927,7 +939,7 @@ def hellbender_raw_config(job: Job, overrides: dict[str, Any]) -> dict[str, Any]
         "sample_packing": False,
         "micro_batch_size": w.micro_batch,
         "gradient_accumulation_steps": 1,
-        "max_steps": job.steps,
+        **({"max_steps": job.steps} if job.steps else {"num_epochs": 1}),  # 0: `--epoch`
         "learning_rate": w.learning_rate,
         "lr_scheduler": "constant",
         "gradient_checkpointing": True,
@@ -1329,6 +1341,10 @@ def features_text(result: dict[str, Any]) -> str:
     parts = [str(v) if k != "overrides" else f"overrides {v}" for k, v in f.items() if k not in ("bf16",)]
     if result.get("data_share") is not None:
         parts.append(f"{result['data_share']:.0%} of step time waits for the batch")
+    if result.get("all_steps_s") is not None:
+        parts.append(
+            f"{len(result.get('steps') or [])} steps, {result['all_tokens']:,} tokens in {result['all_steps_s']:.1f} s"
+        )
     params = result.get("params") or {}
     if params.get("trainable"):
         parts.append(f"{count(params['trainable'])} of {count(params['total'])} parameters train")
@@ -1394,9 +1410,9 @@ def parent_main(args: argparse.Namespace) -> int:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if set(variants) - set(VARIANTS):
         raise SystemExit(f"--variants takes {', '.join(VARIANTS)}")
-    steps = args.steps or (6 if args.tiny else 25)
+    steps = 0 if args.epoch else args.steps or (6 if args.tiny else 25)  # 0: one epoch
     warmup = args.warmup if args.warmup is not None else (2 if args.tiny else 5)
-    if warmup >= steps:
+    if steps and warmup >= steps:
         raise SystemExit(f"--warmup ({warmup}) must be below --steps ({steps})")
     if args.tiny:
         args.w4_start = min(args.w4_start, 128)
@@ -1501,6 +1517,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workloads", default="W1,W2,W3", help=f"comma-separated, from {','.join(ALL_WORKLOADS)}")
     p.add_argument("--variants", default="baseline,hellbender", help="which variants to run (default both)")
     p.add_argument("--steps", type=int, help="optimizer steps per run (default 25; --tiny: 6)")
+    p.add_argument(
+        "--epoch",
+        action="store_true",
+        help="train one pass over the rows instead of --steps (W3: e.g. packed against padded rows); the table "
+        "gives each run's steps, tokens and wall time over all of them",
+    )
     p.add_argument("--warmup", type=int, help="steps left out of the medians (default 5; --tiny: 2)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/hb-bench"), help="models, data, runs (reused)")
     p.add_argument("--json", type=Path, help="also write every result to this JSON file")
