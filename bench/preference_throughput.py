@@ -471,12 +471,22 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def child(args: argparse.Namespace, kind: str, extra: list[str], label: str) -> dict[str, Any]:
+def child(
+    args: argparse.Namespace,
+    kind: str,
+    extra: list[str],
+    label: str,
+    script: Path = Path(__file__),
+    forward: Callable[[argparse.Namespace], list[str]] | None = None,
+    prefix: str = "W5",
+) -> dict[str, Any]:
+    """Run `script` (this file, or a sibling benchmark that shares this launcher) as a child of `kind` with the
+    parent's options (`forward`, this script's `forwarded` by default) and return the JSON it writes."""
     results = args.workdir / "results"
     results.mkdir(parents=True, exist_ok=True)
-    result_file = results / f"W5-{label}.json"
+    result_file = results / f"{prefix}-{label}.json"
     result_file.unlink(missing_ok=True)
-    command = [sys.executable, str(Path(__file__).resolve()), *forwarded(args), "--_child", kind]
+    command = [sys.executable, str(script.resolve()), *(forward or forwarded)(args), "--_child", kind]
     command += ["--_result", str(result_file), *extra]
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -519,11 +529,16 @@ def ensure_model(args: argparse.Namespace, w: tp.Workload) -> Path:
 def build_model(args: argparse.Namespace) -> dict[str, Any]:
     """The W1 model of bench/throughput.py, saved where its W1 saves it (the spec marker says which shape)."""
     tiny = SHAPES[args.shape]
-    w = tp.workload("W1", tiny)
-    target = args.workdir / "models" / w.model_key
+    return save_model(args.workdir, tp.workload("W1", tiny), tiny)
+
+
+def save_model(workdir: Path, w: tp.Workload, tiny: bool) -> dict[str, Any]:
+    """Build workload `w`'s model of bench/throughput.py and save it under `workdir`/models, where its workload
+    saves it, with the spec marker that says which shape it is."""
+    target = workdir / "models" / w.model_key
     staging = target.with_name(f".{target.name}.building")
     shutil.rmtree(staging, ignore_errors=True)
-    print(f"[build {w.model_key}] building the {args.shape} shape with random weights ...", flush=True)
+    print(f"[build {w.model_key}] building with random weights ...", flush=True)
     started = time.perf_counter()
     facts = tp.build_model(w, staging, tiny)
     (staging / tp.MODEL_SPEC_FILE).write_text(json.dumps(tp.model_spec(w, tiny)))
