@@ -105,6 +105,13 @@ class TrainingSettings(BaseModel):
         "about 0.5 GiB per layer for an 8B model at 4,096 tokens with Liger's kernels) and saves its recomputation. "
         "Default: all layers.",
     )
+    gpu_memory_limit: Annotated[Float, Field(gt=0)] | str | None = Field(
+        None,
+        description="GPU memory each training process may use, in GiB (`20`) or with a unit (`20GiB`, `80GB`). `train` "
+        "plans the run's peak memory first (`hellbender plan`, docs/plan.md) and refuses a config whose predicted "
+        "need exceeds it, before any data is prepared, naming the smallest change that fits. (Axolotl uses the key to "
+        "let accelerate place weights on the CPU beyond the limit; hellbender never does that.)",
+    )
     logging_steps: Int | None = Field(
         None, gt=0, description="Log every N steps; default about 10 logs per run, at least every 10 steps."
     )
@@ -190,9 +197,34 @@ class TrainingSettings(BaseModel):
             raise ValueError(problem)
         return name
 
+    @field_validator("gpu_memory_limit")
+    @classmethod
+    def _memory_limit_has_a_unit(cls, value: float | str | None) -> float | str | None:
+        if isinstance(value, str):
+            memory_limit_gib(value)  # raises ValueError naming what is wrong
+        return value
+
     @field_validator("lr_scheduler", mode="before")
     @classmethod
     def _scheduler_is_known(cls, name: object) -> object:
         if isinstance(name, str) and (problem := scheduler_problem(name, get_args(LrScheduler))):
             raise ValueError(problem)
         return name
+
+
+_UNITS = {"gib": 1.0, "gb": 1e9 / 1024**3, "mib": 1 / 1024, "mb": 1e6 / 1024**3}
+
+
+def memory_limit_gib(value: float | str) -> float:
+    """`gpu_memory_limit` in GiB: a number is GiB (Axolotl's reading); text carries its unit (`20GiB`, `80GB`)."""
+    if not isinstance(value, str):
+        return float(value)
+    text = value.strip().lower().replace(" ", "")
+    unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if text.endswith(u)), None)
+    try:
+        number = float(text[: -len(unit)] if unit else text)
+    except ValueError:
+        number = -1.0
+    if number <= 0:
+        raise ValueError(f"`{value}` is not an amount of memory: give GiB as a number (`20`) or with a unit (`20GiB`)")
+    return number * _UNITS[unit or "gib"]
