@@ -9,6 +9,7 @@ import yaml
 
 from hellbender.config import validate_config
 from hellbender.config.training import memory_limit_gib
+from hellbender.errors import ConfigError
 from hellbender.plan.activations import layer_bytes_per_token
 from hellbender.plan.fit import element_size
 from hellbender.plan.memory import plan_memory, quantized_bytes
@@ -166,3 +167,23 @@ def test_train_refuses_a_config_over_gpu_memory_limit_before_preparing_data(tmp_
     result = invoke("train", path)
     assert_user_error(result, "gpu_memory_limit", "smallest change that fits", "micro_batch_size")
     assert not (tmp_path / "prepared").exists() and not (tmp_path / "out").exists()
+
+
+def test_auto_settings_choose_the_fastest_setting_that_fits(tmp_path):
+    from hellbender.plan.budget import plan_for
+
+    auto = dict(micro_batch_size="auto", gradient_checkpointing="auto", adapter="lora", lora_target_linear=True)
+    roomy = validate_config(base_config(tmp_path, **auto, gpu_memory_limit=40))
+    assert roomy.micro_batch_size == 128 and roomy.gradient_checkpointing is False  # everything fits: no recompute
+    tight = validate_config(base_config(tmp_path, **auto, gpu_memory_limit="0.56GiB"))
+    assert isinstance(tight.micro_batch_size, int) and tight.micro_batch_size < 128
+    chosen = plan_for(tight)
+    assert chosen.fits
+    bigger = validate_config(
+        base_config(tmp_path, **{**auto, "micro_batch_size": tight.micro_batch_size * 2}, gpu_memory_limit="0.56GiB")
+    )
+    # the next micro-batch fits only with checkpointing, which recomputes: predicted slower
+    assert bigger.gradient_checkpointing is not False
+    assert plan_for(bigger).time.tokens_per_second < chosen.time.tokens_per_second
+    with pytest.raises(ConfigError, match="micro_batch_size: auto.*no setting fits"):
+        validate_config(base_config(tmp_path, **auto, gpu_memory_limit="0.1GiB"))

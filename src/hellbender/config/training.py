@@ -21,7 +21,12 @@ class TrainingSettings(BaseModel):
     output_dir: PathText = Field(
         "./outputs", description="Where checkpoints, the final model and the resolved config go."
     )
-    micro_batch_size: Int = Field(1, gt=0, description="Rows (or packed bins) per device per forward pass.")
+    micro_batch_size: Annotated[Int, Field(gt=0)] | Literal["auto"] = Field(
+        1,
+        description="Rows (or packed bins) per device per forward pass. `auto`: the memory planner picks the fastest "
+        "predicted micro-batch that fits `gpu_memory_limit` (else the GPU's memory); `gradient_accumulation_steps` "
+        "stays as given (docs/plan.md).",
+    )
     eval_batch_size: Int | None = Field(
         None, gt=0, description="Rows per evaluation batch; default `micro_batch_size`."
     )
@@ -84,9 +89,11 @@ class TrainingSettings(BaseModel):
         "becomes 0/0 = NaN at the first step); default 1e-8 (transformers' default).",
     )
     max_grad_norm: Float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables clipping.")
-    gradient_checkpointing: bool | Literal["offload"] = Field(
+    gradient_checkpointing: bool | Literal["offload", "auto"] = Field(
         False,
-        description="Recompute each layer's activations in backward to save memory (always non-reentrant); "
+        description="Recompute each layer's activations in backward to save memory (always non-reentrant); `auto`: "
+        "the memory planner picks off, on or `offload`, the fastest predicted that fits (offloading only when "
+        "nothing else does; docs/plan.md); "
         "`offload` also keeps the layers' saved inputs in pinned host memory until backward, copied on a side stream "
         "(host memory needed: layers x tokens x hidden size x 2 bytes in bf16, about 85 GiB for an 8B model at "
         "350k tokens).",
@@ -97,13 +104,12 @@ class TrainingSettings(BaseModel):
         "checkpointing is always non-reentrant, so `{use_reentrant: false}` is what happens; `use_reentrant: true` "
         "and other arguments are refused.",
     )
-    gradient_checkpointing_layers: Int | None = Field(
+    gradient_checkpointing_layers: Annotated[Int, Field(ge=0)] | Literal["auto"] | None = Field(
         None,
-        ge=0,
         description="Checkpoint only the first N decoder layers; the others keep their activations, so they are not "
         "recomputed in backward. A dial between memory and speed: each layer left out costs its activations (measured: "
         "about 0.5 GiB per layer for an 8B model at 4,096 tokens with Liger's kernels) and saves its recomputation. "
-        "Default: all layers.",
+        "Default: all layers. `auto`: the memory planner picks the fewest that fit (docs/plan.md).",
     )
     gpu_memory_limit: Annotated[Float, Field(gt=0)] | str | None = Field(
         None,
@@ -196,6 +202,13 @@ class TrainingSettings(BaseModel):
         if problem := optimizer_problem(name):
             raise ValueError(problem)
         return name
+
+    @field_validator("micro_batch_size", "gradient_checkpointing", "gradient_checkpointing_layers")
+    @classmethod
+    def _auto_is_resolved(cls, value: object) -> object:
+        if value == "auto":  # `load_config` replaces it with the planner's choice before the values are checked
+            raise ValueError("`auto` is resolved by the memory planner when the config is read with `load_config`")
+        return value
 
     @field_validator("gpu_memory_limit")
     @classmethod

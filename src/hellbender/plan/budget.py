@@ -8,26 +8,31 @@ from dataclasses import replace
 from hellbender.config import HellbenderConfig
 from hellbender.config.training import memory_limit_gib
 from hellbender.errors import ConfigError
-from hellbender.plan.cards import CARDS, card_named, this_card
+from hellbender.plan.cards import CARDS, Card, card_named, this_card
 from hellbender.plan.fit import Plan, make_plan, smallest_fitting_change
 from hellbender.plan.memory import GIB
 
 DEFAULT_CARD = "H100"  # planned for when no GPU is visible and none is named
 
 
-def plan_for(cfg: HellbenderConfig, gpu: str | None = None, gpu_memory: float | None = None,
-             gpus: int = 1) -> Plan:  # fmt: skip
-    """The plan of `cfg` on `gpus` cards named `gpu` (default: this machine's, else an H100), measured against
-    `gpu_memory` GiB, else `gpu_memory_limit`, else the card's memory."""
+def card_and_budget(cfg: HellbenderConfig, gpu: str | None = None,
+                    gpu_memory: float | None = None) -> tuple[Card, float, str]:  # fmt: skip
+    """The card to plan for (`gpu`, else this machine's, else an H100) and the GiB per GPU to fit: `gpu_memory`, else
+    `gpu_memory_limit`, else the card's memory."""
     card = card_named(gpu) if gpu else this_card() or next(c for c in CARDS if c.name == DEFAULT_CARD)
     if gpu_memory is not None:
-        budget, source = gpu_memory, "--gpu-memory"
-    elif cfg.gpu_memory_limit is not None:
-        budget, source = memory_limit_gib(cfg.gpu_memory_limit), "gpu_memory_limit"
-    else:
-        budget, source = card.memory_gib, f"the {card.name}'s memory"
-    if gpu_memory is not None and not gpu:  # a card of that size: the step time still needs one
-        card = replace(card, memory_gib=gpu_memory)
+        if not gpu:  # a card of that size: the step time still needs one
+            card = replace(card, memory_gib=gpu_memory)
+        return card, gpu_memory, "--gpu-memory"
+    if cfg.gpu_memory_limit is not None:
+        return card, memory_limit_gib(cfg.gpu_memory_limit), "gpu_memory_limit"
+    return card, card.memory_gib, f"the {card.name}'s memory"
+
+
+def plan_for(cfg: HellbenderConfig, gpu: str | None = None, gpu_memory: float | None = None,
+             gpus: int = 1) -> Plan:  # fmt: skip
+    """The plan of `cfg` on `gpus` cards (see `card_and_budget`)."""
+    card, budget, source = card_and_budget(cfg, gpu, gpu_memory)
     return make_plan(cfg, card, gpus, budget, source)
 
 

@@ -3,15 +3,17 @@ reaches.
 
 Memory is the vendor's capacity in GiB less what the driver keeps (torch's `total_memory` on an H100 80GB: 79.2
 GiB). Peaks are the vendors' dense (no sparsity) bf16 tensor-core numbers from their datasheets, as in
-bench/throughput.py. `efficiency` is the share of that peak the step's real FLOPs (recomputation included) reach:
-0.30 on the H100 is fitted to W1's baseline in docs/benchmarks.md (Llama-3-8B shape, LoRA, 6,450 tokens/s; 189
-TFLOP per step); 0.33 on the H200 to issue 7's W1 reference (7,079 tokens/s on one H200). The other cards'
-efficiencies are not measured: they assume the H100's share, a little higher where the peak is lower (kernels reach
-a larger share of a smaller peak). Treat their step times as rough."""
+bench/throughput.py. `efficiency` is the share of that peak the step's real FLOPs (recomputation included) reach in
+full fine-tuning: 0.375 on the H100 is fitted to W2 in docs/benchmarks.md (Llama-3.2-1B shape, full fine-tune, 36,543
+tokens/s, 81 TFLOP per step), and `flops.ADAPTER_EFFICIENCY` (0.80) to W1 on the same card (Llama-3-8B shape, LoRA,
+6,450 tokens/s, 190 TFLOP per step): LoRA's many small matmuls use the card less well. The H200's 0.41 is fitted to
+issue 7's W1 reference (7,079 tokens/s on one H200). The other cards' efficiencies are not measured: they assume the
+H100's share, a little higher where the peak is lower (kernels reach a larger share of a smaller peak). Treat their
+step times as rough."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hellbender.errors import ConfigError
 
@@ -28,15 +30,15 @@ class Card:
 
 
 CARDS: tuple[Card, ...] = (
-    Card("H100", 79.2, 989.0, 3.35, 25.0, 0.30, True),
-    Card("H100-PCIe", 79.2, 756.0, 2.0, 25.0, 0.30, False),
-    Card("H200", 139.8, 989.0, 4.8, 25.0, 0.33, True),
-    Card("B200", 178.4, 2250.0, 8.0, 25.0, 0.30, False),
-    Card("A100", 79.2, 312.0, 2.0, 12.0, 0.40, False),
-    Card("A100-40GB", 39.4, 312.0, 1.6, 12.0, 0.40, False),
-    Card("L40S", 44.4, 362.0, 0.86, 12.0, 0.35, False),
-    Card("A10G", 22.0, 125.0, 0.6, 6.0, 0.35, False),
-    Card("L4", 22.0, 121.0, 0.3, 6.0, 0.35, False),
+    Card("H100", 79.2, 989.0, 3.35, 25.0, 0.375, True),
+    Card("H100-PCIe", 79.2, 756.0, 2.0, 25.0, 0.375, False),
+    Card("H200", 139.8, 989.0, 4.8, 25.0, 0.41, True),
+    Card("B200", 178.4, 2250.0, 8.0, 25.0, 0.375, False),
+    Card("A100", 79.2, 312.0, 2.0, 12.0, 0.45, False),
+    Card("A100-40GB", 39.4, 312.0, 1.6, 12.0, 0.45, False),
+    Card("L40S", 44.4, 362.0, 0.86, 12.0, 0.40, False),
+    Card("A10G", 22.0, 125.0, 0.6, 6.0, 0.40, False),
+    Card("L4", 22.0, 121.0, 0.3, 6.0, 0.40, False),
 )
 
 
@@ -56,7 +58,8 @@ def this_card() -> Card | None:
     if not torch.cuda.is_available():
         return None
     device = torch.cuda.get_device_name(0)
+    memory = torch.cuda.get_device_properties(0).total_memory / 1024**3
     for card in sorted(CARDS, key=lambda c: -len(c.name)):  # "H100-PCIe" before "H100"
         if card.name.replace("-", " ") in device:
-            return card
+            return replace(card, memory_gib=memory)
     return None

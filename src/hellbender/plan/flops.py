@@ -18,8 +18,10 @@ from hellbender.plan.model_facts import ModelFacts
 from hellbender.plan.settings import PlanSettings
 
 # Measured on W1 (docs/benchmarks.md, H100): Liger's fused kernels made the step 1.20x faster; 4-bit weights,
-# dequantized before every matmul, 0.87x.
+# dequantized before every matmul, 0.87x; LoRA's step reaches 0.80 of full fine-tuning's share of the peak (W1 against
+# W2, cards.py).
 LIGER_SPEEDUP = 1.20
+ADAPTER_EFFICIENCY = 0.80
 FOUR_BIT_SLOWDOWN = 0.87
 
 
@@ -56,7 +58,7 @@ def step_flops(facts: ModelFacts, s: PlanSettings, gradient_accumulation: int = 
 def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card,
               gradient_accumulation: int = 1) -> StepTime:  # fmt: skip
     flops = step_flops(facts, s, gradient_accumulation)
-    efficiency = card.efficiency
+    efficiency = card.efficiency * (ADAPTER_EFFICIENCY if facts.lora_numel else 1.0)
     if s.liger_rms_norm or s.liger_glu or s.fused_loss:
         efficiency *= LIGER_SPEEDUP
     if s.quantized_bits == 4:
