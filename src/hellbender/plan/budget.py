@@ -52,8 +52,12 @@ def refuse_what_does_not_fit(cfg: HellbenderConfig, gpus: int = 1) -> Plan | Non
         else "No change the planner tries fits: use more GPUs with FSDP2 (`fsdp_version: 2`), or a larger card."
     )
     raise ConfigError(
-        f"`gpu_memory_limit: {cfg.gpu_memory_limit}`: this run is predicted to need {plan.memory.needed / GIB:.1f} GiB "
+        f"`gpu_memory_limit: {_shown(cfg.gpu_memory_limit)}`: this run is predicted to need {plan.memory.needed / GIB:.1f} GiB "
         f"per GPU (peak {plan.memory.peak / GIB:.1f} GiB allocated, at the {plan.memory.peak_phase}, plus the "
         f"allocator's margin and the CUDA context), more than the {limit:.1f} GiB allowed. {advice} "
         "`hellbender plan CONFIG` prints the whole breakdown; raise `gpu_memory_limit` if the card has the room."
     )
+
+
+def _shown(value: float | str) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)

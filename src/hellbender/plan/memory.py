@@ -62,6 +62,7 @@ class MemoryPlan:
     host: int
     host_parts: dict[str, int] = field(default_factory=dict)
     per_layer: list[int] = field(default_factory=list)  # activation bytes each decoder layer keeps on the GPU
+    phases: dict[str, int] = field(default_factory=dict)  # what is allocated at each of the three moments
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -107,8 +108,9 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
 
     layer_weights = facts.largest_layer_bytes
     weights_split, adapter_split = weights // _shards(s, "weights"), adapter // _shards(s, "weights")
-    if _shards(s, "weights") > 1:  # the gathered layer being computed and the next one, prefetched
-        weights_split += 2 * layer_weights
+    if _shards(s, "weights") > 1:  # gathered whole: the layer computing, the next one prefetched, and the head
+        outside = max((p.nbytes for p in base if p.in_layer is None), default=0)
+        weights_split += 2 * layer_weights + outside
     gradients //= _shards(s, "gradients")
     states //= _shards(s, "optimizer")
     step_temporaries //= _shards(s, "optimizer")
@@ -164,5 +166,6 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         host=sum(host_parts.values()),
         host_parts=host_parts,
         per_layer=per_layer,
+        phases={name: int(value) for name, value in phases.items()},
         notes=notes,
     )

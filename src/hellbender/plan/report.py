@@ -49,7 +49,9 @@ def render(plan: Plan) -> str:
     for label, value in rows:
         if value:
             lines.append(f"  {label:<58} {_gib(value)}")
-    lines.append(f"  {'peak allocated (' + m.peak_phase + ')':<58} {_gib(m.peak)}")
+    moments = ", ".join(f"{name} {value / GIB:.2f}" for name, value in m.phases.items())
+    lines.append(f"  (the parts above do not all coexist; allocated GiB by moment: {moments})")
+    lines.append(f"  {'peak allocated (at the ' + m.peak_phase + ')':<58} {_gib(m.peak)}")
     lines.append(f"  {f'allocator margin ({ALLOCATOR_MARGIN:.0%}) and CUDA context':<58} "
                  f"{_gib(m.allocator_margin + CUDA_CONTEXT_BYTES)}")  # fmt: skip
     lines.append(f"  {'needed on the card':<58} {_gib(m.needed)}")
