@@ -187,3 +187,17 @@ def test_auto_settings_choose_the_fastest_setting_that_fits(tmp_path):
     assert plan_for(bigger).time.tokens_per_second < chosen.time.tokens_per_second
     with pytest.raises(ConfigError, match="micro_batch_size: auto.*no setting fits"):
         validate_config(base_config(tmp_path, **auto, gpu_memory_limit="0.1GiB"))
+
+
+@pytest.mark.parametrize("model", ["hellbender/tiny-qwen2.5-vl", "hellbender/tiny-gemma4-vlm"])
+def test_a_vision_language_model_is_planned_on_its_language_layers(tmp_path, model):
+    from tests.helpers import vlm_config
+
+    cfg = validate_config(vlm_config(tmp_path, model, adapter="lora", lora_target_linear=True))
+    model_on_meta = meta_model(cfg)
+    facts = describe(cfg, model_on_meta)
+    assert facts.layers == model_on_meta.config.get_text_config().num_hidden_layers
+    vision = [p for p in facts.parameters if "visual" in p.name or "vision" in p.name]
+    assert vision and all(p.in_layer is None and not p.trainable for p in vision)
+    plan = plan_memory(facts, plan_settings(cfg), element_size(cfg))
+    assert plan.weights == sum(p.nbytes for p in facts.parameters if ".lora_" not in p.name)

@@ -34,7 +34,7 @@ _FUSED_CHUNK_TOKENS = 1024
 def layer_bytes_per_token(facts: ModelFacts, s: PlanSettings, element: int, norm_trains: bool) -> float:
     """Bytes saved for backward per token by one decoder layer that is not checkpointed."""
     h, i = facts.hidden, facts.intermediate
-    q, k = facts.heads * facts.head_dim, facts.kv_heads * facts.head_dim
+    q, k = facts.q_dim, facts.kv_dim
     a = element
     norm = a * h if s.liger_rms_norm else 4 * h
     if norm_trains:

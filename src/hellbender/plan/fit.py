@@ -61,6 +61,11 @@ def plan_with(cfg: HellbenderConfig, facts: ModelFacts, settings: PlanSettings, 
               budget_source: str) -> Plan:  # fmt: skip
     ga = cfg.gradient_accumulation_steps
     memory = plan_memory(facts, settings, element_size(cfg), ga, cfg.bnb_settings.bnb_4bit_use_double_quant)
+    if cfg.rl or cfg.reward_model:
+        memory.notes.append(
+            "planned as supervised training of the same model: a reference model, several sequences per example and "
+            "generation are not counted (docs/plan.md)"
+        )
     return Plan(cfg, facts, settings, memory, step_time(facts, settings, memory, card, ga), card, budget, budget_source)
 
 

@@ -41,7 +41,7 @@ def step_flops(facts: ModelFacts, s: PlanSettings, gradient_accumulation: int = 
     trained_linear = sum(p.numel for p in facts.trainable if p.rows or ".lora_" in p.name)
     forward_linear = 2 * tokens * (decoder + head + lora)
     backward_linear = 2 * tokens * (decoder + head + lora) + 2 * tokens * trained_linear
-    d = facts.heads * facts.head_dim
+    d = facts.q_dim
     attention_forward = 0.0
     for index in range(facts.layers):
         window = facts.sliding_windows[index] if index < len(facts.sliding_windows) else None

@@ -137,7 +137,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     activations = sum(per_layer)
     recompute = int(full_layer + attention_scores_bytes(facts, s, element, 0)) if checkpointed else 0
     loss = int(loss_bytes(facts, s, element))
-    q, k = facts.heads * facts.head_dim, facts.kv_heads * facts.head_dim
+    q, k = facts.q_dim, facts.kv_dim
     attention_workspace = element * tokens * (q + 2 * k)  # one layer's dq, dk, dv in backward
     residual = element * tokens * facts.hidden * 2  # the gradient flowing down the residual stream, and its sum
 

@@ -24,6 +24,9 @@ _SHARED_INPUTS = {
 }
 
 
+_VISION_PARTS = ("vision", "visual", "image", "audio", "multi_modal_projector")
+
+
 @dataclass(frozen=True)
 class Parameter:
     name: str
@@ -57,8 +60,10 @@ class ModelFacts:
     layers: int
     heads: int
     kv_heads: int
-    head_dim: int
+    head_dim: int  # the average over the layers (q width / heads), kv_heads x head_dim the k width
     vocab: int
+    q_dim: int  # query (and attention output) width, averaged over the layers
+    kv_dim: int  # key (and value) width, averaged over the layers
     sliding_windows: list[int | None]  # per decoder layer: the attention window, None for full attention
     lora_inputs: list[LoraInput] = field(default_factory=list)  # of one decoder layer (the first)
     lora_dropout: float = 0.0
@@ -96,11 +101,18 @@ def meta_model(cfg: HellbenderConfig) -> Any:
 
 
 def _decoder_layers(model: Any) -> list[Any]:
-    """The repeated decoder layers: the longest ModuleList of the language model."""
+    """The repeated decoder layers: the ModuleList of the language model as long as its config says (else its longest
+    ModuleList), never a vision tower's blocks."""
     import torch
 
-    lists = [m for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and "vision" not in name]
-    return max(lists, key=len) if lists else []
+    wanted = _setting(model.config.get_text_config(), "num_hidden_layers", None)
+    lists = [
+        m
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.ModuleList) and not any(part in name for part in _VISION_PARTS)
+    ]
+    exact = [m for m in lists if len(m) == wanted]
+    return exact[0] if exact else max(lists, key=len) if lists else []
 
 
 def describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
@@ -132,17 +144,27 @@ def describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
                 in_layer=layer_of.get(id(p)),
             )
         )
-    heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    heads = _setting(text, "num_attention_heads", 1)
+    kv_heads = _setting(text, "num_key_value_heads", heads)
+    head_dim = _setting(text, "head_dim", text.hidden_size // heads)
+    # Widths as the layers' projections have them, averaged over the layers (Gemma 4's full-attention layers have
+    # wider heads than its sliding ones; its config refuses a global `head_dim`).
+    q_dim = _mean_width(layers, ("q_proj",), "out_features") or heads * head_dim
+    kv_dim = _mean_width(layers, ("k_proj",), "out_features") or kv_heads * head_dim
+    intermediate = _mean_width(layers, ("down_proj",), "in_features") or _setting(
+        text, "intermediate_size", 4 * text.hidden_size
+    )
     windows = _sliding_windows(text, len(layers))
     facts = ModelFacts(
         parameters=parameters,
         hidden=text.hidden_size,
-        intermediate=getattr(text, "intermediate_size", 4 * text.hidden_size),
+        intermediate=intermediate,
         layers=len(layers),
         heads=heads,
-        kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-        head_dim=head_dim,
+        kv_heads=kv_heads,
+        head_dim=max(1, q_dim // heads),
+        q_dim=q_dim,
+        kv_dim=kv_dim,
         vocab=text.vocab_size,
         sliding_windows=windows,
         lora_dropout=cfg.lora_dropout if cfg.adapter else 0.0,
@@ -168,9 +190,31 @@ def _is_lora_part(name: str) -> bool:
     return ".lora_" in name
 
 
+def _setting(text: Any, name: str, default: Any) -> Any:
+    """A setting of the text config; `default` where it has none, or none that holds for every layer."""
+    try:
+        value = getattr(text, name, None)
+    except Exception:  # transformers' per-layer configs refuse a global read of a per-layer attribute
+        return default
+    return value if value else default
+
+
+def _mean_width(layers: list[Any], names: tuple[str, ...], attribute: str) -> int:
+    """The average `attribute` of the linear layers named `names` in the decoder layers (0 if there are none); LoRA's
+    wrappers are read through to the base layer."""
+    widths = []
+    for layer in layers:
+        for name, module in layer.named_modules():
+            if name.rsplit(".", 1)[-1] in names:
+                base = getattr(module, "base_layer", module)
+                if hasattr(base, attribute):
+                    widths.append(getattr(base, attribute))
+    return round(sum(widths) / len(widths)) if widths else 0
+
+
 def _sliding_windows(text: Any, count: int) -> list[int | None]:
-    window = getattr(text, "sliding_window", None)
-    types = getattr(text, "layer_types", None)
+    window = _setting(text, "sliding_window", None)
+    types = _setting(text, "layer_types", None)
     if not window:
         return [None] * count
     if types:
