@@ -201,3 +201,21 @@ def test_a_vision_language_model_is_planned_on_its_language_layers(tmp_path, mod
     assert vision and all(p.in_layer is None and not p.trainable for p in vision)
     plan = plan_memory(facts, plan_settings(cfg), element_size(cfg))
     assert plan.weights == sum(p.nbytes for p in facts.parameters if ".lora_" not in p.name)
+
+
+def test_sharding_divides_what_each_stage_shards(tmp_path):
+    eight_layers = {"num_hidden_layers": 8}  # the meta model only
+    cfg = validate_config(
+        base_config(tmp_path, adapter=None, optimizer="adamw_torch", overrides_of_model_config=eight_layers)
+    )
+    facts = describe(cfg, meta_model(cfg))
+    one = plan_memory(facts, plan_settings(cfg), 4)
+
+    def on_four(sharding: str) -> object:
+        return plan_memory(facts, plan_settings(cfg).but(gpus=4, sharding=sharding), 4)
+
+    ddp, zero1, zero2, fsdp2 = on_four("none"), on_four("zero1"), on_four("zero2"), on_four("fsdp2")
+    assert ddp.ddp_buckets == one.gradients and ddp.weights == one.weights
+    assert zero1.optimizer_states < one.optimizer_states and zero1.gradients == one.gradients
+    assert zero2.gradients == one.gradients // 4 and zero2.weights == one.weights
+    assert fsdp2.optimizer_states == one.optimizer_states // 4 and fsdp2.weights < one.weights

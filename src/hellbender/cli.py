@@ -143,10 +143,10 @@ def train(
 
             if problem := hub_problem(cfg):
                 raise EnvironmentProblem(problem)
-        if cfg.gpu_memory_limit is not None:  # before any process is launched, data prepared or weight loaded
+        if cfg.gpu_memory_limit is not None and launch.needed:  # once, before the processes start
             from hellbender.plan.budget import refuse_what_does_not_fit
 
-            refuse_what_does_not_fit(cfg, int(os.environ.get("WORLD_SIZE", nproc * nnodes)))
+            refuse_what_does_not_fit(cfg, nproc * nnodes)
         if cfg.use_ray:  # Ray Train starts the training processes itself
             from hellbender.train.ray_launch import refuse_other_launchers
             from hellbender.train.ray_launch import train_with_ray as run_training

@@ -110,13 +110,17 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     weights_split, adapter_split = weights // _shards(s, "weights"), adapter // _shards(s, "weights")
     if _shards(s, "weights") > 1:  # gathered whole: the layer computing, the next one prefetched, and the head
         outside = max((p.nbytes for p in base if p.in_layer is None), default=0)
-        weights_split += 2 * layer_weights + outside
+        weights_split = min(weights, weights_split + 2 * layer_weights + outside)
     gradients //= _shards(s, "gradients")
     states //= _shards(s, "optimizer")
     step_temporaries //= _shards(s, "optimizer")
     if s.offload_optimizer:
         host_parts["offloaded optimizer states"] = states
         states = 0
+        if s.sharding == "fsdp2":  # FSDP2's CPU offload keeps the sharded parameters and gradients there too
+            gathered = 2 * facts.largest_layer_bytes + max((p.nbytes for p in base if p.in_layer is None), default=0)
+            host_parts["offloaded parameters and gradients"] = weights_split - gathered + gradients
+            weights_split, gradients = gathered, 0
     ddp_buckets = gradients if s.gpus > 1 and s.sharding == "none" else 0
 
     tokens = s.micro_batch_size * s.sequence_len
