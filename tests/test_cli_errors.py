@@ -51,7 +51,7 @@ def dataset_entry(path: Path, type_: str) -> str:
 # ---------------------------------------------------------------- config errors
 
 
-@pytest.mark.parametrize("command", ["validate", "preprocess", "train"])
+@pytest.mark.parametrize("command", ["validate", "preprocess", "train", "plan"])
 def test_unknown_key(tmp_path, command):
     data = write_jsonl(tmp_path / "text.jsonl", TEXT_ROWS)
     config = make_config(tmp_path, dataset_entry(data, "completion") + "learning_rat: 0.001\n")

@@ -143,6 +143,10 @@ def train(
 
             if problem := hub_problem(cfg):
                 raise EnvironmentProblem(problem)
+        if cfg.gpu_memory_limit is not None and launch.needed:  # once, before the processes start
+            from hellbender.plan.budget import refuse_what_does_not_fit
+
+            refuse_what_does_not_fit(cfg, nproc * nnodes)
         if cfg.use_ray:  # Ray Train starts the training processes itself
             from hellbender.train.ray_launch import refuse_other_launchers
             from hellbender.train.ray_launch import train_with_ray as run_training
@@ -420,6 +424,35 @@ def validate(
         sys.stdout.write(
             f"# valid: {config} ({method} of {cfg.base_model}, {data} dataset{'s' if data != 1 else ''}){more}\n"
         )
+
+    _run(debug, action)
+
+
+@app.command()
+def plan(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    debug: DebugOpt = False,
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="Card to plan for: H100, H200, A100, L4, ... (default: this one's).")
+    ] = None,
+    gpu_memory: Annotated[
+        float | None, typer.Option("--gpu-memory", min=0.1, help="GPU memory in GiB to fit (default: the card's).")
+    ] = None,
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs training together (DDP, FSDP2, ZeRO).")] = 1,
+) -> None:
+    """Predict peak GPU memory, host memory and step time without loading weights or data; say whether it fits."""
+    from hellbender.config import load_config
+
+    def action() -> None:
+        cfg = load_config(config, set_)
+        from hellbender.plan.budget import plan_for
+        from hellbender.plan.report import render
+
+        result = plan_for(cfg, gpu, gpu_memory, gpus)
+        sys.stdout.write(render(result))
+        if not result.fits:
+            raise typer.Exit(1)
 
     _run(debug, action)
 

@@ -104,6 +104,7 @@ UNSET_MEANS: dict[str, str] = {
     "evals_per_epoch": "`eval_steps` decides",
     "resume_from_checkpoint": "start from the base model",
     "gradient_checkpointing_layers": "every decoder layer is checkpointed",
+    "gpu_memory_limit": "no memory limit is planned for: `train` starts without checking the predicted peak",
     "gradient_checkpointing_kwargs": "hellbender's own checkpointing, always non-reentrant",
     "tiled_mlp_num_shards": "about one shard per `hidden_size` tokens (from the model)",
     "torch_compile_backend": "not compiled (`torch_compile` is off)",

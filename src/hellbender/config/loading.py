@@ -21,6 +21,7 @@ from hellbender.config.lazy_preparation import read_skip_prepare_dataset
 from hellbender.config.machine import Machine
 from hellbender.config.overrides import apply_overrides
 from hellbender.config.path_shapes import path_shape_problems
+from hellbender.config.planned_keys import AUTO_KEYS
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.spellings import read_older_spellings
 from hellbender.config.strategies import read_strategies
@@ -51,6 +52,17 @@ def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
         problems, notices = problems + more_problems, notices + more_notices
     cloud_launch_file = is_cloud_launch_file(raw)
     problems += key_problems(raw, notices)  # removes the keys it reports, so the rest is still checked
+    asked = [key for key in AUTO_KEYS if raw.get(key) == "auto"]
+    if asked:  # validated with stand-ins first, then again with the planner's choice for the run that config makes
+        from hellbender.plan.auto import STAND_INS, choose
+
+        quiet = logger.level
+        logger.setLevel(logging.ERROR)  # its notices are the same as the final pass's
+        try:
+            provisional = validate_config(copy.deepcopy({**raw, **{key: STAND_INS[key] for key in asked}}))
+        finally:
+            logger.setLevel(quiet)
+        return validate_config({**raw, **choose(provisional, asked)})
     cfg, value_problems = _validated_values(raw)
     if cloud_launch_file:  # its keys' refusal says what the file is; that it names no model follows from that
         value_problems = [p for p in value_problems if not p.startswith("`base_model` is required")]

@@ -21,7 +21,12 @@ class TrainingSettings(BaseModel):
     output_dir: PathText = Field(
         "./outputs", description="Where checkpoints, the final model and the resolved config go."
     )
-    micro_batch_size: Int = Field(1, gt=0, description="Rows (or packed bins) per device per forward pass.")
+    micro_batch_size: Annotated[Int, Field(gt=0)] | Literal["auto"] = Field(
+        1,
+        description="Rows (or packed bins) per device per forward pass. `auto`: the memory planner picks the fastest "
+        "predicted micro-batch that fits `gpu_memory_limit` (else the GPU's memory); `gradient_accumulation_steps` "
+        "stays as given (docs/plan.md).",
+    )
     eval_batch_size: Int | None = Field(
         None, gt=0, description="Rows per evaluation batch; default `micro_batch_size`."
     )
@@ -84,9 +89,11 @@ class TrainingSettings(BaseModel):
         "becomes 0/0 = NaN at the first step); default 1e-8 (transformers' default).",
     )
     max_grad_norm: Float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables clipping.")
-    gradient_checkpointing: bool | Literal["offload"] = Field(
+    gradient_checkpointing: bool | Literal["offload", "auto"] = Field(
         False,
-        description="Recompute each layer's activations in backward to save memory (always non-reentrant); "
+        description="Recompute each layer's activations in backward to save memory (always non-reentrant); `auto`: "
+        "the memory planner picks off, on or `offload`, the fastest predicted that fits (offloading only when "
+        "nothing else does; docs/plan.md); "
         "`offload` also keeps the layers' saved inputs in pinned host memory until backward, copied on a side stream "
         "(host memory needed: layers x tokens x hidden size x 2 bytes in bf16, about 85 GiB for an 8B model at "
         "350k tokens).",
@@ -97,13 +104,19 @@ class TrainingSettings(BaseModel):
         "checkpointing is always non-reentrant, so `{use_reentrant: false}` is what happens; `use_reentrant: true` "
         "and other arguments are refused.",
     )
-    gradient_checkpointing_layers: Int | None = Field(
+    gradient_checkpointing_layers: Annotated[Int, Field(ge=0)] | Literal["auto"] | None = Field(
         None,
-        ge=0,
         description="Checkpoint only the first N decoder layers; the others keep their activations, so they are not "
         "recomputed in backward. A dial between memory and speed: each layer left out costs its activations (measured: "
         "about 0.5 GiB per layer for an 8B model at 4,096 tokens with Liger's kernels) and saves its recomputation. "
-        "Default: all layers.",
+        "Default: all layers. `auto`: the memory planner picks the fewest that fit (docs/plan.md).",
+    )
+    gpu_memory_limit: Annotated[Float, Field(gt=0)] | str | None = Field(
+        None,
+        description="GPU memory each training process may use, in GiB (`20`) or with a unit (`20GiB`, `80GB`). `train` "
+        "plans the run's peak memory first (`hellbender plan`, docs/plan.md) and refuses a config whose predicted "
+        "need exceeds it, before any data is prepared, naming the smallest change that fits. (Axolotl uses the key to "
+        "let accelerate place weights on the CPU beyond the limit; hellbender never does that.)",
     )
     logging_steps: Int | None = Field(
         None, gt=0, description="Log every N steps; default about 10 logs per run, at least every 10 steps."
@@ -190,9 +203,41 @@ class TrainingSettings(BaseModel):
             raise ValueError(problem)
         return name
 
+    @field_validator("micro_batch_size", "gradient_checkpointing", "gradient_checkpointing_layers")
+    @classmethod
+    def _auto_is_resolved(cls, value: object) -> object:
+        if value == "auto":  # `load_config` replaces it with the planner's choice before the values are checked
+            raise ValueError("`auto` is resolved by the memory planner when the config is read with `load_config`")
+        return value
+
+    @field_validator("gpu_memory_limit")
+    @classmethod
+    def _memory_limit_has_a_unit(cls, value: float | str | None) -> float | str | None:
+        if isinstance(value, str):
+            memory_limit_gib(value)  # raises ValueError naming what is wrong
+        return value
+
     @field_validator("lr_scheduler", mode="before")
     @classmethod
     def _scheduler_is_known(cls, name: object) -> object:
         if isinstance(name, str) and (problem := scheduler_problem(name, get_args(LrScheduler))):
             raise ValueError(problem)
         return name
+
+
+_UNITS = {"gib": 1.0, "gb": 1e9 / 1024**3, "mib": 1 / 1024, "mb": 1e6 / 1024**3}
+
+
+def memory_limit_gib(value: float | str) -> float:
+    """`gpu_memory_limit` in GiB: a number is GiB (Axolotl's reading); text carries its unit (`20GiB`, `80GB`)."""
+    if not isinstance(value, str):
+        return float(value)
+    text = value.strip().lower().replace(" ", "")
+    unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if text.endswith(u)), None)
+    try:
+        number = float(text[: -len(unit)] if unit else text)
+    except ValueError:
+        number = -1.0
+    if number <= 0:
+        raise ValueError(f"`{value}` is not an amount of memory: give GiB as a number (`20`) or with a unit (`20GiB`)")
+    return number * _UNITS[unit or "gib"]

@@ -28,7 +28,6 @@ PLANNED: dict[str, tuple[str, ...]] = {
     ),
     "context parallelism": ("context_parallel_size", "heads_k_stride", "ring_attn_func", "sequence_parallel_degree"),
     "quantization-aware training": ("qat",),
-    "the memory planner": ("gpu_memory_limit",),
 }  # fmt: skip
 
 CLOUD_LAUNCHER = (

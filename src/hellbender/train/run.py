@@ -76,6 +76,10 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     from transformers import EarlyStoppingCallback, set_seed
 
     require_machine(cfg)  # a GPU or package the config needs: before anything is written
+    if cfg.gpu_memory_limit is not None:  # the planned peak against the limit, before any data or weights
+        from hellbender.plan.budget import refuse_what_does_not_fit
+
+        refuse_what_does_not_fit(cfg, world_size())
     set_seed(cfg.seed)
     announce_host_offload(cfg)  # before anything opens the process group
     if not is_main_process():  # one process reports; the others speak only of problems

@@ -1,0 +1,74 @@
+"""Activation memory: what autograd saves per token in one decoder layer, in the layer's input (checkpointed
+layers), and around the loss.
+
+Per token of a Llama-style layer (h hidden, q = heads x head_dim, k = kv heads x head_dim, i intermediate, a bytes
+per element of the run's dtype), the tensors saved for backward are, as counted on CPU with saved-tensor hooks
+(tests/test_plan.py checks the count against a real forward):
+- each RMSNorm: its float32 input (4h; Liger's kernel: its input, a h), and its output when the norm's weight
+  trains (a h, full fine-tuning);
+- the attention input (a h, shared by q, k and v), rotated q and k with v (a (q + 2k)), the attention output (a q,
+  shared with o_proj's input); eager attention adds the probabilities: heads x context x (4 + a) per token;
+- the MLP input (a h), SiLU's input, its output and the up projection (3 a i; Liger's SwiGLU recomputes the
+  activation: 2 a i) and down_proj's input (a i);
+- LoRA on an unquantized base: its float32 adapters make PEFT cast each wrapped input, so the attention input, the
+  attention output and the MLP input are saved once more (a each; measured: the MLP inner input is not), plus the
+  rank-sized intermediate of each module. On a 4- or 8-bit base PEFT skips that cast under autocast. LoRA dropout
+  adds its output and mask (a + 1 per input element) per wrapped module.
+"""
+
+from __future__ import annotations
+
+from hellbender.plan.model_facts import ModelFacts
+from hellbender.plan.settings import PlanSettings
+
+_LORA_COPIED = ("attention input", "attention output", "MLP input")
+# Bytes per logit at the loss's peak without a fused loss: the bf16 logits the model returns, their float32 copy's
+# log-softmax (4), its gradient (4), the gradient of the float32 copy (2 more in its cast back) and the bf16 gradient (a): 12 for bf16. Fits W1 and W2's measured
+# peaks in docs/benchmarks.md to 3%.
+_LOGIT_BYTES_BEYOND_DTYPE = 10
+# Liger's fused linear cross-entropy: logits exist for one chunk of tokens at a time (float32, with its gradient),
+# and the gradient of the hidden states for all tokens.
+_FUSED_CHUNK_TOKENS = 1024
+
+
+def layer_bytes_per_token(facts: ModelFacts, s: PlanSettings, element: int, norm_trains: bool) -> float:
+    """Bytes saved for backward per token by one decoder layer that is not checkpointed."""
+    h, i = facts.hidden, facts.intermediate
+    q, k = facts.q_dim, facts.kv_dim
+    a = element
+    norm = a * h if s.liger_rms_norm else 4 * h
+    if norm_trains:
+        norm += a * h
+    attention = norm + a * h + a * (q + 2 * k) + a * q
+    mlp = norm + a * h + (2 if s.liger_glu else 3) * a * i + a * i
+    lora = 0.0
+    for inp in facts.lora_inputs:
+        if s.quantized_bits is None and inp.group in _LORA_COPIED:
+            lora += a * inp.width
+        lora += a * inp.rank_sum * 2  # A's output and its (scaled) copy into B
+        if facts.lora_dropout > 0:
+            lora += inp.modules * (a + 1) * inp.width
+    return attention + mlp + lora
+
+
+def attention_scores_bytes(facts: ModelFacts, s: PlanSettings, element: int, layer: int) -> float:
+    """Eager attention's saved probabilities for one layer and one micro-batch (flash and SDPA kernels save none)."""
+    if not s.eager_attention:
+        return 0.0
+    window = facts.sliding_windows[layer] if layer < len(facts.sliding_windows) else None
+    context = min(s.sequence_len, window) if window else s.sequence_len
+    return s.micro_batch_size * facts.heads * s.sequence_len * context * (4 + element)
+
+
+def checkpoint_input_bytes_per_token(facts: ModelFacts, element: int) -> int:
+    """A checkpointed layer keeps only its input: the residual stream in the run's dtype."""
+    return element * facts.hidden
+
+
+def loss_bytes(facts: ModelFacts, s: PlanSettings, element: int) -> float:
+    """Peak bytes of the logits and loss for one micro-batch."""
+    tokens = s.micro_batch_size * s.sequence_len
+    if s.fused_loss:
+        chunk = min(tokens, _FUSED_CHUNK_TOKENS)
+        return chunk * facts.vocab * 8 + tokens * facts.hidden * (element + 4)
+    return tokens * facts.vocab * (element + _LOGIT_BYTES_BEYOND_DTYPE)

@@ -1,0 +1,102 @@
+"""`micro_batch_size: auto`, `gradient_checkpointing: auto` and `gradient_checkpointing_layers: auto`: the planner
+tries every value of the keys left to it and keeps the fastest predicted setting that fits the budget
+(`gpu_memory_limit`, else this machine's card, else an H100). Resolved while the config is read, so the resolved
+config (`validate --print`, the copy `train` writes into `output_dir`) holds the numbers chosen."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hellbender.errors import ConfigError
+
+logger = logging.getLogger("hellbender")
+_MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+# Settings predicted within this share of the fastest count as equally fast: the larger micro-batch then wins (a
+# larger batch uses the GPU better, which the FLOPs model does not see), then no offloading, then fewer
+# checkpointed layers.
+_TIE = 0.01
+# What the keys left to the planner stand at while the rest of the config is validated.
+STAND_INS: dict[str, Any] = {
+    "micro_batch_size": 1,
+    "gradient_checkpointing": True,
+    "gradient_checkpointing_layers": None,
+}
+
+
+def _candidates(cfg: Any, asked: list[str], layers: int) -> list[dict[str, Any]]:
+    micro_batches = _MICRO_BATCHES if "micro_batch_size" in asked else (cfg.micro_batch_size,)
+    modes: tuple[bool | str, ...] = (cfg.gradient_checkpointing,)
+    if "gradient_checkpointing" in asked:  # a layer count the config gives needs checkpointing on
+        modes = (True, "offload") if cfg.gradient_checkpointing_layers is not None else (False, True, "offload")
+    out = []
+    for mb in micro_batches:
+        for mode in modes:
+            if not mode:
+                counts: tuple[int | None, ...] = (None,)
+            elif "gradient_checkpointing_layers" in asked:
+                counts = tuple(range(1, layers + 1))
+            else:
+                counts = (cfg.gradient_checkpointing_layers,)
+            for count in counts:
+                out.append({"micro_batch_size": mb, "gradient_checkpointing": mode,
+                            "gradient_checkpointing_layers": count})  # fmt: skip
+    return out
+
+
+def choose(cfg: Any, asked: list[str]) -> dict[str, Any]:
+    """The values of the `asked` keys for the fastest predicted setting of `cfg` that fits."""
+    from hellbender.plan.budget import card_and_budget
+    from hellbender.plan.fit import plan_with
+    from hellbender.plan.memory import GIB
+    from hellbender.plan.model_facts import describe, meta_model
+    from hellbender.plan.settings import plan_settings
+
+    card, budget_gib, source = card_and_budget(cfg)
+    facts = describe(cfg, meta_model(cfg))
+    base = plan_settings(cfg)
+    fitting = []
+    for values in _candidates(cfg, asked, facts.layers):
+        mode = values["gradient_checkpointing"]
+        settings = base.but(
+            micro_batch_size=values["micro_batch_size"],
+            checkpointing=bool(mode),
+            offload=mode == "offload",
+            checkpointed_layers=values["gradient_checkpointing_layers"],
+        )
+        plan = plan_with(cfg, facts, settings, card, int(budget_gib * GIB), source)
+        if plan.fits:
+            fitting.append((values, plan))
+    named = ", ".join(f"`{key}: auto`" for key in asked)
+    if not fitting:
+        raise ConfigError(
+            f"{named}: no setting fits {budget_gib:.1f} GiB per GPU ({source}) by the planner's prediction, even with "
+            "micro-batch 1 and every layer checkpointed. Run `hellbender plan CONFIG` for the breakdown; a 4-bit base "
+            "(`adapter: qlora`, `load_in_4bit: true`), Liger's fused loss or more GPUs with FSDP2 lower the need."
+        )
+    fastest = max(plan.time.tokens_per_second for _, plan in fitting)
+    near = [(v, p) for v, p in fitting if p.time.tokens_per_second >= (1 - _TIE) * fastest]
+    values, plan = max(
+        near,
+        key=lambda vp: (
+            vp[0]["micro_batch_size"],
+            vp[0]["gradient_checkpointing"] != "offload",
+            -(vp[1].settings.checkpointed(facts.layers)),
+        ),
+    )
+    chosen = {key: values[key] for key in asked}
+    logger.warning(
+        "%s: chose %s (predicted %.1f GiB of %.1f GiB per GPU from %s, %s tokens/s on %s)",
+        named,
+        ", ".join(f"`{key}: {_yaml(value)}`" for key, value in chosen.items()),
+        plan.memory.needed / GIB,
+        budget_gib,
+        source,
+        f"{plan.time.tokens_per_second:,.0f}",
+        card.name,
+    )
+    return chosen
+
+
+def _yaml(value: Any) -> str:
+    return "true" if value is True else "false" if value is False else "null" if value is None else str(value)

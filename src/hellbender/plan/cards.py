@@ -1,0 +1,65 @@
+"""GPUs the planner knows: memory, dense bf16 peak, memory bandwidth, and the share of the peak a training step
+reaches.
+
+Memory is the vendor's capacity in GiB less what the driver keeps (torch's `total_memory` on an H100 80GB: 79.2
+GiB). Peaks are the vendors' dense (no sparsity) bf16 tensor-core numbers from their datasheets, as in
+bench/throughput.py. `efficiency` is the share of that peak the step's real FLOPs (recomputation included) reach in
+full fine-tuning: 0.375 on the H100 is fitted to W2 in docs/benchmarks.md (Llama-3.2-1B shape, full fine-tune, 36,543
+tokens/s, 81 TFLOP per step), and `flops.ADAPTER_EFFICIENCY` (0.80) to W1 on the same card (Llama-3-8B shape, LoRA,
+6,450 tokens/s, 190 TFLOP per step): LoRA's many small matmuls use the card less well. The H200's 0.41 is fitted to
+issue 7's W1 reference (7,079 tokens/s on one H200). The other cards' efficiencies are not measured: they assume the
+H100's share, a little higher where the peak is lower (kernels reach a larger share of a smaller peak). Treat their
+step times as rough."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hellbender.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    memory_gib: float
+    bf16_tflops: float
+    hbm_tb_s: float
+    host_link_gb_s: float  # pinned host <-> GPU copies, one direction (PCIe)
+    efficiency: float
+    measured: bool
+
+
+CARDS: tuple[Card, ...] = (
+    Card("H100", 79.2, 989.0, 3.35, 25.0, 0.375, True),
+    Card("H100-PCIe", 79.2, 756.0, 2.0, 25.0, 0.375, False),
+    Card("H200", 139.8, 989.0, 4.8, 25.0, 0.41, True),
+    Card("B200", 178.4, 2250.0, 8.0, 25.0, 0.375, False),
+    Card("A100", 79.2, 312.0, 2.0, 12.0, 0.45, False),
+    Card("A100-40GB", 39.4, 312.0, 1.6, 12.0, 0.45, False),
+    Card("L40S", 44.4, 362.0, 0.86, 12.0, 0.40, False),
+    Card("A10G", 22.0, 125.0, 0.6, 6.0, 0.40, False),
+    Card("L4", 22.0, 121.0, 0.3, 6.0, 0.40, False),
+)
+
+
+def card_named(name: str) -> Card:
+    wanted = name.upper().replace(" ", "-")
+    for card in CARDS:
+        if card.name.upper() == wanted:
+            return card
+    known = ", ".join(c.name for c in CARDS)
+    raise ConfigError(f"`--gpu {name}` is not a card the planner knows ({known}). Give its memory with `--gpu-memory`.")
+
+
+def this_card() -> Card | None:
+    """The card of this machine's first GPU, when the planner knows it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    device = torch.cuda.get_device_name(0)
+    memory = torch.cuda.get_device_properties(0).total_memory / 1024**3
+    for card in sorted(CARDS, key=lambda c: -len(c.name)):  # "H100-PCIe" before "H100"
+        if card.name.replace("-", " ") in device:
+            return replace(card, memory_gib=memory)
+    return None

@@ -1,0 +1,175 @@
+"""The predicted peak of one training step, per GPU: each part's bytes and the phase at which they add up most.
+
+Three moments compete for the peak: the end of the forward pass (every saved activation and the loss's logits are
+alive, the optimizer states from the step before too), backward (all gradients, the checkpointed layers' inputs and
+one recomputed layer), and the optimizer step (gradients, states and the step's temporaries). Gradients are freed
+after each step (`zero_grad(set_to_none=True)`), so they count at the end of the forward pass only when gradients
+accumulate over micro-batches."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from hellbender.plan.activations import (
+    attention_scores_bytes,
+    checkpoint_input_bytes_per_token,
+    layer_bytes_per_token,
+    loss_bytes,
+)
+from hellbender.plan.model_facts import ModelFacts, Parameter
+from hellbender.plan.optimizers import optimizer_rule, state_bytes
+from hellbender.plan.settings import PlanSettings
+
+GIB = 1024**3
+SLAB_BYTES = 256 * 1024**2  # hellbender's pinned host slabs for offloaded layer inputs (activation_offload.py)
+# The caching allocator reserves more than it hands out (measured reserved / allocated: 1.04-1.10 on W1 and W2,
+# docs/benchmarks.md); the CUDA context takes memory torch does not count.
+ALLOCATOR_MARGIN = 0.08
+CUDA_CONTEXT_BYTES = int(0.5 * GIB)
+_BNB4_BLOCK, _BNB4_NESTED_BLOCK = 64, 256
+
+
+def quantized_bytes(parameter: Parameter, bits: int, double_quant: bool) -> int:
+    """Bytes bitsandbytes stores for one linear weight: the packed values and their quantization state."""
+    n = parameter.numel
+    if bits == 8:  # int8 values and one float32 scale per output row
+        return n + 4 * parameter.rows
+    blocks = -(-n // _BNB4_BLOCK)
+    packed = -(-n // 2)
+    code = 16 * 4  # the 4-bit data type's 16 values, float32
+    if double_quant:  # absmax in uint8, with float32 absmax per 256 blocks, a 256-entry code and an offset
+        return packed + blocks + 4 * -(-blocks // _BNB4_NESTED_BLOCK) + 256 * 4 + 4 + code
+    return packed + 4 * blocks + code
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes per GPU (host where said) of one training step."""
+
+    weights: int
+    adapter: int
+    gradients: int
+    optimizer_states: int
+    activations: int  # saved by the layers that are not checkpointed, and the checkpointed layers' inputs on the GPU
+    recompute: int  # one checkpointed layer's activations while backward recomputes it
+    loss: int
+    attention_workspace: int
+    step_temporaries: int
+    ddp_buckets: int
+    peak: int
+    peak_phase: str
+    host: int
+    host_parts: dict[str, int] = field(default_factory=dict)
+    per_layer: list[int] = field(default_factory=list)  # activation bytes each decoder layer keeps on the GPU
+    phases: dict[str, int] = field(default_factory=dict)  # what is allocated at each of the three moments
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def allocator_margin(self) -> int:
+        return int(self.peak * ALLOCATOR_MARGIN)
+
+    @property
+    def needed(self) -> int:
+        """What the card must hold: the peak, the allocator's margin and the CUDA context."""
+        return self.peak + self.allocator_margin + CUDA_CONTEXT_BYTES
+
+
+def _shards(s: PlanSettings, part: str) -> int:
+    """By how many GPUs `part` is split."""
+    levels = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp2": 3}
+    needed = {"optimizer": 1, "gradients": 2, "weights": 3}[part]
+    return s.gpus if levels[s.sharding] >= needed else 1
+
+
+def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accumulation: int = 1,
+                double_quant: bool = True) -> MemoryPlan:  # fmt: skip
+    """The memory plan of one step with settings `s`; `element` is the bytes per value of the run's dtype."""
+    notes: list[str] = []
+    base = [p for p in facts.parameters if ".lora_" not in p.name]
+    adapter_params = [p for p in facts.parameters if ".lora_" in p.name]
+    weights = 0
+    for p in base:
+        weights += (
+            quantized_bytes(p, s.quantized_bits, double_quant) if s.quantized_bits and p.quantizable else p.nbytes
+        )
+    adapter = sum(p.nbytes for p in adapter_params)
+    trainable = facts.trainable
+    gradients = sum(p.nbytes for p in trainable)
+    rule = optimizer_rule(s.optimizer)
+    if not rule.known:
+        notes.append(f"optimizer `{s.optimizer}` is planned as AdamW with float32 states (its own rule is not known)")
+    states = sum(state_bytes(rule, p) for p in trainable)
+    if s.sharding.startswith("zero") and element < 4:  # DeepSpeed keeps float32 master weights beside the states
+        states += 4 * sum(p.numel for p in trainable)
+    # torch's foreach AdamW allocates a temporary of the states' size in its step; the fused kernel does not
+    step_temporaries = gradients if rule.states and rule.bits == 0 and "fused" not in s.optimizer else 0
+    host_parts: dict[str, int] = {}
+
+    layer_weights = facts.largest_layer_bytes
+    weights_split, adapter_split = weights // _shards(s, "weights"), adapter // _shards(s, "weights")
+    if _shards(s, "weights") > 1:  # gathered whole: the layer computing, the next one prefetched, and the head
+        outside = max((p.nbytes for p in base if p.in_layer is None), default=0)
+        weights_split = min(weights, weights_split + 2 * layer_weights + outside)
+    gradients //= _shards(s, "gradients")
+    states //= _shards(s, "optimizer")
+    step_temporaries //= _shards(s, "optimizer")
+    if s.offload_optimizer:
+        host_parts["offloaded optimizer states"] = states
+        states = 0
+        if s.sharding == "fsdp2":  # FSDP2's CPU offload keeps the sharded parameters and gradients there too
+            gathered = 2 * facts.largest_layer_bytes + max((p.nbytes for p in base if p.in_layer is None), default=0)
+            host_parts["offloaded parameters and gradients"] = weights_split - gathered + gradients
+            weights_split, gradients = gathered, 0
+    ddp_buckets = gradients if s.gpus > 1 and s.sharding == "none" else 0
+
+    tokens = s.micro_batch_size * s.sequence_len
+    checkpointed = s.checkpointed(facts.layers)
+    norm_trains = any(p.trainable and "norm" in p.name for p in facts.parameters)
+    full_layer = layer_bytes_per_token(facts, s, element, norm_trains) * tokens
+    kept_input = checkpoint_input_bytes_per_token(facts, element) * tokens
+    per_layer = []
+    for index in range(facts.layers):
+        if index < checkpointed:
+            per_layer.append(0 if s.offload else kept_input)
+        else:
+            per_layer.append(int(full_layer + attention_scores_bytes(facts, s, element, index)))
+    if checkpointed and s.offload:
+        on_host = checkpointed * kept_input
+        host_parts["offloaded layer inputs (pinned slabs)"] = math.ceil(on_host / SLAB_BYTES) * SLAB_BYTES
+        per_layer[0] = 2 * kept_input  # the input being copied out and the one fetched ahead in backward
+    activations = sum(per_layer)
+    recompute = int(full_layer + attention_scores_bytes(facts, s, element, 0)) if checkpointed else 0
+    loss = int(loss_bytes(facts, s, element))
+    q, k = facts.q_dim, facts.kv_dim
+    attention_workspace = element * tokens * (q + 2 * k)  # one layer's dq, dk, dv in backward
+    residual = element * tokens * facts.hidden * 2  # the gradient flowing down the residual stream, and its sum
+
+    fixed = weights_split + adapter_split + states + ddp_buckets
+    grads_now = gradients if gradient_accumulation > 1 else 0
+    phases = {
+        "loss": fixed + grads_now + activations + loss,
+        "backward": fixed + gradients + activations - sum(per_layer[checkpointed:]) + recompute
+        + attention_workspace + residual,
+        "optimizer step": fixed + gradients + step_temporaries,
+    }  # fmt: skip
+    phase = max(phases, key=phases.get)
+    return MemoryPlan(
+        weights=weights_split,
+        adapter=adapter_split,
+        gradients=gradients,
+        optimizer_states=states,
+        activations=activations,
+        recompute=recompute,
+        loss=loss,
+        attention_workspace=attention_workspace,
+        step_temporaries=step_temporaries,
+        ddp_buckets=ddp_buckets,
+        peak=int(phases[phase]),
+        peak_phase=phase,
+        host=sum(host_parts.values()),
+        host_parts=host_parts,
+        per_layer=per_layer,
+        phases={name: int(value) for name, value in phases.items()},
+        notes=notes,
+    )

@@ -1,0 +1,238 @@
+"""What the planner needs to know about the model, read from its module tree on the meta device (no weights are
+read and no memory is used): every parameter with its dtype and whether it trains, which linear weights a quantized
+base stores in 4 or 8 bits, the decoder's shape, and which inputs LoRA wraps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hellbender.config import HellbenderConfig
+
+# Linear layers whose inputs are one tensor in a Llama-style decoder layer: LoRA modules that read the same input
+# are grouped, since autograd saves one tensor for all of them.
+_SHARED_INPUTS = {
+    "q_proj": "attention input",
+    "k_proj": "attention input",
+    "v_proj": "attention input",
+    "qkv_proj": "attention input",
+    "o_proj": "attention output",
+    "gate_proj": "MLP input",
+    "up_proj": "MLP input",
+    "gate_up_proj": "MLP input",
+    "down_proj": "MLP inner",
+}
+
+
+_VISION_PARTS = ("vision", "visual", "image", "audio", "multi_modal_projector")
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    numel: int
+    element_size: int  # bytes per element as the run holds it unquantized
+    trainable: bool
+    quantizable: bool  # a linear weight that a 4- or 8-bit base stores quantized
+    rows: int  # output features of a linear weight (8-bit keeps one scale per row); 0 otherwise
+    in_layer: int | None  # index of the decoder layer holding it, None outside the decoder layers
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.element_size
+
+
+@dataclass(frozen=True)
+class LoraInput:
+    """One input tensor that LoRA modules of a decoder layer read (q/k/v share one)."""
+
+    group: str
+    width: int
+    modules: int
+    rank_sum: int  # sum of the ranks of the modules reading it
+
+
+@dataclass
+class ModelFacts:
+    parameters: list[Parameter]
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int  # the average over the layers (q width / heads), kv_heads x head_dim the k width
+    vocab: int
+    q_dim: int  # query (and attention output) width, averaged over the layers
+    kv_dim: int  # key (and value) width, averaged over the layers
+    sliding_windows: list[int | None]  # per decoder layer: the attention window, None for full attention
+    lora_inputs: list[LoraInput] = field(default_factory=list)  # of one decoder layer (the first)
+    lora_dropout: float = 0.0
+    head_trainable: bool = False
+    head_numel: int = 0
+    decoder_linear_numel: int = 0  # base linear weights of the decoder layers (pre-quantization)
+    other_linear_numel: int = 0  # linear weights outside the decoder and the head (a vision tower, a projector)
+    lora_numel: int = 0
+    largest_layer_bytes: int = 0  # the decoder layer with the most parameter bytes (FSDP2 / ZeRO-3 gather it whole)
+
+    @property
+    def trainable(self) -> list[Parameter]:
+        return [p for p in self.parameters if p.trainable]
+
+    def layer_parameters(self, index: int) -> list[Parameter]:
+        return [p for p in self.parameters if p.in_layer == index]
+
+
+def meta_model(cfg: HellbenderConfig) -> Any:
+    """The trainable model as training builds it (the run's dtype, the adapter, frozen vision modules), on the meta
+    device. Quantization is left out: `memory.weight_bytes` computes the quantized storage from the shapes."""
+    import torch
+
+    from hellbender.config.precision import torch_dtype
+    from hellbender.models.adapters import apply_adapter
+    from hellbender.models.loading import _transformers_class, model_config, resolve_model_path
+
+    config = model_config(cfg, resolve_model_path(cfg.base_model))
+    config._attn_implementation = cfg.attn_implementation or "sdpa"
+    cls = _transformers_class(cfg.model_type, "model_type")
+    with torch.device("meta"):
+        build = cls.from_config if hasattr(cls, "from_config") else cls._from_config
+        model = build(config, dtype=torch_dtype(cfg))
+    return apply_adapter(cfg, model)
+
+
+def _decoder_layers(model: Any) -> list[Any]:
+    """The repeated decoder layers: the ModuleList of the language model as long as its config says (else its longest
+    ModuleList), never a vision tower's blocks."""
+    import torch
+
+    wanted = _setting(model.config.get_text_config(), "num_hidden_layers", None)
+    lists = [
+        m
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.ModuleList) and not any(part in name for part in _VISION_PARTS)
+    ]
+    exact = [m for m in lists if len(m) == wanted]
+    return exact[0] if exact else max(lists, key=len) if lists else []
+
+
+def describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
+    """The facts of `model` (built by `meta_model` for `cfg`)."""
+    import torch
+
+    text = model.config.get_text_config()
+    layers = _decoder_layers(model)
+    layer_of = {id(p): i for i, layer in enumerate(layers) for p in layer.parameters()}
+    head = model.get_output_embeddings()
+    head_weight = head.weight if head is not None else None
+    embeddings = model.get_input_embeddings().weight
+    linear_weights = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and not _is_lora_part(name):
+            linear_weights[id(module.weight)] = module.out_features
+    parameters = []
+    for name, p in model.named_parameters():
+        is_head = head_weight is not None and p is head_weight
+        quantizable = id(p) in linear_weights and not is_head and p is not embeddings
+        parameters.append(
+            Parameter(
+                name=name,
+                numel=p.numel(),
+                element_size=p.element_size(),
+                trainable=p.requires_grad,
+                quantizable=quantizable,
+                rows=linear_weights.get(id(p), 0),
+                in_layer=layer_of.get(id(p)),
+            )
+        )
+    heads = _setting(text, "num_attention_heads", 1)
+    kv_heads = _setting(text, "num_key_value_heads", heads)
+    head_dim = _setting(text, "head_dim", text.hidden_size // heads)
+    # Widths as the layers' projections have them, averaged over the layers (Gemma 4's full-attention layers have
+    # wider heads than its sliding ones; its config refuses a global `head_dim`).
+    q_dim = _mean_width(layers, ("q_proj",), "out_features") or heads * head_dim
+    kv_dim = _mean_width(layers, ("k_proj",), "out_features") or kv_heads * head_dim
+    intermediate = _mean_width(layers, ("down_proj",), "in_features") or _setting(
+        text, "intermediate_size", 4 * text.hidden_size
+    )
+    windows = _sliding_windows(text, len(layers))
+    facts = ModelFacts(
+        parameters=parameters,
+        hidden=text.hidden_size,
+        intermediate=intermediate,
+        layers=len(layers),
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=max(1, q_dim // heads),
+        q_dim=q_dim,
+        kv_dim=kv_dim,
+        vocab=text.vocab_size,
+        sliding_windows=windows,
+        lora_dropout=cfg.lora_dropout if cfg.adapter else 0.0,
+        head_trainable=bool(head_weight is not None and head_weight.requires_grad),
+        head_numel=head_weight.numel() if head_weight is not None else 0,
+    )
+    facts.decoder_linear_numel = sum(
+        p.numel for p in parameters if p.quantizable and p.in_layer is not None and not _is_lora_part(p.name)
+    )
+    facts.other_linear_numel = sum(p.numel for p in parameters if p.quantizable and p.in_layer is None)
+    facts.lora_numel = sum(p.numel for p in parameters if _is_lora_part(p.name))
+    per_layer = [0] * len(layers)
+    for p in parameters:
+        if p.in_layer is not None:
+            per_layer[p.in_layer] += p.nbytes
+    facts.largest_layer_bytes = max(per_layer, default=0)
+    if layers:
+        facts.lora_inputs = _lora_inputs(layers[0])
+    return facts
+
+
+def _is_lora_part(name: str) -> bool:
+    return ".lora_" in name
+
+
+def _setting(text: Any, name: str, default: Any) -> Any:
+    """A setting of the text config; `default` where it has none, or none that holds for every layer."""
+    try:
+        value = getattr(text, name, None)
+    except Exception:  # transformers' per-layer configs refuse a global read of a per-layer attribute
+        return default
+    return value if value else default
+
+
+def _mean_width(layers: list[Any], names: tuple[str, ...], attribute: str) -> int:
+    """The average `attribute` of the linear layers named `names` in the decoder layers (0 if there are none); LoRA's
+    wrappers are read through to the base layer."""
+    widths = []
+    for layer in layers:
+        for name, module in layer.named_modules():
+            if name.rsplit(".", 1)[-1] in names:
+                base = getattr(module, "base_layer", module)
+                if hasattr(base, attribute):
+                    widths.append(getattr(base, attribute))
+    return round(sum(widths) / len(widths)) if widths else 0
+
+
+def _sliding_windows(text: Any, count: int) -> list[int | None]:
+    window = _setting(text, "sliding_window", None)
+    types = _setting(text, "layer_types", None)
+    if not window:
+        return [None] * count
+    if types:
+        return [window if t == "sliding_attention" else None for t in list(types)[:count]]
+    return [window] * count
+
+
+def _lora_inputs(layer: Any) -> list[LoraInput]:
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for name, module in layer.named_modules():
+        lora_a = getattr(module, "lora_A", None)
+        if lora_a is None or not len(lora_a):
+            continue
+        adapter = next(iter(lora_a.values()))
+        leaf = name.rsplit(".", 1)[-1]
+        group = _SHARED_INPUTS.get(leaf, name)
+        groups.setdefault(group, []).append((adapter.in_features, adapter.out_features))
+    return [
+        LoraInput(group, width=members[0][0], modules=len(members), rank_sum=sum(r for _, r in members))
+        for group, members in groups.items()
+    ]

@@ -1,0 +1,88 @@
+"""The plan as text: the per-GPU memory breakdown, host memory, step time and a one-line verdict."""
+
+from __future__ import annotations
+
+from hellbender.plan.fit import Plan, smallest_fitting_change
+from hellbender.plan.memory import ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES, GIB
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:6.2f} GiB"
+
+
+def describe_run(plan: Plan) -> str:
+    s, cfg = plan.settings, plan.cfg
+    method = {"lora": "LoRA", "qlora": "QLoRA", None: "full fine-tuning"}[cfg.adapter]
+    bits = f", {s.quantized_bits}-bit base" if s.quantized_bits else ""
+    layers = plan.facts.layers
+    checkpointed = s.checkpointed(layers)
+    ckpt = "no checkpointing" if not checkpointed else f"{checkpointed} of {layers} layers checkpointed"
+    if checkpointed and s.offload:
+        ckpt += " (inputs offloaded)"
+    sharding = {"none": "DDP" if s.gpus > 1 else "one GPU", "fsdp2": "FSDP2"}.get(s.sharding, s.sharding.upper())
+    return (
+        f"{cfg.base_model}: {method}{bits}, micro-batch {s.micro_batch_size} x {s.sequence_len} tokens, {ckpt}, "
+        f"{'fused' if s.fused_loss else 'full-logits'} loss, optimizer {s.optimizer}, {s.gpus} GPU(s) ({sharding})"
+    )
+
+
+def render(plan: Plan) -> str:
+    m, t = plan.memory, plan.time
+    checkpointed = plan.settings.checkpointed(plan.facts.layers)
+    unchecked = [b for i, b in enumerate(m.per_layer) if i >= checkpointed]
+    kept = [b for i, b in enumerate(m.per_layer) if i < checkpointed]
+    lines = [describe_run(plan), "", "Predicted peak GPU memory, per GPU:"]
+    rows = [
+        ("weights", m.weights),
+        ("adapter weights", m.adapter),
+        ("gradients", m.gradients),
+        ("optimizer states", m.optimizer_states),
+        ("DDP gradient buckets", m.ddp_buckets),
+        (f"activations, {len(unchecked)} layers kept whole ({_gib(unchecked[0]).strip() if unchecked else '0'} each)",
+         sum(unchecked)),
+        (f"activations, {len(kept)} checkpointed layer inputs", sum(kept)),
+        ("recomputed layer (backward)", m.recompute),
+        ("logits and loss", m.loss),
+        ("attention workspace (backward)", m.attention_workspace),
+        ("optimizer step temporaries", m.step_temporaries),
+    ]  # fmt: skip
+    for label, value in rows:
+        if value:
+            lines.append(f"  {label:<58} {_gib(value)}")
+    moments = ", ".join(f"{name} {value / GIB:.2f}" for name, value in m.phases.items())
+    lines.append(f"  (the parts above do not all coexist; allocated GiB by moment: {moments})")
+    lines.append(f"  {'peak allocated (at the ' + m.peak_phase + ')':<58} {_gib(m.peak)}")
+    lines.append(f"  {f'allocator margin ({ALLOCATOR_MARGIN:.0%}) and CUDA context':<58} "
+                 f"{_gib(m.allocator_margin + CUDA_CONTEXT_BYTES)}")  # fmt: skip
+    lines.append(f"  {'needed on the card':<58} {_gib(m.needed)}")
+    lines.append("")
+    lines.append("Host memory (besides the process and data loaders):")
+    if m.host_parts:
+        lines += [f"  {label:<58} {_gib(value)}" for label, value in m.host_parts.items()]
+    else:
+        lines.append("  nothing offloaded")
+    measured = "" if plan.card.measured else ", efficiency not measured on this card"
+    lines += [
+        "",
+        f"Predicted step on {plan.card.name}{measured}: {t.flops / 1e12:.0f} TFLOP, {t.seconds:.2f} s, "
+        f"{t.tokens_per_second:,.0f} tokens/s per GPU",
+    ]
+    lines += [f"note: {note}" for note in m.notes]
+    lines.append("")
+    lines.append(verdict(plan))
+    return "\n".join(lines) + "\n"
+
+
+def verdict(plan: Plan) -> str:
+    budget = f"{plan.budget / GIB:.1f} GiB ({plan.budget_source})"
+    if plan.fits:
+        return f"fits: needs {plan.memory.needed / GIB:.1f} GiB of {budget}"
+    text = f"does not fit: needs {plan.memory.needed / GIB:.1f} GiB of {budget}"
+    found = smallest_fitting_change(plan)
+    if found is None:
+        return text + "; no change the planner tries fits (more GPUs with FSDP2, or a larger card)"
+    change, better = found
+    return (
+        f"{text}; smallest change that fits: {change.describe()} "
+        f"(needs {better.memory.needed / GIB:.1f} GiB, {better.time.tokens_per_second:,.0f} tokens/s)"
+    )

@@ -1,0 +1,71 @@
+"""The knobs of a run that move its memory and speed, read from the config once, so that the planner can try other
+values (a smaller micro-batch, more checkpointed layers) without touching the config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hellbender.config import HellbenderConfig
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    micro_batch_size: int
+    sequence_len: int
+    checkpointing: bool
+    offload: bool  # checkpointed layers' inputs wait in pinned host memory (`gradient_checkpointing: offload`)
+    checkpointed_layers: int | None  # None: all decoder layers
+    fused_loss: bool  # Liger's fused linear cross-entropy: no full logits
+    liger_rms_norm: bool
+    liger_glu: bool
+    eager_attention: bool  # attention scores are materialised (s^2 per head)
+    optimizer: str
+    quantized_bits: int | None
+    gpus: int
+    sharding: str  # "none" (one GPU or DDP), "fsdp2", "zero1", "zero2", "zero3"
+    offload_optimizer: bool = False  # DeepSpeed / FSDP2 keep optimizer states (and ZeRO-3 / FSDP2 the params) on host
+
+    def checkpointed(self, layers: int) -> int:
+        """How many of `layers` decoder layers are checkpointed."""
+        if not self.checkpointing:
+            return 0
+        return layers if self.checkpointed_layers is None else min(self.checkpointed_layers, layers)
+
+    def but(self, **changes: object) -> PlanSettings:
+        return replace(self, **changes)
+
+
+def plan_settings(cfg: HellbenderConfig, gpus: int = 1) -> PlanSettings:
+    """The settings `cfg` runs with on `gpus` GPUs."""
+    sharding, offload_optimizer = _sharding(cfg)
+    optimizer = cfg.optimizer if cfg.optimizer != "auto" else "adamw_torch_fused"  # the planner plans for a GPU
+    return PlanSettings(
+        micro_batch_size=cfg.micro_batch_size,
+        sequence_len=cfg.sequence_len,
+        checkpointing=cfg.checkpoints_activations,
+        offload=cfg.gradient_checkpointing == "offload",
+        checkpointed_layers=cfg.gradient_checkpointing_layers,
+        fused_loss=cfg.fuses_the_loss,
+        liger_rms_norm=cfg.liger_rms_norm,
+        liger_glu=cfg.liger_glu_activation,
+        eager_attention=cfg.attn_implementation == "eager",
+        optimizer=optimizer,
+        quantized_bits=cfg.quantized_bits,
+        gpus=gpus,
+        sharding=sharding if gpus > 1 else "none",
+        offload_optimizer=offload_optimizer,
+    )
+
+
+def _sharding(cfg: HellbenderConfig) -> tuple[str, bool]:
+    if cfg.uses_fsdp2:
+        return "fsdp2", bool(getattr(cfg.fsdp_settings, "offload_params", False))
+    if cfg.deepspeed:
+        from hellbender.config.deepspeed import read_deepspeed_json, zero_stage
+
+        settings = read_deepspeed_json(cfg.deepspeed)
+        stage = zero_stage(settings) or 0
+        zero = settings.get("zero_optimization") or {}
+        offloaded = isinstance(zero.get("offload_optimizer"), dict) and zero["offload_optimizer"].get("device") == "cpu"
+        return (f"zero{stage}" if stage else "none"), offloaded
+    return "none", False

@@ -1,0 +1,221 @@
+"""The memory planner (`hellbender plan`): exact byte counts against a real step of the tiny model, the shape of
+the activation estimate, and the refusal of a config that does not fit `gpu_memory_limit`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from hellbender.config import validate_config
+from hellbender.config.training import memory_limit_gib
+from hellbender.errors import ConfigError
+from hellbender.plan.activations import layer_bytes_per_token
+from hellbender.plan.fit import element_size
+from hellbender.plan.memory import plan_memory, quantized_bytes
+from hellbender.plan.model_facts import Parameter, describe, meta_model
+from hellbender.plan.settings import plan_settings
+from tests.helpers import assert_user_error, base_config, invoke
+
+
+def _real_step(cfg) -> dict[str, int]:
+    """Bytes of parameters, gradients and AdamW states after one real optimizer step of the model `train` builds."""
+    from hellbender.models.loading import load_tokenizer
+    from hellbender.models.stack import build_trainable_model
+
+    model = build_trainable_model(cfg, load_tokenizer(cfg))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-3)  # transformers' `adamw_torch`
+    ids = torch.randint(5, 200, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    states = [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    return {
+        "parameters": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "gradients": sum(p.grad.numel() * p.grad.element_size() for p in trainable),
+        "states": sum(t.numel() * t.element_size() for t in states),
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"adapter": "lora", "lora_r": 8, "lora_target_linear": True},
+        {"adapter": "lora", "lora_r": 4, "lora_target_modules": ["q_proj", "v_proj"], "bf16": True},
+        {"adapter": None},
+        {"adapter": "lora", "lora_r": 8, "lora_target_linear": True, "lora_modules_to_save": ["lm_head"]},
+    ],
+    ids=["lora-fp32", "lora-bf16", "full-fp32", "lora-with-trained-head"],
+)
+def test_weights_gradients_and_states_are_the_bytes_a_real_step_allocates(tmp_path, overrides):
+    cfg = validate_config(base_config(tmp_path, optimizer="adamw_torch", **overrides))
+    facts = describe(cfg, meta_model(cfg))
+    planned = plan_memory(facts, plan_settings(cfg), element_size(cfg))
+    real = _real_step(cfg)
+    assert planned.weights + planned.adapter == real["parameters"]
+    assert planned.gradients == real["gradients"]
+    assert planned.optimizer_states == real["states"]
+    assert (planned.adapter > 0) == (cfg.adapter is not None)
+
+
+def test_sgd_keeps_no_state_and_8bit_adam_a_quarter(tmp_path):
+    def states(optimizer: str) -> int:
+        cfg = validate_config(base_config(tmp_path, adapter=None, optimizer=optimizer))
+        return plan_memory(describe(cfg, meta_model(cfg)), plan_settings(cfg), 4).optimizer_states
+
+    adam, sgd, eight_bit = states("adamw_torch"), states("sgd"), states("adamw_bnb_8bit")
+    assert sgd == 0
+    assert 0.2 * adam < eight_bit < 0.3 * adam  # uint8 states with float32 scales, against float32 states
+
+
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_four_bit_weights_are_the_bytes_bitsandbytes_stores(double_quant):
+    bnb = pytest.importorskip("bitsandbytes")
+    weight = torch.randn(384, 256, dtype=torch.bfloat16)
+    packed = bnb.nn.Params4bit(
+        weight, requires_grad=False, compress_statistics=double_quant, quant_type="nf4", quant_storage=torch.bfloat16
+    )._quantize("cpu")
+    state = packed.quant_state
+    tensors = [packed, state.absmax, state.code]
+    if state.nested:
+        tensors += [state.state2.absmax, state.state2.code, state.offset]
+    stored = sum(t.numel() * t.element_size() for t in tensors)
+    parameter = Parameter("w", weight.numel(), 2, False, True, 384, 0)
+    assert quantized_bytes(parameter, 4, double_quant) == stored
+
+
+def test_activations_grow_with_batch_and_length_and_checkpointing_lowers_them(tmp_path):
+    six_layers = {"num_hidden_layers": 6}  # the meta model only: nothing is built with weights
+    cfg = validate_config(
+        base_config(tmp_path, adapter="lora", lora_target_linear=True, overrides_of_model_config=six_layers)
+    )
+    facts = describe(cfg, meta_model(cfg))
+    assert facts.layers == 6
+    s = plan_settings(cfg).but(sequence_len=512)
+
+    def activations(**changes) -> int:  # the peak, whose other parts do not move with these settings
+        return plan_memory(facts, s.but(**changes), 4).peak
+
+    assert activations(micro_batch_size=1) < activations(micro_batch_size=2) < activations(micro_batch_size=4)
+    assert activations(sequence_len=128) < activations(sequence_len=256) < activations(sequence_len=512)
+    whole = activations(checkpointing=False)
+    one_layer = activations(checkpointing=True, checkpointed_layers=1)
+    every_layer = activations(checkpointing=True)
+    assert every_layer < one_layer < whole
+    offloaded = plan_memory(facts, s.but(checkpointing=True, offload=True), 4)
+    assert offloaded.activations < plan_memory(facts, s.but(checkpointing=True), 4).activations
+    assert offloaded.host > 0
+    scores = activations(eager_attention=True, checkpointing=False)
+    assert scores > whole  # eager attention saves its probabilities
+
+
+def test_layer_estimate_matches_the_tensors_autograd_saves(tmp_path):
+    """The per-layer formula against the bytes a real forward saves for backward (saved-tensor hooks, parameters
+    left out), for full fine-tuning in float32 on the tiny Llama."""
+    from hellbender.models.loading import load_tokenizer
+    from hellbender.models.stack import build_trainable_model
+
+    cfg = validate_config(base_config(tmp_path, adapter=None))
+    model = build_trainable_model(cfg, load_tokenizer(cfg))
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    layer = model.model.layers[1]
+    inside, saved = [False], {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if inside[0] and ptr not in weights:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    layer.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
+    layer.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+    ids = torch.randint(5, 200, (2, 64))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    facts = describe(cfg, meta_model(cfg))
+    predicted = layer_bytes_per_token(facts, plan_settings(cfg), 4, norm_trains=True) * ids.numel()
+    assert abs(predicted - sum(saved.values())) < 0.1 * sum(saved.values())
+
+
+def test_memory_limit_reads_gib_and_units():
+    assert memory_limit_gib(20) == 20.0
+    assert memory_limit_gib("20GiB") == 20.0
+    assert memory_limit_gib("512 MiB") == 0.5
+    assert abs(memory_limit_gib("80GB") - 74.5) < 0.1
+    with pytest.raises(ValueError, match="not an amount of memory"):
+        memory_limit_gib("lots")
+
+
+def test_plan_prints_the_breakdown_and_a_verdict(tmp_path):
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(base_config(tmp_path, adapter="lora", lora_target_linear=True)))
+    fits = invoke("plan", path, "--gpu", "L4")
+    assert fits.exit_code == 0, fits.output
+    for part in ("weights", "adapter weights", "optimizer states", "logits and loss", "tokens/s", "fits: needs"):
+        assert part in fits.output
+    tight = invoke("plan", path, "--gpu-memory", "0.55", "--set", "micro_batch_size=64")
+    assert tight.exit_code == 1, tight.output
+    assert "does not fit" in tight.output and "smallest change that fits: `" in tight.output
+
+
+def test_train_refuses_a_config_over_gpu_memory_limit_before_preparing_data(tmp_path):
+    cfg = base_config(
+        tmp_path, adapter="lora", lora_target_linear=True, micro_batch_size=64, gpu_memory_limit="0.55GiB"
+    )
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(cfg))
+    result = invoke("train", path)
+    assert_user_error(result, "gpu_memory_limit", "smallest change that fits", "micro_batch_size")
+    assert not (tmp_path / "prepared").exists() and not (tmp_path / "out").exists()
+
+
+def test_auto_settings_choose_the_fastest_setting_that_fits(tmp_path):
+    from hellbender.plan.budget import plan_for
+
+    auto = dict(micro_batch_size="auto", gradient_checkpointing="auto", adapter="lora", lora_target_linear=True)
+    roomy = validate_config(base_config(tmp_path, **auto, gpu_memory_limit=40))
+    assert roomy.micro_batch_size == 128 and roomy.gradient_checkpointing is False  # everything fits: no recompute
+    tight = validate_config(base_config(tmp_path, **auto, gpu_memory_limit="0.56GiB"))
+    assert isinstance(tight.micro_batch_size, int) and tight.micro_batch_size < 128
+    chosen = plan_for(tight)
+    assert chosen.fits
+    bigger = validate_config(
+        base_config(tmp_path, **{**auto, "micro_batch_size": tight.micro_batch_size * 2}, gpu_memory_limit="0.56GiB")
+    )
+    # the next micro-batch fits only with checkpointing, which recomputes: predicted slower
+    assert bigger.gradient_checkpointing is not False
+    assert plan_for(bigger).time.tokens_per_second < chosen.time.tokens_per_second
+    with pytest.raises(ConfigError, match="micro_batch_size: auto.*no setting fits"):
+        validate_config(base_config(tmp_path, **auto, gpu_memory_limit="0.1GiB"))
+
+
+@pytest.mark.parametrize("model", ["hellbender/tiny-qwen2.5-vl", "hellbender/tiny-gemma4-vlm"])
+def test_a_vision_language_model_is_planned_on_its_language_layers(tmp_path, model):
+    from tests.helpers import vlm_config
+
+    cfg = validate_config(vlm_config(tmp_path, model, adapter="lora", lora_target_linear=True))
+    model_on_meta = meta_model(cfg)
+    facts = describe(cfg, model_on_meta)
+    assert facts.layers == model_on_meta.config.get_text_config().num_hidden_layers
+    vision = [p for p in facts.parameters if "visual" in p.name or "vision" in p.name]
+    assert vision and all(p.in_layer is None and not p.trainable for p in vision)
+    plan = plan_memory(facts, plan_settings(cfg), element_size(cfg))
+    assert plan.weights == sum(p.nbytes for p in facts.parameters if ".lora_" not in p.name)
+
+
+def test_sharding_divides_what_each_stage_shards(tmp_path):
+    eight_layers = {"num_hidden_layers": 8}  # the meta model only
+    cfg = validate_config(
+        base_config(tmp_path, adapter=None, optimizer="adamw_torch", overrides_of_model_config=eight_layers)
+    )
+    facts = describe(cfg, meta_model(cfg))
+    one = plan_memory(facts, plan_settings(cfg), 4)
+
+    def on_four(sharding: str) -> object:
+        return plan_memory(facts, plan_settings(cfg).but(gpus=4, sharding=sharding), 4)
+
+    ddp, zero1, zero2, fsdp2 = on_four("none"), on_four("zero1"), on_four("zero2"), on_four("fsdp2")
+    assert ddp.ddp_buckets == one.gradients and ddp.weights == one.weights
+    assert zero1.optimizer_states < one.optimizer_states and zero1.gradients == one.gradients
+    assert zero2.gradients == one.gradients // 4 and zero2.weights == one.weights
+    assert fsdp2.optimizer_states == one.optimizer_states // 4 and fsdp2.weights < one.weights
