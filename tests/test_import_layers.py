@@ -18,10 +18,12 @@ ALLOWED: dict[str, set[str]] = {
     "config": set(),
     "data": {"config"},
     "models": {"config"},
-    "train": {"config", "data", "models"},
+    # The memory planner: the model's structure on the meta device, from the config.
+    "plan": {"config", "models"},
+    "train": {"config", "data", "models", "plan"},
     "use": {"config", "data", "models", "train"},  # e.g. evaluating pairs with the trainer that scored them
     # The command line and the launcher sit on top of everything.
-    "cli": {"config", "data", "models", "train", "use", "launch"},
+    "cli": {"config", "data", "models", "plan", "train", "use", "launch"},
     "__main__": {"cli"},
     "launch": set(),
 }

@@ -8,6 +8,7 @@ import torch
 import yaml
 
 from hellbender.config import validate_config
+from hellbender.config import validate_config as validate_with
 from hellbender.config.training import memory_limit_gib
 from hellbender.errors import ConfigError
 from hellbender.plan.activations import layer_bytes_per_token
@@ -16,6 +17,8 @@ from hellbender.plan.memory import plan_memory, quantized_bytes
 from hellbender.plan.model_facts import Parameter, describe, meta_model
 from hellbender.plan.settings import plan_settings
 from tests.helpers import assert_user_error, base_config, invoke
+
+pytestmark = pytest.mark.usefixtures("libraries_log_to_the_session_stderr")
 
 
 def _real_step(cfg) -> dict[str, int]:
@@ -170,7 +173,14 @@ def test_train_refuses_a_config_over_gpu_memory_limit_before_preparing_data(tmp_
 
 
 def test_auto_settings_choose_the_fastest_setting_that_fits(tmp_path):
+    from hellbender.plan.auto import choose
     from hellbender.plan.budget import plan_for
+
+    def validate_config(raw):  # as hellbender's commands read a config: with the planner choosing
+        return validate_with(raw, choose)
+
+    with pytest.raises(ConfigError, match="chosen by the memory planner"):
+        validate_with(base_config(tmp_path, micro_batch_size="auto"))
 
     auto = dict(micro_batch_size="auto", gradient_checkpointing="auto", adapter="lora", lora_target_linear=True)
     roomy = validate_config(base_config(tmp_path, **auto, gpu_memory_limit=40))

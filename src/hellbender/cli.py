@@ -124,6 +124,7 @@ def train(
     """Train the model the config describes and save it in `output_dir`."""
     from hellbender.config import load_config
     from hellbender.launch import Launch
+    from hellbender.plan.auto import choose
 
     launch = Launch(nproc, nnodes, node_rank, master_addr, master_port)
 
@@ -133,7 +134,7 @@ def train(
             from hellbender.train.distributed import one_gpu_for_one_process
 
             restricted = one_gpu_for_one_process()  # before validation starts CUDA (it reads the GPU's bf16 support)
-        cfg = load_config(config, set_)
+        cfg = load_config(config, set_, choose)
         from hellbender.train.deepspeed import require_deepspeed_package
 
         require_deepspeed_package(cfg)  # before any process is launched or any data prepared
@@ -179,9 +180,10 @@ def train(
 def preprocess(config: ConfigArg, set_: SetOpt = None, debug: DebugOpt = False) -> None:
     """Tokenize and cache the datasets, then print what was kept and dropped."""
     from hellbender.config import load_config
+    from hellbender.plan.auto import choose
 
     def action() -> None:
-        cfg = load_config(config, set_)
+        cfg = load_config(config, set_, choose)
         if (cfg.uses_streaming or cfg.skip_prepare_dataset) and not cfg.test_datasets:
             why = "streamed at training time" if cfg.uses_streaming else "used as they are (`skip_prepare_dataset`)"
             console.print(f"The training rows are {why}; there is nothing to prepare.")
@@ -230,9 +232,10 @@ def merge_lora(
 ) -> None:
     """Merge the trained LoRA adapter into the base model and save a standalone model."""
     from hellbender.config import load_config
+    from hellbender.plan.auto import choose
 
     def action() -> None:
-        cfg = load_config(config, set_)
+        cfg = load_config(config, set_, choose)
         _setup_logging()
         from hellbender.use.merge import merge_lora as run_merge
 
@@ -261,9 +264,10 @@ def consolidate(
 ) -> None:
     """Join an FSDP2 sharded checkpoint into one model (or adapter) that transformers and PEFT load."""
     from hellbender.config import load_config
+    from hellbender.plan.auto import choose
 
     def action() -> None:
-        cfg = load_config(config, set_)
+        cfg = load_config(config, set_, choose)
         _setup_logging()
         from hellbender.use.consolidate import consolidate as run_consolidate
 
@@ -312,6 +316,7 @@ def inference(
 ) -> None:
     """Answer prompts with the trained model (base + adapter, a checkpoint or a merged model), streaming the text."""
     from hellbender.config import load_config
+    from hellbender.plan.auto import choose
 
     def action() -> None:
         chosen = [name for name, given in (("--prompt", prompt), ("--prompts-file", prompts_file)) if given]
@@ -325,7 +330,7 @@ def inference(
             raise UserError(
                 "`--raw` answers single prompts without the chat template; it cannot be used with `--chat`."
             )
-        cfg = load_config(config, set_)
+        cfg = load_config(config, set_, choose)
         from hellbender.use import inference as use
 
         settings = use.GenerationSettings(max_new_tokens, temperature, top_p)
@@ -369,12 +374,13 @@ def evaluate(
     """Score the trained model on the config's evaluation data: loss, perplexity, token accuracy (JSON); after
     preference tuning or a reward model: preference accuracy, mean reward margin and the method's loss."""
     from hellbender.config import load_config
+    from hellbender.plan.auto import choose
 
     def action() -> None:
         from hellbender.train.distributed import one_gpu_for_one_process
 
         restricted = one_gpu_for_one_process()  # before validation starts CUDA
-        cfg = load_config(config, set_)
+        cfg = load_config(config, set_, choose)
         _setup_logging()
         from hellbender.use.evaluate import evaluate as run_evaluation
 
@@ -400,9 +406,10 @@ def validate(
     """Check a config without loading the model or data; end with one verdict line."""
     from hellbender.config import dump_config, load_config
     from hellbender.config.machine import this_machine
+    from hellbender.plan.auto import choose
 
     def action() -> None:
-        cfg = load_config(config, set_)
+        cfg = load_config(config, set_, choose)
         from hellbender.config.deepspeed import deepspeed_notices
         from hellbender.config.machine_needs import machine_notices
 
@@ -443,9 +450,10 @@ def plan(
 ) -> None:
     """Predict peak GPU memory, host memory and step time without loading weights or data; say whether it fits."""
     from hellbender.config import load_config
+    from hellbender.plan.auto import choose
 
     def action() -> None:
-        cfg = load_config(config, set_)
+        cfg = load_config(config, set_, choose)
         from hellbender.plan.budget import plan_for
         from hellbender.plan.report import render
 

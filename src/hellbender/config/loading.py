@@ -21,7 +21,7 @@ from hellbender.config.lazy_preparation import read_skip_prepare_dataset
 from hellbender.config.machine import Machine
 from hellbender.config.overrides import apply_overrides
 from hellbender.config.path_shapes import path_shape_problems
-from hellbender.config.planned_keys import AUTO_KEYS
+from hellbender.config.planned_keys import AUTO_KEYS, AUTO_STAND_INS, AutoChooser
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.spellings import read_older_spellings
 from hellbender.config.strategies import read_strategies
@@ -37,10 +37,11 @@ _CONFIG_KEYS = frozenset(HellbenderConfig.model_fields) | frozenset(
 )
 
 
-def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
+def validate_config(raw: dict[str, Any], choose_auto: AutoChooser | None = None) -> HellbenderConfig:
     """The validated config, with every default filled in; or a ConfigError listing every problem of `raw` at once:
     key names, values, combinations of keys and paths, one paragraph each (a problem that follows from one already
-    listed is left out)."""
+    listed is left out). `choose_auto`: what resolves the `auto` values of `AUTO_KEYS` (the memory planner, which
+    sits above this layer; hellbender's commands pass it)."""
     surrogates = lone_surrogate_problems(raw)
     if surrogates:  # before anything that may echo a value: such text cannot be printed
         raise ConfigError("\n\n".join(surrogates))
@@ -54,15 +55,18 @@ def validate_config(raw: dict[str, Any]) -> HellbenderConfig:
     problems += key_problems(raw, notices)  # removes the keys it reports, so the rest is still checked
     asked = [key for key in AUTO_KEYS if raw.get(key) == "auto"]
     if asked:  # validated with stand-ins first, then again with the planner's choice for the run that config makes
-        from hellbender.plan.auto import STAND_INS, choose
-
+        if choose_auto is None:
+            raise ConfigError(
+                f"{', '.join(f'`{key}: auto`' for key in asked)} is chosen by the memory planner, which runs in "
+                "hellbender's commands (`hellbender validate`, `train`, `plan`). Run one of them, or give a value."
+            )
         quiet = logger.level
         logger.setLevel(logging.ERROR)  # its notices are the same as the final pass's
         try:
-            provisional = validate_config(copy.deepcopy({**raw, **{key: STAND_INS[key] for key in asked}}))
+            provisional = validate_config(copy.deepcopy({**raw, **{key: AUTO_STAND_INS[key] for key in asked}}))
         finally:
             logger.setLevel(quiet)
-        return validate_config({**raw, **choose(provisional, asked)})
+        return validate_config({**raw, **choose_auto(provisional, asked)})
     cfg, value_problems = _validated_values(raw)
     if cloud_launch_file:  # its keys' refusal says what the file is; that it names no model follows from that
         value_problems = [p for p in value_problems if not p.startswith("`base_model` is required")]
@@ -127,14 +131,16 @@ def _keys_named(paragraphs: list[str]) -> set[str]:
     return names & _CONFIG_KEYS
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> HellbenderConfig:
+def load_config(
+    path: str | Path, overrides: list[str] | None = None, choose_auto: AutoChooser | None = None
+) -> HellbenderConfig:
     raw = read_yaml(path)
     if not raw and not overrides:
         raise ConfigError(
             f"Config file `{path}` is empty: `base_model` is required, and `datasets:` to train on (see "
             "`hellbender examples` for complete configs)."
         )
-    return validate_config(_reward_functions_beside(apply_overrides(raw, overrides or []), Path(path)))
+    return validate_config(_reward_functions_beside(apply_overrides(raw, overrides or []), Path(path)), choose_auto)
 
 
 def _reward_functions_beside(raw: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -1,3 +1,16 @@
 """Keys whose `auto` value the memory planner (`hellbender.plan.auto`) resolves while the config is read."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
 AUTO_KEYS = ("micro_batch_size", "gradient_checkpointing", "gradient_checkpointing_layers")
+# What stands in for each `auto` key while the config is first validated, before the planner chooses.
+AUTO_STAND_INS: dict[str, Any] = {
+    "micro_batch_size": 1,
+    "gradient_checkpointing": True,
+    "gradient_checkpointing_layers": None,
+}
+# (the config validated with the stand-ins, the keys asked for) -> the chosen value of each
+AutoChooser = Callable[[Any, list[str]], dict[str, Any]]

@@ -16,12 +16,6 @@ _MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 # larger batch uses the GPU better, which the FLOPs model does not see), then no offloading, then fewer
 # checkpointed layers.
 _TIE = 0.01
-# What the keys left to the planner stand at while the rest of the config is validated.
-STAND_INS: dict[str, Any] = {
-    "micro_batch_size": 1,
-    "gradient_checkpointing": True,
-    "gradient_checkpointing_layers": None,
-}
 
 
 def _candidates(cfg: Any, asked: list[str], layers: int) -> list[dict[str, Any]]:
