@@ -186,6 +186,8 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
     wanted = [("tensorboard", cfg.use_tensorboard), ("wandb", bool(cfg.wandb_project)), ("swanlab", swanlab)]
     if added := [target for target, asked in wanted if asked and target not in cfg.report_targets]:
         updates["report_to"] = [*cfg.report_targets, *added]
+    if cfg.kd_trainer is None:
+        updates["kd_trainer"] = cfg.distills
     if cfg.cut_cross_entropy is None:
         updates["cut_cross_entropy"] = CUT_CROSS_ENTROPY_PLUGIN in cfg.plugins
     if updates.get("cut_cross_entropy", cfg.cut_cross_entropy):
