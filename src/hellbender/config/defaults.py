@@ -52,6 +52,8 @@ UNSET_MEANS: dict[str, str] = {
     **PREFERENCE_UNSET_MEANS,
     **RL_UNSET_MEANS,
     **TRL_UNSET_MEANS,
+    "kd_zscore_base_temp": "no logit standardisation",
+    "kd_teacher_model": "no online teacher: the rows carry the teacher's top-k (`logprobs_field`)",
     "max_prompt_len": "no limit on prompts of their own (prompt and answer together must fit `sequence_len`)",
     "tokenizer_config": "the tokenizer of `base_model`",
     "revision_of_model": "the default branch of `base_model`",
@@ -258,6 +260,8 @@ def preference_keys_read(kind: str, kto: bool) -> tuple[str, ...]:
 
 ENTRY_UNSET_MEANS: dict[str, str] = {
     "ds_type": "guessed from the file extension",
+    "logprobs_field": "the rows carry no teacher log-probabilities",
+    "temperature": "with `logprobs_field`: 1, the log-probabilities were taken at temperature 1",
     "data_files": "every file of the path",
     "name": "the dataset's default configuration",
     "revision": "the default branch of the dataset",

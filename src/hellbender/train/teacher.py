@@ -69,15 +69,25 @@ class Teacher:
         return self.model(**inputs).logits[..., : self.vocab].float()
 
     def targets(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """Per token: the teacher's top-k token ids and their log-probabilities at the temperature, renormalised
-        over the k (as stored targets are prepared), and a mask that is true everywhere."""
-        return topk_targets(self.logits(batch), self.top_k, self.temperature)
+        """Per token, as stored targets are prepared: the teacher's top-k token ids and their log-probabilities at
+        the temperature, renormalised over the k, and where a target is (every token but the first)."""
+        return per_token(topk_targets(self.logits(batch), self.top_k, self.temperature))
 
 
 def topk_targets(logits: torch.Tensor, top_k: int, temperature: float) -> dict[str, torch.Tensor]:
+    """Per position of `logits` [B, T, V]: the top-k ids, their log-softmax over the k at `temperature`, a true mask.
+    These predict the next token: `per_token` puts them on the tokens they predict."""
     values, ids = logits.topk(min(top_k, logits.shape[-1]), dim=-1)
     logprobs = F.log_softmax(values / temperature, dim=-1)
     return {TARGET_IDS: ids, TARGET_LOGPROBS: logprobs, TARGET_MASK: torch.ones_like(ids, dtype=torch.bool)}
+
+
+def per_token(predictions: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Targets made at each position moved onto the token they predict (one to the right); the first token of each
+    row gets none (nothing predicts it)."""
+    return {
+        key: torch.cat([torch.zeros_like(value[:, :1]), value[:, :-1]], dim=1) for key, value in predictions.items()
+    }
 
 
 def load_teacher(cfg: Any, tokenizer: Any) -> Teacher:
