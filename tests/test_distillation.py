@@ -22,7 +22,6 @@ from hellbender.errors import ConfigError
 from hellbender.models.loading import load_tokenizer
 from hellbender.train.distillation_loss import DistillationLoss, distillation_loss
 from hellbender.train.teacher import Teacher, per_token, topk_targets
-from hellbender.use.distill_logprobs import distill_logprobs
 from tests.conftest import write_jsonl
 from tests.helpers import CHAT_DATA, assert_user_error, base_config, invoke, trainer_state
 
