@@ -385,3 +385,41 @@ def test_a_short_offline_run_learns_and_reports_both_parts(teacher_pass, tmp_pat
     report = Path(cfg.output_dir) / "report"
     assert (report / "distillation_loss.png").stat().st_size > 1000
     assert "- Distillation: KD part" in (report / "report.md").read_text()
+
+
+def test_an_online_run_learns_from_a_teacher_that_shares_no_module_with_the_student(
+    tmp_path, tiny_model_path, monkeypatch
+):
+    """`kd_teacher_model` with packed rows: the teacher is its own model in inference mode (its weights end as they
+    began, none of its modules or parameters is the student's), and the student learns."""
+    from hellbender.train import run as run_module
+
+    seen = {}
+    build = run_module._method_trainer
+
+    def recording(*args, **kwargs):
+        trainer = build(*args, **kwargs)
+        seen["trainer"] = trainer
+        return trainer
+
+    cfg = validate_config(
+        base_config(
+            tmp_path, kd_trainer=True, kd_teacher_model=str(tiny_model_path), kd_online_topk=8, kd_ce_alpha=0.5,
+            sample_packing=True, sequence_len=256, max_steps=6,
+        )
+    )  # fmt: skip
+    monkeypatch.setattr(run_module, "_method_trainer", recording)
+    run_module.train(cfg)
+    trainer = seen["trainer"]
+    teacher = trainer.teacher.model
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+    student_parts = {id(m) for m in trainer.model.modules()} | {id(p) for p in trainer.model.parameters()}
+    assert not student_parts & ({id(m) for m in teacher.modules()} | {id(p) for p in teacher.parameters()})
+    from safetensors.torch import load_file
+
+    on_disk = load_file(str(tiny_model_path / "model.safetensors"))
+    for name, value in teacher.state_dict().items():
+        if name in on_disk:
+            torch.testing.assert_close(value, on_disk[name])
+    logs = [e for e in trainer_state(cfg.output_dir)["log_history"] if "loss" in e]
+    assert logs[-1]["loss"] < logs[0]["loss"] and all("kd_loss" in e for e in logs)
