@@ -370,13 +370,13 @@ def test_a_teacher_with_another_tokenizer_is_refused_by_name(tmp_path, tiny_mode
     )
 
 
-def test_a_short_offline_run_learns_and_reports_both_parts(teacher_pass, tmp_path):
-    _, _, written = teacher_pass
-    cfg = validate_config(
-        kd_config(tmp_path, written, kd_alpha=0.8, kd_ce_alpha=0.2, sample_packing=True, max_steps=8, sequence_len=512)
-    )
+def test_a_short_offline_run_learns_reports_both_parts_and_resumes_exactly(teacher_pass, tmp_path):
     from hellbender.train.run import train
+    from tests.helpers import StopAt
 
+    _, _, written = teacher_pass
+    common = dict(kd_alpha=0.8, kd_ce_alpha=0.2, sample_packing=True, max_steps=6, save_steps=3, sequence_len=512)
+    cfg = validate_config(kd_config(tmp_path / "whole", written, **common))
     train(cfg)
     logs = [e for e in trainer_state(cfg.output_dir)["log_history"] if "loss" in e]
     assert logs[-1]["loss"] < logs[0]["loss"]
@@ -385,6 +385,15 @@ def test_a_short_offline_run_learns_and_reports_both_parts(teacher_pass, tmp_pat
     report = Path(cfg.output_dir) / "report"
     assert (report / "distillation_loss.png").stat().st_size > 1000
     assert "- Distillation: KD part" in (report / "report.md").read_text()
+
+    resumed = validate_config(kd_config(tmp_path / "resumed", written, auto_resume_from_checkpoints=True, **common))
+    train(resumed, callbacks=[StopAt(3)])
+    train(resumed)  # from checkpoint-3, in the middle of the packed bins
+    again = [e for e in trainer_state(resumed.output_dir)["log_history"] if "loss" in e]
+    assert [e["step"] for e in again] == [e["step"] for e in logs]
+    for got, want in zip(again, logs, strict=True):
+        for key in ("loss", "kd_loss", "ce_loss"):
+            assert got[key] == pytest.approx(want[key], abs=1e-5), (key, got, want)
 
 
 def test_an_online_run_learns_from_a_teacher_that_shares_no_module_with_the_student(
