@@ -266,15 +266,16 @@ def distill_logprobs(
         cfg = validate_config(teacher_pass_config(apply_overrides(read_yaml(config), set_ or [])))
         _setup_logging()
         written = run_pass(cfg, teacher, top_k, out, batch_size)
-        console.print("[green]written[/]; train on them with these entries (and `kd_trainer: true`):", highlight=False)
+        console.print("[green]written[/]; train on them with `kd_trainer: true` and these entries:", highlight=False)
+        blocks: dict[str, list[str]] = {}
         for name, path in written:
-            key = "test_datasets" if name.startswith("test") else "datasets"
-            entry = (cfg.datasets if key == "datasets" else cfg.test_datasets)[int(name.rsplit("-", 1)[1])]
-            console.print(
-                f"{key}: - path: {path}  type: {entry.type or 'pretokenized'}  logprobs_field: {LOGPROBS_FIELD}",
-                highlight=False,
-                soft_wrap=True,
+            key, index = name.rsplit("-", 1)
+            entry = getattr(cfg, key)[int(index)]
+            blocks.setdefault(key, []).append(
+                f"  - path: {path}\n    type: {entry.type or 'pretokenized'}\n    logprobs_field: {LOGPROBS_FIELD}"
             )
+        for key, lines in blocks.items():
+            console.print(f"{key}:\n" + "\n".join(lines), highlight=False, soft_wrap=True)
 
     _run(debug, action)
 
