@@ -275,6 +275,7 @@ def test_the_plugin_is_accepted_and_the_resolved_config_shows_its_keys(tmp_path)
         ({"kd_trainer": True}, "names no `logprobs_field`"),
         ({"kd_trainer": True, "kd_online_server_base_url": "http://x"}, "`kd_teacher_model`"),
         ({"kd_trainer": True, "kd_teacher_model": "t", "liger_fused_linear_cross_entropy": True}, "fused"),
+        ({"kd_trainer": True, "kd_teacher_model": "t", "deepspeed": "deepspeed_configs/zero3.json"}, "with ZeRO-3"),
         (
             {"kd_trainer": True, "kd_online_topk": 8, "datasets": [{"path": CHAT_DATA, "logprobs_field": "l"}]},
             "kd_online_topk",
