@@ -387,6 +387,15 @@ def test_a_short_offline_run_learns_reports_both_parts_and_resumes_exactly(teach
     assert (report / "distillation_loss.png").stat().st_size > 1000
     assert "- Distillation: KD part" in (report / "report.md").read_text()
 
+    from transformers import AutoModelForCausalLM
+
+    from hellbender.use.evaluate import token_metrics
+
+    # `hellbender evaluate` scores a distilled model on the data's own tokens, with the rows' targets left out of the forward
+    rows = prepare_datasets(cfg, load_tokenizer(cfg)).train
+    scored = token_metrics(AutoModelForCausalLM.from_pretrained(cfg.output_dir), rows, CausalLMCollator(0), 4)
+    assert scored["tokens"] > 0 and math.isfinite(scored["loss"])
+
     resumed = validate_config(kd_config(tmp_path / "resumed", written, auto_resume_from_checkpoints=True, **common))
     train(resumed, callbacks=[StopAt(3)])
     train(resumed)  # from checkpoint-3, in the middle of the packed bins
