@@ -112,7 +112,7 @@ def test_cut_cross_entropy_turned_off_keeps_the_plain_loss(tmp_path):
 @pytest.mark.parametrize(
     ("plugin", "message"),
     [
-        ("axolotl.integrations.kd.KDPlugin", "knowledge distillation is not offered yet"),
+        ("axolotl.integrations.grokfast.GrokfastPlugin", "the Grokfast optimizer wrapper is not offered"),
         ("axolotl.integrations.kernels.KernelsPlugin", "its expert kernels belong to mixture-of-experts training"),
         ("my_company.plugins.Custom", "hellbender has no plugins; it does natively what"),
     ],

@@ -245,6 +245,48 @@ def merge_lora(
     _run(debug, action)
 
 
+@app.command("distill-logprobs")
+def distill_logprobs(
+    config: ConfigArg,
+    teacher: Annotated[str, typer.Option("--teacher", help="The teacher: a hub id or a model directory.")],
+    top_k: Annotated[int, typer.Option("--top-k", help="How many of the teacher's tokens to keep per position.")],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Where to write the rows (default: `<dataset_prepared_path>/teacher_logprobs`)."),
+    ] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Rows per teacher forward pass.")] = 8,
+    set_: SetOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Write a teacher's top-k log-probabilities for the config's datasets, as offline distillation rows.
+
+    The teacher runs forward over each row as the config tokenizes it (no generation). A rerun continues where a
+    stopped one left off. The config's own distillation keys are ignored."""
+    from hellbender.config import validate_config
+    from hellbender.config.overrides import apply_overrides
+    from hellbender.config.yaml_file import read_yaml
+
+    def action() -> None:
+        from hellbender.use.distill_logprobs import LOGPROBS_FIELD, teacher_pass_config
+        from hellbender.use.distill_logprobs import distill_logprobs as run_pass
+
+        cfg = validate_config(teacher_pass_config(apply_overrides(read_yaml(config), set_ or [])))
+        _setup_logging()
+        written = run_pass(cfg, teacher, top_k, out, batch_size)
+        console.print("[green]written[/]; train on them with `kd_trainer: true` and these entries:", highlight=False)
+        blocks: dict[str, list[str]] = {}
+        for name, path in written:
+            key, index = name.rsplit("-", 1)
+            entry = getattr(cfg, key)[int(index)]
+            blocks.setdefault(key, []).append(
+                f"  - path: {path}\n    type: {entry.type or 'pretokenized'}\n    logprobs_field: {LOGPROBS_FIELD}"
+            )
+        for key, lines in blocks.items():
+            console.print(f"{key}:\n" + "\n".join(lines), highlight=False, soft_wrap=True)
+
+    _run(debug, action)
+
+
 @app.command()
 def consolidate(
     config: ConfigArg,

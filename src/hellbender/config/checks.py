@@ -10,6 +10,7 @@ from hellbender.config.config_class import config_class_problems
 from hellbender.config.data import CHAT_ROLES, is_preference_type
 from hellbender.config.data_order import data_order_problems
 from hellbender.config.deepspeed import deepspeed_problems
+from hellbender.config.distillation_checks import distillation_problems
 from hellbender.config.mistral_common import mistral_common_problems
 from hellbender.config.model import is_hub_kernel
 from hellbender.config.model_quantization import model_quantization_problems
@@ -128,6 +129,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
                 "`jinja` with the template text in `chat_template_jinja`."
             )
     problems += plugin_problems(cfg.plugins)
+    problems += distillation_problems(cfg)
     problems += swanlab_problems(cfg)
     problems += _roles_to_train_problems(cfg)
     problems += preference_data_problems(cfg)

@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from hellbender.chat_templates import NAMED_TEMPLATES
+from hellbender.config.distillation import KD_DATASET_TYPES
 from hellbender.config.values import Float, Int, Name, PathText
 
 # transformers' flash attention counts a packed batch's tokens in 32-bit integers.
@@ -243,6 +244,28 @@ class DatasetEntry(ImageEntryKeys):
     )
     chat_template_jinja: str | None = Field(None, description="Per-dataset Jinja template for `chat_template: jinja`.")
     train_on_inputs: bool | None = Field(None, description="Per-dataset override of the top-level `train_on_inputs`.")
+    logprobs_field: Name | None = Field(
+        None,
+        description="With `kd_trainer`: the column holding the teacher's top-k log-probabilities per position (the "
+        "token ids in `target_token_ids`), covering the row's last positions; `type: "
+        "axolotl.integrations.kd.chat_template` is `chat_template` with this set to `logprobs`. See "
+        "docs/distillation.md.",
+    )
+    temperature: Float | None = Field(
+        None,
+        gt=0,
+        description="With `logprobs_field`: the temperature the teacher's log-probabilities were taken at (default "
+        "1); they are rescaled to `kd_temperature`.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kd_chat_type(cls, data: Any) -> Any:
+        """Axolotl's KD dataset types are chat rows carrying the teacher's top-k: `chat_template` with
+        `logprobs_field` (Axolotl's default column name `logprobs`)."""
+        if not isinstance(data, dict) or data.get("type") not in KD_DATASET_TYPES:
+            return data
+        return {**data, "type": "chat_template", "logprobs_field": data.get("logprobs_field") or "logprobs"}
 
     @model_validator(mode="before")
     @classmethod

@@ -58,6 +58,7 @@ def deepspeed_problems(cfg: HellbenderConfig) -> list[str]:
         problems += _replaced_choices(cfg, settings)
         problems += _quantized_base_problems(cfg, settings)
         problems += _preference_problems(cfg, settings)
+        problems += _teacher_problems(cfg, settings)
     return problems
 
 
@@ -210,6 +211,19 @@ def _preference_problems(cfg: HellbenderConfig, settings: dict[str, Any]) -> lis
             f"{method} with ZeRO-3 (`deepspeed: {cfg.deepspeed}`) is not supported yet: the reference model would be "
             "copied from weights ZeRO-3 has already partitioned. Use ZeRO-2 (`deepspeed: deepspeed_configs/zero2.json`"
             ") or FSDP2 (`fsdp_version: 2`), both verified with preference tuning on two GPUs."
+        ]
+    return []
+
+
+def _teacher_problems(cfg: HellbenderConfig, settings: dict[str, Any]) -> list[str]:
+    """An online distillation teacher is loaded while ZeRO-3's loading context is active, which would partition its
+    weights too, with no engine to gather them for its forward passes."""
+    if cfg.kd_teacher_model and zero_stage(settings) == 3:
+        return [
+            f"`kd_teacher_model` with ZeRO-3 (`deepspeed: {cfg.deepspeed}`) is not supported yet: ZeRO-3 would "
+            "partition the teacher's weights as they load, and nothing gathers them for its forward passes. Use "
+            "ZeRO-2 (`deepspeed: deepspeed_configs/zero2.json`), or write the teacher's targets into the data with "
+            "`hellbender distill-logprobs` and train without `kd_teacher_model`."
         ]
     return []
 

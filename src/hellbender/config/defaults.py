@@ -52,6 +52,8 @@ UNSET_MEANS: dict[str, str] = {
     **PREFERENCE_UNSET_MEANS,
     **RL_UNSET_MEANS,
     **TRL_UNSET_MEANS,
+    "kd_zscore_base_temp": "no logit standardisation",
+    "kd_teacher_model": "no online teacher: the rows carry the teacher's top-k (`logprobs_field`)",
     "max_prompt_len": "no limit on prompts of their own (prompt and answer together must fit `sequence_len`)",
     "tokenizer_config": "the tokenizer of `base_model`",
     "revision_of_model": "the default branch of `base_model`",
@@ -187,6 +189,8 @@ def apply_derived_defaults(cfg: HellbenderConfig) -> HellbenderConfig:
     wanted = [("tensorboard", cfg.use_tensorboard), ("wandb", bool(cfg.wandb_project)), ("swanlab", swanlab)]
     if added := [target for target, asked in wanted if asked and target not in cfg.report_targets]:
         updates["report_to"] = [*cfg.report_targets, *added]
+    if cfg.kd_trainer is None:
+        updates["kd_trainer"] = cfg.distills
     if cfg.cut_cross_entropy is None:
         updates["cut_cross_entropy"] = CUT_CROSS_ENTROPY_PLUGIN in cfg.plugins
     if updates.get("cut_cross_entropy", cfg.cut_cross_entropy):
@@ -257,6 +261,8 @@ def preference_keys_read(kind: str, kto: bool) -> tuple[str, ...]:
 
 ENTRY_UNSET_MEANS: dict[str, str] = {
     "ds_type": "guessed from the file extension",
+    "logprobs_field": "the rows carry no teacher log-probabilities",
+    "temperature": "with `logprobs_field`: 1, the log-probabilities were taken at temperature 1",
     "data_files": "every file of the path",
     "name": "the dataset's default configuration",
     "revision": "the default branch of the dataset",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hellbender.config.distillation import KD_PLUGIN
 from hellbender.config.values import Name
 
 AXOLOTL_INTEGRATIONS = "axolotl.integrations."
@@ -18,6 +19,7 @@ NATIVE_PLUGINS: dict[str, str] = {
         "cross-entropy"
     ),
     SWANLAB_PLUGIN: "the `use_swanlab` / `swanlab_*` keys report to SwanLab (on by default with this plugin)",
+    KD_PLUGIN: "knowledge distillation (`kd_trainer`, on by default with this plugin, and the `kd_*` keys)",
 }
 # other plugins Axolotl users list -> what hellbender offers instead
 OTHER_PLUGINS: dict[str, str] = {
@@ -32,7 +34,6 @@ OTHER_PLUGINS: dict[str, str] = {
     "axolotl.integrations.llm_compressor.LLMCompressorPlugin": (
         "sparse fine-tuning with LLM Compressor is not offered; train dense, then compress with LLM Compressor itself"
     ),
-    "axolotl.integrations.kd.KDPlugin": "knowledge distillation is not offered yet",
     "axolotl.integrations.grokfast.GrokfastPlugin": "the Grokfast optimizer wrapper is not offered",
     "axolotl.integrations.lm_eval.LMEvalPlugin": "lm-eval benchmarks are not run by hellbender; `hellbender evaluate` "
     "gives loss, perplexity and token accuracy",
@@ -48,7 +49,7 @@ class PluginSettings(BaseModel):
         default_factory=list,
         description="Axolotl plugins, read by name: `axolotl.integrations.liger.LigerPlugin` (the `liger_*` keys), "
         "`axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin` (`cut_cross_entropy`) and "
-        "`axolotl.integrations.swanlab.SwanLabPlugin` (`use_swanlab`) are done natively; others are refused, naming "
+        "`axolotl.integrations.swanlab.SwanLabPlugin` (`use_swanlab`) and `axolotl.integrations.kd.KDPlugin` (`kd_trainer`) are done natively; others are refused, naming "
         "what hellbender offers instead.",
     )
 

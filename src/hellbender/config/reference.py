@@ -13,6 +13,7 @@ from hellbender.config.accelerator import AcceleratorSettings, GradientAccumulat
 from hellbender.config.adapter import AdapterSettings
 from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatasetEntry
 from hellbender.config.defaults import ENTRY_UNSET_MEANS, UNSET_MEANS
+from hellbender.config.distillation import DistillationSettings
 from hellbender.config.distributed import DistributedSettings, FsdpSettings
 from hellbender.config.hub import HubSettings
 from hellbender.config.kernels import KernelSettings
@@ -35,6 +36,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("Entries of `pretraining_dataset:`", PretrainingDatasetEntry),
     ("Training", TrainingSettings),
     ("Loss", LossSettings),
+    ("Knowledge distillation", DistillationSettings),
     ("Preference tuning", PreferenceSettings),
     ("Online reinforcement learning", RlSettings),
     ("`trl:`", TrlSettings),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hellbender.config.adapter import AdapterSettings
 from hellbender.config.data import DatasetEntry, DataSettings, PretrainingDatasetEntry
+from hellbender.config.distillation import KD_PLUGIN, DistillationSettings
 from hellbender.config.distributed import DistributedSettings
 from hellbender.config.hub import HubSettings
 from hellbender.config.kernels import KernelSettings
@@ -26,6 +27,7 @@ class HellbenderConfig(
     DataSettings,
     TrainingSettings,
     LossSettings,
+    DistillationSettings,
     PreferenceSettings,
     RlSettings,
     KernelSettings,
@@ -51,6 +53,11 @@ class HellbenderConfig(
     def uses_streaming(self) -> bool:
         """The training rows are streamed (either kind): the run's length comes from `max_steps`."""
         return self.streams_pretraining or self.streams_datasets
+
+    @property
+    def distills(self) -> bool:
+        """Knowledge distillation is on: `kd_trainer`, or (unset) the KD plugin listed."""
+        return self.kd_trainer if self.kd_trainer is not None else KD_PLUGIN in self.plugins
 
     @property
     def is_multimodal(self) -> bool:

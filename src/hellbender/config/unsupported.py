@@ -34,11 +34,20 @@ CLOUD_LAUNCHER = (
     "read by Axolotl's cloud launcher (`axolotl cloud`), whose files describe machines, not a training run; "
     "hellbender trains where it is started: run `hellbender train CONFIG` on the machine with the training config"
 )
+_KD_SERVER = (
+    "a distillation teacher behind a vLLM / SGLang server is not offered; name the teacher with `kd_teacher_model` "
+    "(it runs in the training process), or write its top-k log-probabilities into the data first with `hellbender "
+    "distill-logprobs`"
+)
 _ATTENTION_PATCHES = (
     "Axolotl's own patches of attention and MLP code; hellbender uses transformers' attention backends "
     "(`attn_implementation`) and Liger's kernels (`liger_*`) instead"
 )
 NOT_OFFERED: dict[str, str] = {
+    "kd_online_server_base_url": _KD_SERVER,
+    "kd_online_server": _KD_SERVER,
+    "kd_online_timeout": _KD_SERVER,
+    "kd_temperature_min": "a schedule of the distillation temperature is not offered; set one `kd_temperature`",
     "relora": "ReLoRA (merging the adapter into the base and restarting it during training) is not offered; train "
     "one adapter, or full fine-tuning",
     "lisa_n_layers": "LISA (training a random subset of layers at a time) is not offered; use `unfrozen_parameters` "

@@ -15,12 +15,14 @@ position ids get theirs from `models/packed_attention.py`.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hellbender.data.formats.base import IGNORE_INDEX
+from hellbender.data.teacher_targets import TARGET_IDS, TARGET_LOGPROBS, TARGET_MASK
 
 # Key the trainer pops before the forward pass: real (non-padding) tokens per row. One value per row, not one
 # per batch, so that accelerate can concatenate and split it like every other batch entry.
@@ -36,6 +38,30 @@ def forward_kwargs(batch: dict[str, Any]) -> dict[str, Any]:
     if "position_ids" in batch and "attention_mask" not in batch:
         return {"use_cache": False}
     return {}
+
+
+def teacher_target_batch(rows: list[dict[str, Any]], longest: int) -> dict[str, torch.Tensor]:
+    """The rows' per-token teacher targets (knowledge distillation) as [batch, tokens, k] tensors, k the most any
+    position holds: token ids (0 where padded), log-probabilities and `target_mask` (true where a target is)."""
+    k = max((len(position) for row in rows for position in row[TARGET_IDS]), default=0)
+    k = max(k, 1)
+    shape = (len(rows), longest, k)
+    ids = torch.zeros(shape, dtype=torch.long)
+    logprobs = torch.zeros(shape, dtype=torch.float32)
+    mask = torch.zeros(shape, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        counts = torch.tensor([len(position) for position in row[TARGET_IDS]], dtype=torch.long)
+        if not int(counts.sum()):
+            continue
+        # Scattered in one go (a loop over positions costs more than the step at long sequences).
+        token = torch.repeat_interleave(torch.arange(len(counts)), counts)
+        slot = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        ids[i, token, slot] = torch.tensor(list(itertools.chain.from_iterable(row[TARGET_IDS])), dtype=torch.long)
+        logprobs[i, token, slot] = torch.tensor(
+            list(itertools.chain.from_iterable(row[TARGET_LOGPROBS])), dtype=torch.float32
+        )
+        mask[i, token, slot] = True
+    return {TARGET_IDS: ids, TARGET_LOGPROBS: logprobs, TARGET_MASK: mask}
 
 
 @dataclass
@@ -55,6 +81,8 @@ class CausalLMCollator:
             input_ids[i, : lengths[i]] = torch.as_tensor(row["input_ids"])
             labels[i, : lengths[i]] = torch.as_tensor(row["labels"])
         out = {"input_ids": input_ids, "labels": labels, REAL_TOKENS_KEY: torch.tensor(lengths)}
+        if TARGET_IDS in rows[0]:
+            out.update(teacher_target_batch(rows, longest))
         if "seq_lens" not in rows[0]:
             positions = torch.arange(longest)[None, :]
             out["attention_mask"] = (positions < torch.tensor(lengths)[:, None]).long()

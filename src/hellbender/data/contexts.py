@@ -13,6 +13,7 @@ from hellbender.data.formats import FormatContext, VisionContext
 from hellbender.data.formats.chat_template import DEFAULT_ROLE_ALIASES
 from hellbender.data.formats.mistral_chat import is_mistral_common
 from hellbender.data.images import ImagePolicy
+from hellbender.data.teacher_targets import TeacherTargets
 from hellbender.data.vision_tokens import image_placeholder_id, vision_token_ids
 from hellbender.errors import DataError
 
@@ -124,5 +125,8 @@ def format_context(
         text_field=entry.text_column,
         vision=vision_context(entry, cfg, processor, where)
         if processor is not None and entry.type in VISION_TYPES
+        else None,
+        teacher=TeacherTargets(entry.logprobs_field, entry.temperature or 1.0, cfg.kd_temperature, len(tokenizer))
+        if entry.logprobs_field
         else None,
     )

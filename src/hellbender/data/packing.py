@@ -19,6 +19,7 @@ from typing import Any
 
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.progress import quiet_progress
+from hellbender.data.teacher_targets import TARGET_COLUMNS
 
 
 def pack_lengths(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -86,16 +87,23 @@ def pack_dataset(ds, capacity: int, num_proc: int | None = None, in_order: bool 
 
     bins = (pack_lengths_in_order if in_order else pack_lengths)(ds["length"], capacity)
     vision = "text" in ds.column_names
+    # A teacher's per-token targets (knowledge distillation) are concatenated like the tokens, so each document's
+    # targets stay on its own tokens.
+    targets = [key for key in TARGET_COLUMNS if key in ds.column_names]
 
     def gather(batch: dict[str, list]) -> dict[str, list]:
         out: dict[str, list] = {"input_ids": [], "labels": [], "seq_lens": []}
         if vision:
             out["documents"] = []
+        for key in targets:
+            out[key] = []
         for rows in batch["rows"]:
             docs = ds[rows]
             packed = concat_documents(docs["input_ids"], docs["labels"])
             if vision:
                 packed["documents"] = [{k: docs[k][j] for k in DOCUMENT_KEYS} for j in range(len(rows))]
+            for key in targets:
+                packed[key] = [position for doc in docs[key] for position in doc]
             for key in out:
                 out[key].append(packed[key])
         return out
@@ -108,7 +116,7 @@ def pack_dataset(ds, capacity: int, num_proc: int | None = None, in_order: bool 
             remove_columns=["rows"],
             num_proc=num_proc,
             desc="Packing",
-            features=_packed_features(ds) if vision else None,
+            features=_packed_features(ds) if vision else _packed_target_features(ds) if targets else None,
         )
 
 
@@ -122,6 +130,15 @@ def _packed_features(ds):
     return datasets.Features(
         {"input_ids": ints, "labels": ints, "seq_lens": ints, "documents": datasets.List(document)}
     )
+
+
+def _packed_target_features(ds):
+    """Column types of packed text rows that carry a teacher's targets (kept at their prepared precision)."""
+    import datasets
+
+    ints = datasets.List(datasets.Value("int64"))
+    targets = {key: ds.features[key] for key in TARGET_COLUMNS}
+    return datasets.Features({"input_ids": ints, "labels": ints, "seq_lens": ints, **targets})
 
 
 def pack_stream(documents: Iterable[dict[str, list[int]]], capacity: int, separate_documents: bool = True):

@@ -31,6 +31,7 @@ from hellbender.data.preference import (
 from hellbender.data.preference_images import encode_vision_pair, vision_pair_features, vision_preference_context
 from hellbender.data.progress import quiet_progress
 from hellbender.data.sources import first_non_utf8_line, is_url, load_rows, local_data_files, looks_local
+from hellbender.data.teacher_targets import TEACHER_TARGETS_VERSION
 from hellbender.data.tokenize import TokenizeStats, tokenize_dataset
 from hellbender.data.vision_tokens import processor_fingerprint
 from hellbender.errors import DataError
@@ -190,8 +191,15 @@ def _cache_parts(cfg: HellbenderConfig, tokenizer: Any, processor: Any) -> dict[
         if any(is_preference_type(e.type) for e in entries)
         else None
     )
+    # Only rows carrying a teacher's targets depend on these (their log-probabilities are rescaled when prepared).
+    distillation = (
+        {"version": TEACHER_TARGETS_VERSION, "kd_temperature": cfg.kd_temperature}
+        if any(e.logprobs_field for e in entries)
+        else None
+    )
     return {
         **({"preference": preference} if preference else {}),
+        **({"distillation": distillation} if distillation else {}),
         "datasets": [e.model_dump() for e in training_entries(cfg)],
         "test_datasets": [e.model_dump() for e in cfg.test_datasets],
         "files": [cache.files_fingerprint(e.path) for e in training_entries(cfg) + cfg.test_datasets],

@@ -9,6 +9,7 @@ from typing import Any
 from hellbender.data.formats import EXTRA_COLUMNS, FORMATTERS, FormatContext, RowDropped, RowError
 from hellbender.data.formats.base import DROP_TOO_LONG, IGNORE_INDEX, RowTooLong
 from hellbender.data.progress import quiet_progress
+from hellbender.data.teacher_targets import TARGET_COLUMNS, target_features, with_teacher_targets
 from hellbender.errors import DataError
 
 DROP_EMPTY = "empty"
@@ -91,7 +92,8 @@ def output_features(extra: dict[str, Any]):
             {"width": datasets.Value("int32"), "height": datasets.Value("int32"), "rgb": datasets.Value("binary")}
         ),
     }
-    return datasets.Features({**features, **{key: vision[key] for key in extra}})
+    known = {**vision, **target_features()}
+    return datasets.Features({**features, **{key: known[key] for key in extra}})
 
 
 def encode_row(
@@ -133,6 +135,9 @@ def encode_row(
                 f"{where}, row {index}: {len(ids)} tokens, more than `sequence_len: {max_len}`. Raise "
                 "`sequence_len`, shorten the row, or set `excess_length_strategy: drop` or `truncate`."
             )
+    for key in TARGET_COLUMNS:  # the teacher's targets stay with their tokens through truncation
+        if key in out:
+            out[key] = out[key][: len(ids)] if not reason else []
     # The model predicts labels[1:] from the tokens before them; labels[0] is never a target.
     trainable = sum(1 for label in labels[1:] if label != IGNORE_INDEX)
     if not reason and trainable == 0:
@@ -163,6 +168,9 @@ def tokenize_dataset(
     fewer than `min_len` tokens (counted before any truncation) are dropped."""
     formatter = FORMATTERS[fmt]
     extra = EXTRA_COLUMNS.get(fmt, {})
+    if ctx.teacher is not None:
+        formatter = with_teacher_targets(formatter, ctx.teacher)
+        extra = {**extra, **{key: [] for key in TARGET_COLUMNS}}
     kept_keys = ("input_ids", "labels", "length", "trainable", "drop_reason")
 
     def encode(row: dict[str, Any], index: int) -> dict[str, Any]:

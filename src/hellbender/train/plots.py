@@ -109,11 +109,25 @@ def online_rl_plots_logged(train: list[dict[str, Any]]) -> dict[str, MetricsPlot
     return {name: plot for name, plot in plots.items() if any(key in logged for _, key in plot.series)}
 
 
+# Knowledge distillation's two loss parts (`train/distillation.py`), each before its weight.
+DISTILLATION_PLOTS = {
+    "distillation_loss": MetricsPlot(
+        "distillation_loss.png",
+        "Distillation loss parts",
+        "per trained token (before kd_alpha / kd_ce_alpha)",
+        (("KD: divergence from the teacher's top-k", "kd_loss"), ("cross-entropy on the data", "ce_loss")),
+    )
+}
+
+
 def method_plots_logged(train: list[dict[str, Any]]) -> dict[str, MetricsPlot]:
     """The plots of the training method's own metrics: online RL's when the run logs rewards of generated
-    completions, else preference tuning's (KTO's `kl` and GRPO's share a name, not a meaning)."""
+    completions, distillation's when it logs its loss parts, else preference tuning's (KTO's `kl` and GRPO's share
+    a name, not a meaning)."""
     if any(ONLINE_REWARD in entry for entry in train):
         return online_rl_plots_logged(train)
+    if any("kd_loss" in entry for entry in train):
+        return DISTILLATION_PLOTS
     return preference_plots_logged(train)
 
 

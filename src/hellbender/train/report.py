@@ -128,7 +128,8 @@ class RunReport(TrainerCallback):
         lines = [f"# Training report: `{Path(cfg.output_dir).name}`", "", self._status(state, moment), ""]
         lines += ["## Run", "", *self._run_lines(), ""]
         # A preference or reward-model loss is no cross-entropy: its exponential is no perplexity.
-        cross_entropy = self.cfg.rl is None and not self.cfg.reward_model
+        # Nor is a distillation loss (the logged `ce_loss` part is, but evaluation reports the whole loss).
+        cross_entropy = self.cfg.rl is None and not self.cfg.reward_model and not self.cfg.distills
         outcome = self._outcome(train, evals, summary, cross_entropy)
         if is_preference_log(history):  # after the losses: what says whether the preference was learned
             outcome[2:2] = preference_lines(history)
@@ -201,6 +202,12 @@ class RunReport(TrainerCallback):
         elif cfg.rl is not None:
             beta = f", rl_beta {cfg.rl_beta:g}" if cfg.rl_beta is not None else ""
             method = f"{cfg.rl.upper()} (preference tuning{beta}), {method}"
+        if cfg.distills:
+            teacher = f"teacher `{cfg.kd_teacher_model}` online" if cfg.kd_teacher_model else "stored teacher top-k"
+            method = (
+                f"knowledge distillation ({teacher}; kd_alpha {cfg.kd_alpha:g} x top-k divergence + kd_ce_alpha "
+                f"{cfg.kd_ce_alpha:g} x cross-entropy, temperature {cfg.kd_temperature:g}), {method}"
+            )
         sources = [e.path for e in cfg.datasets] + [e.path for e in cfg.pretraining_dataset]
         lines = [
             f"- Base model: `{cfg.base_model}`{' (vision-language)' if cfg.is_multimodal else ''}",
@@ -227,6 +234,12 @@ class RunReport(TrainerCallback):
                 f"- Training loss: {_num(first['loss'])} at step {first['step']}, {_num(last['loss'])} at step "
                 f"{last['step']} (mean of the last {len(tail)} logged: {_num(_mean(tail))}{change})"
             )
+            parts = [e for e in train if "kd_loss" in e]
+            if parts:  # knowledge distillation: its two parts, each before its weight
+                lines.append(
+                    f"- Distillation: KD part {_num(parts[0]['kd_loss'])} -> {_num(parts[-1]['kd_loss'])}, "
+                    f"cross-entropy part {_num(parts[0]['ce_loss'])} -> {_num(parts[-1]['ce_loss'])}"
+                )
         else:
             lines.append("- Training loss: nothing logged yet")
         if evals:

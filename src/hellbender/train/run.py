@@ -103,6 +103,10 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
         if is_main_process():
             remove_incomplete_checkpoints(cfg.output_dir)  # a killed save's leftovers; never trusted, written again
         tokenizer, processor = load_tokenizer_and_processor(cfg)
+        if cfg.distills and cfg.kd_teacher_model:  # a teacher of another vocabulary is refused before the data work
+            from hellbender.train.teacher import check_teacher_tokenizer
+
+            check_teacher_tokenizer(cfg.kd_teacher_model, tokenizer)
         if cfg.uses_fsdp2 or cfg.gradient_checkpointing_layers is not None:
             # Checked on the model's structure before the data work; they would otherwise fail only after it.
             skeleton = model_skeleton(cfg)
@@ -254,6 +258,22 @@ def _method_trainer(
         extra = {"data_collator": collator} if collator is not None else {}
         return method.build_trainer(
             cfg, model, args, train_data, eval_data, processor or tokenizer, **extra, **hellbender
+        )
+    if cfg.distills:
+        from hellbender.train.distillation import DistillationTrainer
+        from hellbender.train.distillation_loss import DistillationLoss
+        from hellbender.train.teacher import load_teacher
+
+        return DistillationTrainer(
+            distillation=DistillationLoss.from_config(cfg),
+            teacher=load_teacher(cfg, tokenizer) if cfg.kd_teacher_model else None,
+            model=model,
+            args=args,
+            train_dataset=train_data,
+            eval_dataset=eval_data,
+            data_collator=build_collator(cfg, tokenizer, processor),
+            processing_class=tokenizer,
+            **hellbender,
         )
     return HellbenderTrainer(
         fused_loss=cfg.fuses_the_loss,

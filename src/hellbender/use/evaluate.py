@@ -43,6 +43,7 @@ def token_metrics(model: Any, rows: Any, collator: Any, batch_size: int) -> dict
     from hellbender.data.collator import REAL_TOKENS_KEY
     from hellbender.data.formats.base import IGNORE_INDEX
     from hellbender.data.streaming import STREAM_ROW_KEY
+    from hellbender.data.teacher_targets import TARGET_IDS, TARGET_LOGPROBS, TARGET_MASK
     from hellbender.models.packed_attention import packed_attention_mask
     from hellbender.models.packed_vision import packed_vision_positions
 
@@ -51,8 +52,8 @@ def token_metrics(model: Any, rows: Any, collator: Any, batch_size: int) -> dict
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
             batch = collator([rows[i] for i in range(start, min(start + batch_size, len(rows)))])
-            for key in (REAL_TOKENS_KEY, STREAM_ROW_KEY):
-                batch.pop(key, None)
+            for key in (REAL_TOKENS_KEY, STREAM_ROW_KEY, TARGET_IDS, TARGET_LOGPROBS, TARGET_MASK):
+                batch.pop(key, None)  # the teacher's targets of distillation rows: scored here on the data's tokens
             labels = batch.pop("labels")[:, 1:].to(target_device)
             inputs = {k: v.to(target_device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             inputs.update(packed_attention_mask(model, inputs))  # packed rows of a family that needs them

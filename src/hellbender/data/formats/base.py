@@ -75,6 +75,9 @@ class FormatContext:
     template_source: str = "`chat_template`"
     # chat_template: the column holding a row's tool list (`field_tools`); None: rows carry no tools
     tools_field: str | None = None
+    # knowledge distillation: how the rows carry the teacher's top-k (`data/teacher_targets.TeacherTargets`); None:
+    # they carry none
+    teacher: Any = None
 
 
 def require_eos(tokenizer: Any) -> int:

@@ -1,0 +1,133 @@
+"""The knowledge-distillation loss: `kd_alpha` x a divergence between the teacher's top-k distribution and the
+student's on those k tokens, plus `kd_ce_alpha` x the usual next-token cross-entropy, on trained positions only.
+
+Targets are per token (`data/teacher_targets.py`): the target at token t is the teacher's distribution for token t,
+compared with the student's logits at t - 1, exactly as labels are shifted for the cross-entropy. Both parts are
+summed over positions and divided by the trained tokens of the whole accumulated batch (`num_items_in_batch`), so
+gradient accumulation stays exact; without it (evaluation) by this batch's trained tokens. The student's logits are
+cast to float32 for both parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from hellbender.data.formats.base import IGNORE_INDEX
+
+
+@dataclass(frozen=True)
+class DistillationLoss:
+    """The config's `kd_*` loss settings."""
+
+    alpha: float = 1.0  # kd_alpha
+    ce_alpha: float = 0.0  # kd_ce_alpha
+    temperature: float = 1.0  # kd_temperature
+    beta: float = 0.0  # kd_beta: 0 forward KL, 1 reverse KL, between: generalised Jensen-Shannon
+    normalize_topk: bool = False  # kd_normalize_topk / kd_top_k_before_softmax
+    zscore_base_temp: float | None = None  # kd_zscore_base_temp
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> DistillationLoss:
+        return cls(
+            alpha=cfg.kd_alpha,
+            ce_alpha=cfg.kd_ce_alpha,
+            temperature=cfg.kd_temperature,
+            beta=cfg.kd_beta,
+            normalize_topk=cfg.kd_normalize_topk or cfg.kd_top_k_before_softmax,
+            zscore_base_temp=cfg.kd_zscore_base_temp,
+        )
+
+
+@dataclass
+class LossParts:
+    """One batch's loss and its two parts (each before its weight)."""
+
+    loss: torch.Tensor
+    kd: torch.Tensor
+    ce: torch.Tensor
+
+
+def _masked_log_softmax(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # Padded slots get -inf before the softmax and 0 after, so neither they nor their gradients are ever NaN.
+    return F.log_softmax(values.masked_fill(~mask, float("-inf")), dim=-1).masked_fill(~mask, 0.0)
+
+
+def _zscored(values: torch.Tensor, mask: torch.Tensor, base_temperature: float) -> torch.Tensor:
+    """Each row standardised over its valid slots (mean 0, standard deviation 1), divided by `base_temperature`."""
+    weight = mask.to(values.dtype)
+    count = weight.sum(-1, keepdim=True).clamp_min(1.0)
+    values = values.masked_fill(~mask, 0.0)
+    mean = (values * weight).sum(-1, keepdim=True) / count
+    variance = (weight * (values - mean) ** 2).sum(-1, keepdim=True) / count
+    return (values - mean) / variance.clamp_min(1e-9).sqrt() / base_temperature
+
+
+def topk_divergence(
+    student_logits: torch.Tensor,
+    target_ids: torch.Tensor,
+    target_logprobs: torch.Tensor,
+    target_mask: torch.Tensor,
+    settings: DistillationLoss,
+) -> torch.Tensor:
+    """Per position ([N]): the divergence between the teacher's top-k log-probabilities `target_logprobs` ([N, k],
+    already at `temperature`) and the student's log-probabilities of the same tokens, from `student_logits` ([N,
+    vocab]) divided by the temperature: over the whole vocabulary, or over the k tokens (`normalize_topk`), or both
+    sides z-scored over the k tokens (`zscore_base_temp`). Slots where `target_mask` is false count nothing."""
+    scaled = student_logits.float() / settings.temperature
+    gathered = scaled.gather(-1, target_ids)
+    teacher = target_logprobs.float()
+    if settings.zscore_base_temp is not None:
+        log_p = _masked_log_softmax(_zscored(teacher, target_mask, settings.zscore_base_temp), target_mask)
+        log_q = _masked_log_softmax(_zscored(gathered, target_mask, settings.zscore_base_temp), target_mask)
+    elif settings.normalize_topk:
+        log_p = teacher.masked_fill(~target_mask, 0.0)
+        log_q = _masked_log_softmax(gathered, target_mask)
+    else:
+        log_p = teacher.masked_fill(~target_mask, 0.0)
+        log_q = (gathered - torch.logsumexp(scaled, dim=-1, keepdim=True)).masked_fill(~target_mask, 0.0)
+    p, q = log_p.exp(), log_q.exp()
+    if settings.beta == 0.0:
+        terms = p * (log_p - log_q)
+    elif settings.beta == 1.0:
+        terms = q * (log_q - log_p)
+    else:
+        beta = settings.beta
+        log_m = (beta * p + (1 - beta) * q).clamp_min(torch.finfo(p.dtype).tiny).log()
+        terms = beta * p * (log_p - log_m) + (1 - beta) * q * (log_q - log_m)
+    return torch.where(target_mask, terms, 0.0).sum(-1)
+
+
+def distillation_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    target_ids: torch.Tensor,
+    target_logprobs: torch.Tensor,
+    target_mask: torch.Tensor,
+    settings: DistillationLoss,
+    num_items_in_batch: torch.Tensor | int | None = None,
+) -> LossParts:
+    """`alpha` x the summed top-k divergence over trained positions that have a target + `ce_alpha` x the summed
+    cross-entropy over trained positions, both divided by the accumulated batch's trained tokens. `logits` [B, T, V],
+    `labels` [B, T], targets [B, T, k], all per token (unshifted)."""
+    device = logits.device
+    labels = labels.to(device)
+    predicted = labels[:, 1:]
+    trained = predicted != IGNORE_INDEX
+    logits = logits[:, :-1]
+    ids, logprobs, mask = (t[:, 1:].to(device) for t in (target_ids, target_logprobs, target_mask))
+    with_target = trained & mask.any(-1)
+    kd_sum = topk_divergence(logits[with_target], ids[with_target], logprobs[with_target], mask[with_target], settings)
+    kd_sum = kd_sum.sum()
+    with torch.set_grad_enabled(torch.is_grad_enabled() and settings.ce_alpha > 0):
+        ce_sum = F.cross_entropy(logits[trained].float(), predicted[trained], reduction="sum")
+    if num_items_in_batch is None:
+        denominator = trained.sum()
+    else:
+        denominator = num_items_in_batch.to(device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch
+    kd, ce = kd_sum / denominator, ce_sum / denominator
+    loss = settings.alpha * kd + (settings.ce_alpha * ce if settings.ce_alpha > 0 else 0.0)
+    return LossParts(loss=loss, kd=kd.detach(), ce=ce.detach())
