@@ -39,8 +39,8 @@ DOC = ROOT / "docs" / "models.md"
 CHAT_DATA = ROOT / "examples" / "data" / "chat.jsonl"
 MODES = ("lora", "packing", "full")
 NOT_SURVEYED = "not surveyed yet"
-# hellbender's refusal of its default attention for a model without SDPA support (the survey then asks for eager).
-SDPA_REFUSED = "`attn_implementation: sdpa` cannot be used with this model"
+# The start of hellbender's one-line notice when `lora_target_linear` leaves layers out (models/fixes/unadaptable_layers).
+LEFT_OUT = "`lora_target_linear` leaves out"
 
 # Generic shrink: each target value applies to whichever of these names the config class has (and sets to an int).
 HIDDEN = ("hidden_size", "n_embd", "d_model", "n_embed", "dim", "embed_dim", "model_dim")
@@ -189,6 +189,9 @@ def build(model_type: str, target: Path) -> dict[str, Any]:
         "parameters": sum(p.numel() for p in model.parameters()),
         "moe": any("expert" in name for name in names),
         "bidirectional": sees_the_future(model),
+        # transformers' own choice without `attn_implementation`: `eager` where the class has no SDPA path, which is
+        # what hellbender then loads it with
+        "attention": model.config._attn_implementation,
     }
 
 
@@ -210,7 +213,7 @@ def sees_the_future(model: Any) -> bool | None:
     return not torch.allclose(before, after, atol=1e-5)
 
 
-def run_config(model_dir: Path, mode: str, output_dir: Path, eager: bool = False) -> str:
+def run_config(model_dir: Path, mode: str, output_dir: Path) -> str:
     lines = [
         f"base_model: {model_dir}",
         "datasets:",
@@ -226,8 +229,6 @@ def run_config(model_dir: Path, mode: str, output_dir: Path, eager: bool = False
         "gradient_checkpointing: true",
         f"output_dir: {output_dir}",
     ]
-    if eager:
-        lines.append("attn_implementation: eager")
     if mode != "full":
         lines += ["adapter: lora", "lora_r: 4", "lora_alpha: 8", "lora_target_linear: true"]
     if mode == "packing":
@@ -291,7 +292,14 @@ def worker(model_type: str, work: Path, partial: Path) -> None:
     tells which stage it stopped in)."""
     import logging
 
-    logging.disable(logging.WARNING)
+    logging.disable(logging.INFO)  # the libraries' chatter; hellbender's notices are warnings, collected below
+    notices: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            notices.append(record.getMessage())
+
+    logging.getLogger("hellbender").addHandler(Collect(logging.WARNING))
 
     def record(stage: str, **facts: Any) -> None:
         with partial.open("a") as f:
@@ -306,30 +314,22 @@ def worker(model_type: str, work: Path, partial: Path) -> None:
     from hellbender.config import load_config
     from hellbender.train.run import train
 
-    eager = False  # set once the default attention (sdpa) is refused: the remaining runs ask for eager
     for mode in MODES:
-        refusal = None
-        while True:
-            output_dir = work / f"out-{mode}{'-eager' if eager else ''}"
-            config = work / f"{mode}{'-eager' if eager else ''}.yml"
-            config.write_text(run_config(model_dir, mode, output_dir, eager))
-            start = time.monotonic()
-            try:
-                train(load_config(config))
-            except Exception as exc:
-                if not eager and SDPA_REFUSED in str(exc):  # what a user would do next: ask for eager attention
-                    eager, refusal = True, describe(exc)
-                    continue
-                facts = {"status": describe(exc), "where": raised_at(exc), "refused": _is_refusal(exc)}
-            else:
-                facts = adapter_facts(output_dir) if mode != "full" else {}
-                facts.update(status="ok", reload=reload_status(model_dir, output_dir, mode))
-            if eager:
-                facts["attn"] = "eager"
-            if refusal:
-                facts["sdpa_refusal"] = refusal
-            record(mode, seconds=round(time.monotonic() - start, 1), **facts)
-            break
+        output_dir = work / f"out-{mode}"
+        config = work / f"{mode}.yml"
+        config.write_text(run_config(model_dir, mode, output_dir))
+        start = time.monotonic()
+        del notices[:]
+        try:
+            train(load_config(config))
+        except Exception as exc:
+            facts = {"status": describe(exc), "where": raised_at(exc), "refused": _is_refusal(exc)}
+        else:
+            facts = adapter_facts(output_dir) if mode != "full" else {}
+            facts.update(status="ok", reload=reload_status(model_dir, output_dir, mode))
+        if left_out := [n for n in notices if n.startswith(LEFT_OUT)]:
+            facts["left_out"] = left_out[0]
+        record(mode, seconds=round(time.monotonic() - start, 1), **facts)
 
 
 def _child(model_type: str, work: Path, partial: Path) -> None:
@@ -387,7 +387,7 @@ def _cell(entry: dict[str, Any] | None, mode: str) -> str:
     status = stage.get("status", "-")
     if entry.get("build", {}).get("status") != "ok":
         return "-"
-    eager = " (eager)" if stage.get("attn") == "eager" else ""
+    eager = " (eager)" if "eager" in (stage.get("attn"), entry["build"].get("attention")) else ""
     if status == "ok" and stage.get("reload", "ok") != "ok":
         return f"ok{eager}, reload fails"
     if status == "ok" and "lora_modules" in stage:
@@ -402,7 +402,17 @@ def _quote(text: str) -> str:
     return text.replace("|", "/").replace("`", "'")[:160]
 
 
-def _note(entry: dict[str, Any] | None) -> str:
+def _bidirectional_note(model_type: str) -> str:
+    from hellbender.models.fixes.encoders import CAUSAL_SWITCHES
+
+    if model_type in CAUSAL_SWITCHES:
+        name, value = CAUSAL_SWITCHES[model_type]
+        value = str(value).lower() if isinstance(value, bool) else value
+        return f"attends both ways as built; hellbender sets `{name}: {value}` so it trains as a causal LM"
+    return "attends both ways as built (each position sees the token it predicts)"
+
+
+def _note(model_type: str, entry: dict[str, Any] | None) -> str:
     if entry is None:
         return ""
     build = entry.get("build", {})
@@ -410,12 +420,13 @@ def _note(entry: dict[str, Any] | None) -> str:
         return f"tiny model not built: `{_quote(build.get('status', ''))}`"
     notes = []
     if build.get("bidirectional"):
-        notes.append("`is_decoder` is false, so attention is bidirectional: training runs, but it is not a causal LM")
+        notes.append(_bidirectional_note(model_type))
     if build.get("moe") and not any(entry.get(m, {}).get("experts_adapted") for m in ("lora", "packing")):
         notes.append("MoE: expert weights not LoRA-adapted")
-    refusal = next((entry[m]["sdpa_refusal"] for m in MODES if entry.get(m, {}).get("sdpa_refusal")), None)
-    if refusal:
-        notes.append("the default `sdpa` attention is refused, so the survey ran with `attn_implementation: eager`")
+    if build.get("attention") == "eager":
+        notes.append("no SDPA path in transformers: hellbender loads it with `attn_implementation: eager`")
+    if left_out := next((entry[m]["left_out"] for m in MODES if entry.get(m, {}).get("left_out")), None):
+        notes.append(f"`{_quote(left_out)}`")
     seen = set()
     for mode in MODES:
         status = entry.get(mode, {}).get("status", "")
@@ -449,11 +460,22 @@ def render(results: dict[str, Any], model_types: list[str], vlm_types: list[str]
         "with activation checkpointing: LoRA on every linear layer (2 steps), the same with `sample_packing` "
         "(2 steps), and full fine-tuning (1 step); each output is then loaded again with plain transformers (and PEFT). "
         "`ok (N modules)` gives the number of LoRA-adapted modules; "
-        "`experts` says expert weights were among them; `(eager)` marks a run with `attn_implementation: eager` after "
-        "hellbender refused its default `sdpa` for the model. `refused` is hellbender's own error naming the problem "
+        "`experts` says expert weights were among them; `(eager)` marks an architecture without an SDPA path in "
+        "transformers, which hellbender loads with `attn_implementation: eager` when the config leaves the attention to "
+        "it. `refused` is hellbender's own error naming the problem "
         "(the note quotes its first line); `fails` is any other error, a bug to fix or to turn into a refusal; "
         "`-` means the tiny model could not be built (the note says why), which may be the survey's shrink "
         "rather than the architecture. A tiny random model checks that the code path runs, not training quality.",
+        "",
+        "Family rules hellbender applies at load time (src/hellbender/models/fixes/): encoder families that "
+        "transformers lists as causal LMs (BERT and its descendants, XLM, XLNet) attend both ways as built, so "
+        "hellbender sets the config switch their classes honour (`is_decoder`, `causal`, `attn_type: uni`) and they "
+        "train causally; CPM-Ant has none and is refused (encoders.py). `lora_target_linear` leaves out, in one "
+        "notice line, the layers LoRA cannot adapt: what PEFT refuses in Mamba families, Mamba-mixer projections whose "
+        "weight the mixer reads directly (an adapter there would never be used), and linear subclasses that are no "
+        "linear map (Llama 4 and PhiMoE routers, DeepSeek-V4's grouped output projection); naming them in "
+        "`lora_target_modules` is refused (unadaptable_layers.py). An architecture without SDPA loads with `eager` "
+        "unless the config asks for `sdpa`, which is refused (models/attention_choice.py).",
         "",
         f"Surveyed: {len(surveyed)} of {len(model_types)} architectures; all three modes pass for {len(ok)}. "
         f"Rows marked `{NOT_SURVEYED}` have not been run yet: their status is unknown.",
@@ -464,7 +486,7 @@ def render(results: dict[str, Any], model_types: list[str], vlm_types: list[str]
     for model_type in model_types:
         entry = results.get(model_type)
         cells = [_cell(entry, mode) for mode in MODES]
-        lines.append(f"| {model_type} | {' | '.join(cells)} | {_note(entry)} |")
+        lines.append(f"| {model_type} | {' | '.join(cells)} | {_note(model_type, entry)} |")
     if vlm_types:
         lines += [
             "",
@@ -528,6 +550,8 @@ def main() -> None:
     parser.add_argument("--render", action="store_true", help="only rewrite docs/models.md from docs/models.json")
     parser.add_argument("--failures", action="store_true", help="print the recorded failures grouped by cause")
     args = parser.parse_args()
+    if str(ROOT / "src") not in sys.path:  # the notes name hellbender's own family rules
+        sys.path.insert(0, str(ROOT / "src"))
     model_types = causal_lm_types()
     results = load_results()
     if args.failures:

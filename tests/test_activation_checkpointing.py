@@ -463,3 +463,38 @@ def test_hellbender_train_checkpoints_only_the_layers_asked_for(tmp_path):
     )
     train(validate_config(cfg), callbacks=[Flags()])
     assert seen == [[True, False]]
+
+
+def test_lora_with_checkpointing_on_a_model_adding_to_its_embeddings_in_place(tmp_path):
+    """GIT adds its position embeddings to the word embeddings' output in place. Frozen embeddings (LoRA) give an
+    output without grad; forcing it to require grad (transformers' `enable_input_require_grads`) made that a leaf
+    torch refuses to change in place. Non-reentrant checkpointing needs no such input: the adapter gradients are
+    the ones of the run without checkpointing."""
+    from transformers import GitConfig, GitForCausalLM
+
+    from hellbender.models.adapters import apply_adapter
+
+    cfg = validate_config(base_config(tmp_path, adapter="lora", lora_target_linear=True))
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    config = GitConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        vision_config={**vision, "image_size": 32, "patch_size": 16},
+    )
+    ids = torch.arange(3, 15).unsqueeze(0)
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = apply_adapter(cfg, GitForCausalLM(config))
+        if checkpointing:
+            enable_activation_checkpointing(model)
+        model.train()
+        model(input_ids=ids).logits.float().pow(2).mean().backward()  # GIT's own loss expects image tokens
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    reached = [{n for n, g in run.items() if g is not None} for run in grads]
+    assert reached[0] == reached[1] and any(".encoder.layer." in n for n in reached[1])  # the text decoder's layers
+    for name in reached[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], msg=name)

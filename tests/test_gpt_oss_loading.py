@@ -92,9 +92,23 @@ def test_from_pretrained_receives_transformers_mxfp4_config_with_the_kwargs(mxfp
     assert received["quantization_config"].dequantize is True
 
 
-def test_gpt_oss_with_sdpa_is_refused_naming_the_key(mxfp4_checkpoint):
-    with pytest.raises(ConfigError, match="`attn_implementation: sdpa` cannot be used with this model"):
-        load_model(config(str(mxfp4_checkpoint), **DEQUANTIZE), build_tiny_tokenizer())
+@pytest.mark.parametrize("asked", [{"attn_implementation": "sdpa"}, {"sdp_attention": True}])
+def test_gpt_oss_with_sdpa_asked_for_is_refused_naming_the_key(mxfp4_checkpoint, asked):
+    with pytest.raises(ConfigError, match=r"`attn_implementation: sdpa` cannot be used with this model: GptOss"):
+        load_model(config(str(mxfp4_checkpoint), **DEQUANTIZE, **asked), build_tiny_tokenizer())
+
+
+def test_gpt_oss_without_a_chosen_attention_loads_with_eager_and_says_so(mxfp4_checkpoint, caplog):
+    cfg = config(str(mxfp4_checkpoint), **DEQUANTIZE)
+    assert cfg.attn_implementation == "sdpa"  # hellbender's default, not the user's choice
+    with caplog.at_level("WARNING", logger="hellbender"):
+        model = load_model(cfg, build_tiny_tokenizer())
+    assert model.config._attn_implementation == "eager"
+    assert [r.message for r in caplog.records if "has no SDPA attention" in r.message] == [
+        "GptOssForCausalLM has no SDPA attention in transformers, so hellbender loads it with `attn_implementation: "
+        "eager` (the default `sdpa` was not chosen in the config); eager attention holds the [batch, heads, seq, seq] "
+        "scores in memory."
+    ]
 
 
 def test_mxfp4_on_a_checkpoint_that_is_not_stored_in_mxfp4_is_refused(tiny_model_path):

@@ -91,3 +91,31 @@ def test_a_config_without_a_pad_token_id_attribute_gets_the_tokenizers(tmp_path)
     tokenizer, _ = load_tokenizer_and_processor(cfg)
     model = load_model(cfg, tokenizer)
     assert model.config.pad_token_id == tokenizer.pad_token_id is not None
+
+
+def test_every_architecture_the_survey_found_bidirectional_is_made_causal_or_refused() -> None:
+    """The survey's causality probe (a later token must not change earlier logits) runs on every causal-LM type of
+    the installed transformers; each one it found attending both ways must be in hellbender's encoder table."""
+    from hellbender.models.fixes.encoders import CAUSAL_SWITCHES, REFUSED
+
+    results = survey.load_results()
+    found = sorted(t for t, e in results.items() if not t.startswith("_") and e.get("build", {}).get("bidirectional"))
+    assert found, "the survey recorded no bidirectional architecture: check its probe"
+    assert not [t for t in found if t not in CAUSAL_SWITCHES and t not in REFUSED]
+
+
+def test_notes_name_the_causal_switch_the_eager_fallback_and_left_out_layers() -> None:
+    results = {
+        "bert": {"build": {"status": "ok", "bidirectional": True}, **{m: {"status": "ok"} for m in survey.MODES}},
+        "gpt_neo": {"build": {"status": "ok", "attention": "eager"}, **{m: {"status": "ok"} for m in survey.MODES}},
+        "mamba": {
+            "build": {"status": "ok", "attention": "sdpa"},
+            "lora": {"status": "ok", "lora_modules": 2, "left_out": "`lora_target_linear` leaves out 2 layer(s)"},
+            "packing": {"status": "ok"},
+            "full": {"status": "ok"},
+        },
+    }
+    doc = survey.render(results, ["bert", "gpt_neo", "mamba"])
+    assert "| bert | ok | ok | ok | attends both ways as built; hellbender sets `is_decoder: true`" in doc
+    assert "| gpt_neo | ok (eager) | ok (eager) | ok (eager) | no SDPA path in transformers" in doc
+    assert "| mamba | ok (2 modules) | ok | ok | `'lora_target_linear' leaves out 2 layer(s)` |" in doc

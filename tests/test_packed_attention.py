@@ -204,6 +204,16 @@ def test_a_family_whose_layer_masks_hellbender_cannot_build_is_refused_at_load()
     check_packed_masks(SimpleNamespace(config=config))
 
 
+def test_bloom_is_refused_with_packing_naming_its_alibi():
+    """BLOOM's forward reads `attention_mask` as a 2-D padding mask for its ALiBi biases; a block mask fails there."""
+    from transformers import BloomConfig
+
+    config = BloomConfig(n_layer=1, hidden_size=32, n_head=2)
+    config._attn_implementation = "eager"
+    with pytest.raises(ConfigError, match=r"`sample_packing` cannot keep .* `bloom` .* ALiBi position biases"):
+        check_packed_masks(SimpleNamespace(config=config))
+
+
 BUILDERS = {"create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask"}
 
 

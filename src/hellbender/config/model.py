@@ -118,7 +118,8 @@ class ModelSettings(BaseModel):
     )
     attn_implementation: str | None = Field(
         None,
-        description="Attention backend: `eager`, `sdpa` (default), `flash_attention_2`, `flash_attention_3`, "
+        description="Attention backend: `eager`, `sdpa` (default; left out, an architecture without an SDPA path in "
+        "transformers loads with `eager`, said in one line), `flash_attention_2`, `flash_attention_3`, "
         "`flex_attention`, or a hub kernel `owner/repo` (also `owner/repo@revision`, `owner/repo:function`, e.g. "
         "`kernels-community/vllm-flash-attn3`), which transformers loads with the `kernels` package. "
         "`flash_attention: true` is accepted as a synonym of `flash_attention_2`.",

@@ -203,8 +203,9 @@ def enable_activation_checkpointing(
                 layer.compile(**compile_options)  # in place: parameter names, and so saved weights, stay as they are
     if getattr(base.config, "use_cache", None):
         base.config.use_cache = False
-    # Frozen input embeddings (adapters) give the first layer an input without grad; transformers does the same.
-    base.enable_input_require_grads()
+    # No `enable_input_require_grads` (transformers' habit for reentrant checkpointing): non-reentrant checkpointing
+    # reaches the adapter weights inside a layer whose input needs no grad, and the hook turns the frozen embeddings'
+    # output into a leaf that requires grad, which models adding to it in place (GIT's position embeddings) refuse.
     setattr(model, CHANNEL_ATTRIBUTE, channel)
     # Only a forward that will be back-propagated starts a new step: a forward without gradients between a training
     # forward and its backward (preference tuning's reference pass through the same model with the adapter off) must

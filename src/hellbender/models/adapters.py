@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
+import re
 from importlib.metadata import version
 from typing import Any
 
@@ -16,6 +18,9 @@ from hellbender.models.expert_targets import (
     names_reaching_experts,
     wanted_expert_weights,
 )
+from hellbender.models.fixes.unadaptable_layers import left_out_notice, refusal, unadaptable_layers
+
+logger = logging.getLogger("hellbender")
 
 # PEFT's ModulesToSaveWrapper forwards keyword-only calls from this version on; Gemma 4 calls its vision
 # tower and embedder with keyword arguments only.
@@ -49,8 +54,6 @@ def adapter_targets(cfg: HellbenderConfig, model: Any) -> tuple[list[str] | str,
     prefix = language_model_prefix(model) if cfg.is_multimodal else ""
     if not cfg.lora_target_parameters and not expert_weights(model, prefix):
         return target_modules(cfg, model), []
-    import re
-
     linear = _linear_modules(model, prefix)
     if cfg.reward_model:  # PEFT trains the new score head in full (SEQ_CLS); it is no layer to adapt
         linear = {n: leaf for n, leaf in linear.items() if leaf != "score"}
@@ -69,6 +72,7 @@ def adapter_targets(cfg: HellbenderConfig, model: Any) -> tuple[list[str] | str,
                 "weights in `lora_target_parameters`), or set `lora_target_linear: true`."
             )
         modules = [n for n, leaf in linear.items() if leaf in asked]
+    modules = _without_unadaptable(model, modules, cfg.lora_target_linear and asked is None)
     parameters = wanted_expert_weights(cfg, model, prefix, asked)
     if cfg.unfrozen_parameters:
         modules = [n for n in modules if any(re.match(p, f"{n}.weight") for p in cfg.unfrozen_parameters)]
@@ -87,14 +91,25 @@ def adapter_targets(cfg: HellbenderConfig, model: Any) -> tuple[list[str] | str,
     return modules, parameters
 
 
+def _without_unadaptable(model: Any, modules: list[str], every_linear: bool) -> list[str]:
+    """`modules` (full names) without the layers LoRA cannot adapt in this model's family: left out with one notice
+    line when they came from `lora_target_linear` (`every_linear`), refused when the config named them."""
+    left_out = unadaptable_layers(model)
+    hit = [name for name in modules if name in left_out]
+    if not hit:
+        return modules
+    if not every_linear:
+        raise ConfigError(refusal(hit, left_out))
+    logger.warning(left_out_notice({name: left_out[name] for name in hit}))
+    return [name for name in modules if name not in left_out]
+
+
 def target_modules(cfg: HellbenderConfig, model: Any) -> list[str] | str:
     """What LoRA adapts: the targets the config names, kept to the layers `unfrozen_parameters` matches when it is
     set (an adapter never trains base weights in full)."""
     targets = _named_targets(cfg, model)
     if not cfg.unfrozen_parameters:
         return targets
-    import re
-
     if isinstance(targets, str):  # `all-linear`, or a regex PEFT matches against the whole module name
         linear = _linear_modules(model, "")
         targets = list(linear) if targets == "all-linear" else [n for n in linear if re.fullmatch(targets, n)]
@@ -117,9 +132,13 @@ def _named_targets(cfg: HellbenderConfig, model: Any) -> list[str] | str:
     targets are leaf names (`q_proj`; validation fills the default list), and for vision-language models only
     layers of the language model are adapted, given as full names. A named target the model lacks is an error."""
     if isinstance(cfg.lora_target_modules, str):
+        matched = [name for name in unadaptable_layers(model) if re.fullmatch(cfg.lora_target_modules, name)]
+        _without_unadaptable(model, matched, every_linear=False)  # refuses any match
         return cfg.lora_target_modules
     prefix = language_model_prefix(model) if cfg.is_multimodal else ""
-    if not cfg.is_multimodal and cfg.lora_target_linear and not cfg.lora_target_modules:
+    # PEFT's `all-linear` would take the layers LoRA cannot adapt too: then the targets are listed by full name.
+    left_out = unadaptable_layers(model)
+    if not cfg.is_multimodal and cfg.lora_target_linear and not cfg.lora_target_modules and not left_out:
         return "all-linear"
     linear = _linear_modules(model, prefix)
     leaves = set(linear.values())
@@ -132,8 +151,11 @@ def _named_targets(cfg: HellbenderConfig, model: Any) -> list[str] | str:
             f"{', '.join(sorted(leaves))}. Name the ones to adapt in `lora_target_modules`, or set "
             "`lora_target_linear: true`."
         )
+    if cfg.lora_target_linear and left_out:
+        return _without_unadaptable(model, sorted(linear), every_linear=True)
     if cfg.lora_target_linear:
         wanted = leaves
+    _without_unadaptable(model, [name for name, leaf in linear.items() if leaf in wanted], every_linear=False)
     if not cfg.is_multimodal:
         return sorted(wanted)
     return sorted(name for name, leaf in linear.items() if leaf in wanted)
@@ -153,7 +175,6 @@ def freeze_vision_modules(model: Any) -> list[str]:
 
 def freeze_all_but(model: Any, patterns: list[str]) -> None:
     """Freeze every parameter whose name matches none of `patterns` (`re.match`: from the start of the name)."""
-    import re
 
     names = [name for name, _ in model.named_parameters()]
     unmatched = [p for p in patterns if not any(re.match(p, name) for name in names)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,12 +13,17 @@ from hellbender.config.model import is_hub_kernel
 from hellbender.config.model_sources import local_source_problem
 from hellbender.config.precision import torch_dtype
 from hellbender.errors import ConfigError, EnvironmentProblem
+from hellbender.models.attention_choice import NOT_SUPPORTED, eager_notice, falls_back_to_eager, refusal
+from hellbender.models.fixes.encoders import causal_notice, make_causal
+from hellbender.models.fixes.xmod import check_language
 from hellbender.models.hub_kernels import check_hub_kernel_packing, require_kernels_package
 from hellbender.models.mistral_tokenizer import load_mistral_common_tokenizer
 from hellbender.models.packed_attention import check_packed_masks
 from hellbender.models.packed_vision import check_packable_vision_model
 from hellbender.models.remote_code import remote_code_refused
 from hellbender.models.tiny import is_tiny_model, tiny_model_dir
+
+logger = logging.getLogger("hellbender")
 
 
 def resolve_model_path(name: str, key: str = "base_model", wanted: Literal["model", "tokenizer"] = "model") -> str:
@@ -235,6 +241,9 @@ def model_config(cfg: HellbenderConfig, source: str | Path) -> Any:
                 f"`{key}`. Check the name against the model's config.json."
             )
         setattr(owner, key, value)
+    if not cfg.reward_model:  # a score over the whole sequence may look both ways
+        make_causal(config, cfg.overrides_of_model_config)  # encoder families listed as causal LMs
+    check_language(config)
     if cfg.reward_model:  # the score head: one number per sequence (`num_labels` is 1)
         config.num_labels = cfg.num_labels or 1
     return config
@@ -282,13 +291,13 @@ def _experts_argument(cfg: HellbenderConfig) -> dict[str, str]:
     return {"experts_implementation": cfg.experts_implementation} if cfg.experts_implementation else {}
 
 
-def _random_model(cfg: HellbenderConfig, cls: Any, source: str) -> Any:
+def _random_model(cfg: HellbenderConfig, cls: Any, source: str, attention: str) -> Any:
     """`reinit_weights`: `base_model`'s architecture with freshly initialised weights, the same in every process
     (seeded by `seed`), so that data-parallel workers start from one model."""
     import torch
 
     config = model_config(cfg, source)
-    config._attn_implementation = cfg.attn_implementation
+    config._attn_implementation = attention
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         build = cls.from_config if hasattr(cls, "from_config") else cls._from_config
@@ -302,23 +311,33 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
     quant = quantization_config(cfg)
     require_kernels_package(cfg)
     cls = _transformers_class(cfg.model_type, "model_type")
-    try:
+
+    def load(attention: str) -> Any:
         if cfg.reinit_weights and key == "`base_model`":
-            model = _random_model(cfg, cls, source)
-        else:
-            config = model_config(cfg, source)
-            if cfg.model_quantization_config and key == "`base_model`":  # a trained model is saved dequantized
-                quant = dequantizing_config(cfg, config, source)
-            model = cls.from_pretrained(
-                source,
-                config=config,
-                dtype=torch_dtype(cfg),
-                attn_implementation=cfg.attn_implementation,
-                quantization_config=quant,
-                trust_remote_code=cfg.trust_remote_code,
-                revision=cfg.revision_of_model,
-                **_experts_argument(cfg),
-            )
+            return _random_model(cfg, cls, source, attention)
+        config = model_config(cfg, source)
+        quantization = quant
+        if cfg.model_quantization_config and key == "`base_model`":  # a trained model is saved dequantized
+            quantization = dequantizing_config(cfg, config, source)
+        return cls.from_pretrained(
+            source,
+            config=config,
+            dtype=torch_dtype(cfg),
+            attn_implementation=attention,
+            quantization_config=quantization,
+            trust_remote_code=cfg.trust_remote_code,
+            revision=cfg.revision_of_model,
+            **_experts_argument(cfg),
+        )
+
+    try:
+        try:
+            model = load(cfg.attn_implementation)
+        except ValueError as exc:  # transformers refuses the backend while building the model, before the weights
+            if not falls_back_to_eager(cfg, exc):
+                raise
+            logger.warning(eager_notice(exc))
+            model = load("eager")
     except OSError as exc:
         raise ConfigError(
             f"Could not load the model from `{source}`: {str(exc).rstrip('.')}. Check {key} (a hub id needs network "
@@ -331,13 +350,8 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
                 f"transformers could not use the hub kernel `attn_implementation: {cfg.attn_implementation}`: {exc} "
                 "(a kernel is downloaded from the hub on first use; offline, it must be in the hub cache)."
             ) from None
-        if "does not support an attention implementation" in str(exc):  # gpt-oss has no SDPA (attention sinks)
-            raise ConfigError(
-                f"`attn_implementation: {cfg.attn_implementation}` cannot be used with this model: "
-                f"{str(exc).split('. ')[0]}. Choose another backend: `eager`, or flash attention (`flash_attention_2`, "
-                "`flash_attention_3`, or a hub kernel such as `kernels-community/vllm-flash-attn3` where the model "
-                "supports it)."
-            ) from None
+        if NOT_SUPPORTED in str(exc):  # a backend the user chose (gpt-oss has no SDPA: attention sinks)
+            raise refusal(cfg, exc) from None
         if cfg.experts_implementation is None:
             raise
         raise ConfigError(
@@ -348,6 +362,8 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
         raise EnvironmentProblem(
             f"Loading `{source}` with `attn_implementation: {cfg.attn_implementation}` failed: {exc}"
         ) from None
+    if notice := causal_notice(getattr(model.config, "model_type", None) if not cfg.reward_model else None):
+        logger.warning(notice)
     check_hub_kernel_packing(cfg, model)
     if cfg.sample_packing or cfg.eval_sample_packing:
         check_packed_masks(model)

@@ -62,6 +62,11 @@ MASKS_WITHOUT_POSITION_IDS = frozenset(
 )
 
 
+# Families listed above whose forward also derives something else from `attention_mask` and needs it 2-D, so a packed
+# batch's block-diagonal mask cannot be passed: model_type -> what the forward derives from it.
+NEEDS_A_PADDING_MASK = {"bloom": "BLOOM builds its ALiBi position biases from the 2-D padding mask"}
+
+
 def _builders() -> dict[str, Any]:
     from transformers.masking_utils import (
         create_causal_mask,
@@ -147,6 +152,12 @@ def check_packed_masks(model: Any) -> None:
     import transformers
 
     config = text_config(model)
+    if needs_packed_masks(config) and config.model_type in NEEDS_A_PADDING_MASK:
+        raise ConfigError(
+            f"`sample_packing` cannot keep the packed documents of this `{config.model_type}` model apart: its forward "
+            "builds its masks without position ids, so hellbender would pass a block-diagonal mask per packed row, and "
+            f"{NEEDS_A_PADDING_MASK[config.model_type]}, which must stay 2-D. Set `sample_packing: false`."
+        )
     if needs_packed_masks(config):
         layer_patterns(config)
     chunked = "chunked_attention" in (getattr(config, "layer_types", None) or [])

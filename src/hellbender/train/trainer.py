@@ -42,6 +42,9 @@ def causal_lm_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch
     model: several vision-language models (Gemma 4, Qwen2.5-VL) declare `accepts_loss_kwargs = False`, and the
     Trainer would then average each micro-batch on its own."""
     logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+    # ForCausalLMLoss flattens with `view`; some models return a strided slice (ProphetNet: the main stream of its
+    # n-gram logits), which `view` refuses. A no-op for contiguous logits.
+    logits = logits.contiguous()
     return ForCausalLMLoss(logits, labels, logits.shape[-1], num_items_in_batch=num_items_in_batch)
 
 
