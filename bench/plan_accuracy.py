@@ -46,6 +46,7 @@ CASES: tuple[Case, ...] = (
     Case("W1-ckpt-all", "W1"),
     Case("W1-ckpt-28", "W1", {"gradient_checkpointing_layers": 28}),
     Case("W1-mb4-ckpt-all", "W1", {"micro_batch_size": 4}),
+    Case("W1-offload", "W1", {"gradient_checkpointing": "offload"}),
     Case("W2-ckpt", "W2"),
     Case("W2-mb2-no-ckpt", "W2", {"micro_batch_size": 2, "gradient_checkpointing": False}),
 )
