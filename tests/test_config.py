@@ -75,7 +75,11 @@ def test_every_unknown_key_is_reported_at_once():
     ("key", "value", "why"),
     [
         ("neftune_noise_alpha", 5, " is not supported yet: hellbender does not implement it"),
-        ("process_reward_model", True, " is not supported yet: it belongs to preference tuning"),
+        (
+            "process_reward_model",
+            True,
+            " is not supported yet: it belongs to more preference tuning (process reward models",
+        ),
         ("lisa_step_interval", 20, ": LISA (training a random subset of layers at a time) is not offered"),
         (
             "relora",
@@ -118,7 +122,10 @@ def test_process_reward_data_is_refused_as_planned():
     raw = cfg_dict(datasets=[{"path": "a.jsonl", "type": "stepwise_supervised", "step_separator": "\n"}])
     message = config_error(raw)
     assert "`stepwise_supervised` is process-reward data" in message
-    assert "In `datasets[0]`: `step_separator` is not supported yet: it belongs to preference tuning" in message
+    assert (
+        "In `datasets[0]`: `step_separator` is not supported yet: it belongs to more preference tuning (process reward models"
+        in message
+    )
 
 
 def test_skip_prepare_dataset_on_conversations_is_read_as_preparing_them(caplog):

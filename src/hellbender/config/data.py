@@ -326,7 +326,7 @@ class DatasetEntry(ImageEntryKeys):
         if value == "stepwise_supervised":
             raise ValueError(
                 "`stepwise_supervised` is process-reward data (reasoning steps, each labelled right or wrong); it "
-                "belongs to preference tuning and reward models, which hellbender does not offer yet"
+                "belongs to process reward models, which hellbender does not offer yet"
             )
         if not isinstance(value, str) or "." not in value or value in PREFERENCE_TYPES:
             return value

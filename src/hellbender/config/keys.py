@@ -169,7 +169,10 @@ def _misplaced(key: str, model: type[BaseModel]) -> str | None:
 def key_problems(raw: dict[str, Any], notices: list[str]) -> list[str]:
     """Every key problem of the raw config, its dataset entries included; keys that ask for nothing add to
     `notices`. Keys with a problem and keys that ask for nothing are removed from `raw`."""
+    process_reward_model = not _is_unset(raw.get("process_reward_model"))
     problems = check_keys(raw, HellbenderConfig, axolotl_keys("axolotl_keys.txt"), "", notices)
+    if process_reward_model:  # refused above (planned); its `num_labels` sizes its head, not a reward model's
+        raw.pop("num_labels", None)
     for list_key, model in ENTRY_MODELS.items():
         entries = raw.get(list_key)
         if isinstance(entries, dict):  # Axolotl accepts a single mapping for pretraining_dataset
