@@ -341,19 +341,10 @@ class Job:
 
 def train_baseline(job: Job, recorder: GrpoRecorder) -> None:
     """Plain TRL + PEFT, as TRL's documentation writes a LoRA GRPO run."""
-    import torch
-    from datasets import load_dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(
-        job.model_dir, dtype=torch.bfloat16 if job.cuda else torch.float32, attn_implementation="sdpa"
-    )
-    if job.cuda:
-        model = model.to("cuda")  # where the Trainer would move it; done here so setup_s compares like for like
-    dataset = load_dataset("json", data_files=str(job.data), split="train")
+    tokenizer, model, dataset = pt.baseline_model_and_rows(job)
     args = GRPOConfig(
         output_dir=str(job.output_dir),
         per_device_train_batch_size=job.micro_batch,  # completions
@@ -404,28 +395,8 @@ def hellbender_raw_config(job: Job, overrides: dict[str, Any]) -> dict[str, Any]
             "temperature": job.temperature,
         },
         "datasets": [{"path": str(job.data)}],
-        "micro_batch_size": job.micro_batch,
-        "gradient_accumulation_steps": job.grad_accum,
-        "max_steps": job.steps,
-        "learning_rate": LEARNING_RATE,
-        "lr_scheduler": "constant",
-        "optimizer": job.optimizer,
-        "adapter": "lora",
-        "lora_r": pt.LORA_R,
-        "lora_alpha": pt.LORA_ALPHA,
-        "lora_dropout": 0.0,
-        "lora_target_linear": True,
-        "gradient_checkpointing": True,
-        "bf16": job.cuda,
-        "save_steps": job.steps + 1000,  # no checkpoint during the run (the final adapter is saved after timing)
-        "logging_steps": 1,
-        "memory_watchdog": "off",
-        "seed": tp.SEED,
-        "output_dir": str(job.output_dir),
-        "dataset_prepared_path": str(job.workdir / "prepared"),
+        **pt.run_keys(job, LEARNING_RATE),
     }
-    if job.cuda:
-        raw.update(pt.SPEED_RECIPE)
     for key, value in overrides.items():  # `trl.KEY=VALUE` reaches into the block
         if key.startswith("trl."):
             raw["trl"][key.removeprefix("trl.")] = value
@@ -441,9 +412,7 @@ def train_hellbender(job: Job, recorder: GrpoRecorder, overrides: dict[str, Any]
     cfg = validate_config(hellbender_raw_config(job, overrides))
     mode = cfg.gradient_checkpointing
     recorder.features["checkpointing"] = f"hellbender ({'offload' if mode == 'offload' else 'on' if mode else 'off'})"
-    kernels = sorted(k for k, v in cfg.model_dump().items() if k.startswith("liger_") and v)
-    if kernels:
-        recorder.features["kernels"] = ",".join(kernels)
+    pt.record_kernels(cfg, recorder.features)
     train(cfg, callbacks=[recorder.callback()])
 
 

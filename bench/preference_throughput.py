@@ -328,21 +328,28 @@ class Job:
         return "adamw_torch_fused" if self.cuda else "adamw_torch"
 
 
-def train_baseline(job: Job, recorder: PreferenceRecorder) -> None:
-    """Plain TRL + PEFT, as TRL's documentation writes a LoRA DPO run."""
+def baseline_model_and_rows(job: Any) -> tuple[Any, Any, Any]:
+    """The baseline's tokenizer, bf16 model (on the GPU, where the Trainer would move it: done here so setup_s
+    compares like for like) and rows, as TRL's documentation loads them."""
     import torch
     from datasets import load_dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import DPOConfig, DPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     model = AutoModelForCausalLM.from_pretrained(
         job.model_dir, dtype=torch.bfloat16 if job.cuda else torch.float32, attn_implementation="sdpa"
     )
     if job.cuda:
-        model = model.to("cuda")  # where the Trainer would move it; done here so setup_s compares like for like
-    dataset = load_dataset("json", data_files=str(job.data), split="train")
+        model = model.to("cuda")
+    return tokenizer, model, load_dataset("json", data_files=str(job.data), split="train")
+
+
+def train_baseline(job: Job, recorder: PreferenceRecorder) -> None:
+    """Plain TRL + PEFT, as TRL's documentation writes a LoRA DPO run."""
+    from peft import LoraConfig
+    from trl import DPOConfig, DPOTrainer
+
+    tokenizer, model, dataset = baseline_model_and_rows(job)
     args = DPOConfig(
         output_dir=str(job.output_dir),
         per_device_train_batch_size=job.micro_batch,
@@ -395,10 +402,20 @@ def hellbender_raw_config(job: Job, overrides: dict[str, Any]) -> dict[str, Any]
         "sequence_len": job.spec.prompt_len + job.spec.answer_len,
         "excess_length_strategy": "raise",  # no pair may vanish silently: both sides must see the same rows
         "curriculum_sampling": True,  # dataset order, as the baseline's sequential sampler (comparable losses)
+        **run_keys(job, LEARNING_RATE),
+    }
+    raw.update(overrides)
+    return raw
+
+
+def run_keys(job: Any, learning_rate: float) -> dict[str, Any]:
+    """The hellbender keys every benchmark run of a TRL method shares: its batch and schedule, LoRA on every linear
+    layer, checkpointing, no checkpoint saved mid-run, and on a GPU the speed recipe."""
+    return {
         "micro_batch_size": job.micro_batch,
         "gradient_accumulation_steps": job.grad_accum,
         "max_steps": job.steps,
-        "learning_rate": LEARNING_RATE,
+        "learning_rate": learning_rate,
         "lr_scheduler": "constant",
         "optimizer": job.optimizer,
         "adapter": "lora",
@@ -414,11 +431,14 @@ def hellbender_raw_config(job: Job, overrides: dict[str, Any]) -> dict[str, Any]
         "seed": tp.SEED,
         "output_dir": str(job.output_dir),
         "dataset_prepared_path": str(job.workdir / "prepared"),
+        **(SPEED_RECIPE if job.cuda else {}),
     }
-    if job.cuda:
-        raw.update(SPEED_RECIPE)
-    raw.update(overrides)
-    return raw
+
+
+def record_kernels(cfg: Any, features: dict[str, Any]) -> None:
+    kernels = sorted(k for k, v in cfg.model_dump().items() if k.startswith("liger_") and v)
+    if kernels:
+        features["kernels"] = ",".join(kernels)
 
 
 def train_hellbender(job: Job, recorder: PreferenceRecorder, overrides: dict[str, Any]) -> None:
@@ -434,9 +454,7 @@ def train_hellbender(job: Job, recorder: PreferenceRecorder, overrides: dict[str
         + ")",
         reference="precomputed before training" if cfg.precompute_ref_log_probs else "base model, adapter switched off",
     )
-    kernels = sorted(k for k, v in cfg.model_dump().items() if k.startswith("liger_") and v)
-    if kernels:
-        recorder.features["kernels"] = ",".join(kernels)
+    record_kernels(cfg, recorder.features)
     train(cfg, callbacks=[recorder.callback()])
 
 

@@ -67,6 +67,14 @@ def _find_user_error(exc: BaseException) -> UserError | None:
     return None
 
 
+def _load_config(config: Path, overrides: list[str] | None) -> Any:
+    """The config as every command reads it: validated, with the memory planner choosing its `auto` values."""
+    from hellbender.config import load_config
+    from hellbender.plan.auto import choose
+
+    return load_config(config, overrides, choose)
+
+
 def _run(debug: bool, action: Callable[[], Any]) -> Any:
     """Run a command; a user error becomes one readable paragraph and exit code 2 (traceback with --debug)."""
     debug = debug or os.environ.get("HELLBENDER_DEBUG", "") not in ("", "0")
@@ -122,9 +130,7 @@ def train(
     master_port: Annotated[int, typer.Option("--master-port", help="Free port on machine 0 (torchrun).")] = 29500,
 ) -> None:
     """Train the model the config describes and save it in `output_dir`."""
-    from hellbender.config import load_config
     from hellbender.launch import Launch
-    from hellbender.plan.auto import choose
 
     launch = Launch(nproc, nnodes, node_rank, master_addr, master_port)
 
@@ -134,7 +140,7 @@ def train(
             from hellbender.train.distributed import one_gpu_for_one_process
 
             restricted = one_gpu_for_one_process()  # before validation starts CUDA (it reads the GPU's bf16 support)
-        cfg = load_config(config, set_, choose)
+        cfg = _load_config(config, set_)
         from hellbender.train.deepspeed import require_deepspeed_package
 
         require_deepspeed_package(cfg)  # before any process is launched or any data prepared
@@ -179,11 +185,9 @@ def train(
 @app.command()
 def preprocess(config: ConfigArg, set_: SetOpt = None, debug: DebugOpt = False) -> None:
     """Tokenize and cache the datasets, then print what was kept and dropped."""
-    from hellbender.config import load_config
-    from hellbender.plan.auto import choose
 
     def action() -> None:
-        cfg = load_config(config, set_, choose)
+        cfg = _load_config(config, set_)
         if (cfg.uses_streaming or cfg.skip_prepare_dataset) and not cfg.test_datasets:
             why = "streamed at training time" if cfg.uses_streaming else "used as they are (`skip_prepare_dataset`)"
             console.print(f"The training rows are {why}; there is nothing to prepare.")
@@ -231,11 +235,9 @@ def merge_lora(
     debug: DebugOpt = False,
 ) -> None:
     """Merge the trained LoRA adapter into the base model and save a standalone model."""
-    from hellbender.config import load_config
-    from hellbender.plan.auto import choose
 
     def action() -> None:
-        cfg = load_config(config, set_, choose)
+        cfg = _load_config(config, set_)
         _setup_logging()
         from hellbender.use.merge import merge_lora as run_merge
 
@@ -305,11 +307,9 @@ def consolidate(
     debug: DebugOpt = False,
 ) -> None:
     """Join an FSDP2 sharded checkpoint into one model (or adapter) that transformers and PEFT load."""
-    from hellbender.config import load_config
-    from hellbender.plan.auto import choose
 
     def action() -> None:
-        cfg = load_config(config, set_, choose)
+        cfg = _load_config(config, set_)
         _setup_logging()
         from hellbender.use.consolidate import consolidate as run_consolidate
 
@@ -357,8 +357,6 @@ def inference(
     debug: DebugOpt = False,
 ) -> None:
     """Answer prompts with the trained model (base + adapter, a checkpoint or a merged model), streaming the text."""
-    from hellbender.config import load_config
-    from hellbender.plan.auto import choose
 
     def action() -> None:
         chosen = [name for name, given in (("--prompt", prompt), ("--prompts-file", prompts_file)) if given]
@@ -372,7 +370,7 @@ def inference(
             raise UserError(
                 "`--raw` answers single prompts without the chat template; it cannot be used with `--chat`."
             )
-        cfg = load_config(config, set_, choose)
+        cfg = _load_config(config, set_)
         from hellbender.use import inference as use
 
         settings = use.GenerationSettings(max_new_tokens, temperature, top_p)
@@ -415,14 +413,12 @@ def evaluate(
 ) -> None:
     """Score the trained model on the config's evaluation data: loss, perplexity, token accuracy (JSON); after
     preference tuning or a reward model: preference accuracy, mean reward margin and the method's loss."""
-    from hellbender.config import load_config
-    from hellbender.plan.auto import choose
 
     def action() -> None:
         from hellbender.train.distributed import one_gpu_for_one_process
 
         restricted = one_gpu_for_one_process()  # before validation starts CUDA
-        cfg = load_config(config, set_, choose)
+        cfg = _load_config(config, set_)
         _setup_logging()
         from hellbender.use.evaluate import evaluate as run_evaluation
 
@@ -446,12 +442,11 @@ def validate(
     output: Annotated[Path | None, typer.Option("--output", help="Write the resolved config to this file.")] = None,
 ) -> None:
     """Check a config without loading the model or data; end with one verdict line."""
-    from hellbender.config import dump_config, load_config
+    from hellbender.config import dump_config
     from hellbender.config.machine import this_machine
-    from hellbender.plan.auto import choose
 
     def action() -> None:
-        cfg = load_config(config, set_, choose)
+        cfg = _load_config(config, set_)
         from hellbender.config.deepspeed import deepspeed_notices
         from hellbender.config.machine_needs import machine_notices
 
@@ -491,11 +486,9 @@ def plan(
     gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs training together (DDP, FSDP2, ZeRO).")] = 1,
 ) -> None:
     """Predict peak GPU memory, host memory and step time without loading weights or data; say whether it fits."""
-    from hellbender.config import load_config
-    from hellbender.plan.auto import choose
 
     def action() -> None:
-        cfg = load_config(config, set_, choose)
+        cfg = _load_config(config, set_)
         from hellbender.plan.budget import plan_for
         from hellbender.plan.report import render
 
