@@ -1,4 +1,4 @@
-"""DPO on pairs whose prompts hold images, for the tiny Gemma 4 and Qwen2.5-VL: the prepared ids (the prompt holds the
+"""DPO on pairs whose prompts hold images, for the tiny Gemma 4, Qwen2.5-VL, LLaVA and Idefics3: the prepared ids (the prompt holds the
 image tokens, the answers continue it exactly), the collated batch (the vision inputs for the chosen and the rejected
 half), the first step (policy equals reference), a short run that saves a loadable adapter, and the image sandbox."""
 
@@ -14,9 +14,14 @@ from hellbender.config.loading import validate_config
 from hellbender.errors import ConfigError, DataError
 from tests.conftest import EXAMPLES, write_jsonl
 from tests.helpers import vlm_config
-from tests.tiny_vlms import GEMMA4, QWEN, TINY_VLMS
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN, TINY_VLMS
 
-FAMILIES = {GEMMA4: TINY_VLMS["gemma4"], QWEN: TINY_VLMS["qwen2.5-vl"]}
+FAMILIES = {
+    GEMMA4: TINY_VLMS["gemma4"],
+    QWEN: TINY_VLMS["qwen2.5-vl"],
+    LLAVA: TINY_VLMS["llava"],
+    IDEFICS3: TINY_VLMS["idefics3"],
+}
 IMAGES = EXAMPLES / "data"  # the bundled coloured squares: shapes/000.png ...
 QUESTION = "What colour is the square?"
 
@@ -86,7 +91,7 @@ def test_prompt_holds_the_image_tokens_and_the_answers_continue_it(tmp_path, mod
         full = processor.apply_chat_template(conversation, tokenize=False).rstrip()
         full_ids = processor(text=[full], images=[[square(index)]], add_special_tokens=False)["input_ids"][0]
         assert row["prompt_ids"] + row[f"{name}_ids"] == list(full_ids)  # the answer continues the prompt exactly
-        assert tokenizer.decode(row[f"{name}_ids"]).startswith(answer)
+        assert tokenizer.decode(row[f"{name}_ids"]).lstrip().startswith(answer)  # LLaVA: "ASSISTANT: The ..."
         assert image_token not in row[f"{name}_ids"]
     # TRL switches to its own vision path (raw text at batch time) when a column is named `image` or `images`.
     assert not {"image", "images"} & set(rows.column_names)
@@ -111,15 +116,21 @@ def test_the_batch_holds_the_images_for_the_chosen_and_the_rejected_half(tmp_pat
                 pair[f"{name}_ids"]
             ) + [0] * (batch["input_ids"].shape[1] - len(ids))
     # Each row's image tokens are the prompt's, in both halves; the answers are text.
-    assert batch["mm_token_type_ids"].sum(dim=1).tolist() == [spec.tokens_per_image] * 6
+    image_token = tokenizer.convert_tokens_to_ids(spec.label_masked_tokens[0])
+    assert (batch["input_ids"] == image_token).sum(dim=1).tolist() == [spec.tokens_per_image] * 6
     pixels = batch["pixel_values"]
     half = pixels.shape[0] // 2
     assert torch.equal(pixels[:half], pixels[half:])
     if model == QWEN:
         assert batch["image_grid_thw"].shape == (6, 3)
         assert half == 3 * int(batch["image_grid_thw"][0].prod())
-    else:
+    elif model == GEMMA4:
+        assert batch["mm_token_type_ids"].sum(dim=1).tolist() == [spec.tokens_per_image] * 6
         assert pixels.shape[0] == 6 and batch["image_position_ids"].shape[0] == 6
+    elif model == IDEFICS3:  # one image per row, split into tiles and a global view
+        assert pixels.shape[:2] == (6, 5) and batch["pixel_attention_mask"].shape[:2] == (6, 5)
+    else:
+        assert pixels.shape[0] == 6
 
 
 def dpo_trainer(cfg, rows, processor, tokenizer):
@@ -154,7 +165,8 @@ def test_first_step_loss_is_log_2_and_the_images_reach_both_passes(tmp_path, mod
     assert metrics["rewards/chosen"] == 0.0 and metrics["rewards/rejected"] == 0.0
     # The pixels are read: other pixels give the answers other log-probabilities (policy and reference alike).
     ref_chosen, _ = trainer.compute_ref_log_probs(trainer.model, batch)
-    blank = {**batch, "pixel_values": torch.zeros_like(batch["pixel_values"])}
+    # Not zeros: Idefics3 drops an all-zero image as padding.
+    blank = {**batch, "pixel_values": torch.full_like(batch["pixel_values"], 0.5)}
     blank_chosen, _ = trainer.compute_ref_log_probs(trainer.model, blank)
     assert not torch.allclose(ref_chosen, blank_chosen)
 
