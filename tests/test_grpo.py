@@ -418,6 +418,63 @@ def test_the_lora_reference_is_the_base_model_with_the_adapter_off(tmp_path, tin
     assert math.isfinite(float(policy.sum()))
 
 
+@pytest.mark.parametrize("adapter", ["lora", None])
+def test_generation_runs_without_checkpointing_and_training_keeps_hellbenders_own(tmp_path, adapter):
+    """TRL generates with the policy in training mode. transformers (up to at least 5.17) then routes every decoder
+    layer whose checkpointing flag is set through the checkpoint function and drops its KV cache: each token is
+    generated without the earlier ones, slower and wrong. So no layer checkpoints inside `generate`; around it the
+    layers checkpoint exactly as hellbender set them up (its function, only the first `gradient_checkpointing_layers`
+    layers), and the checkpoint function runs in training."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    cfg = grpo_config(
+        tmp_path,
+        adapter=adapter,
+        lora_r=8,
+        lora_alpha=16,
+        gradient_checkpointing=True,
+        gradient_checkpointing_layers=1,
+        max_steps=2,
+    )
+    trainer, _ = recording_trainer(cfg)
+    model = trainer.model
+    base = model.get_base_model() if adapter else model
+    layers = [m for m in base.modules() if isinstance(m, GradientCheckpointingLayer)]
+    set_up = [(layer.gradient_checkpointing, layer._gradient_checkpointing_func) for layer in layers]
+    assert [flag for flag, _ in set_up] == [True] + [False] * (len(layers) - 1)
+    own_function = set_up[0][1]
+    checkpointed: list[bool] = []  # per call of hellbender's checkpoint function: inside `generate`?
+    inside_generate = [False]
+
+    def counted(*args, **kwargs):
+        checkpointed.append(inside_generate[0])
+        return own_function(*args, **kwargs)
+
+    for layer in layers:
+        layer._gradient_checkpointing_func = counted
+    generate = model.generate
+    flags_while_generating: list[list[bool]] = []
+
+    def watched(*args, **kwargs):
+        flags_while_generating.append(
+            [m.gradient_checkpointing for m in base.modules() if hasattr(m, "gradient_checkpointing")]
+        )
+        inside_generate[0] = True
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            inside_generate[0] = False
+
+    model.generate = watched
+    trainer.train()
+    assert len(flags_while_generating) == 2  # one generation per optimizer step
+    assert not any(any(flags) for flags in flags_while_generating)
+    assert checkpointed and not any(checkpointed)  # training checkpointed; generation never did
+    assert [(layer.gradient_checkpointing, layer._gradient_checkpointing_func) for layer in layers] == [
+        (flag, counted) for flag, _ in set_up
+    ]
+
+
 def test_a_resumed_grpo_run_repeats_the_uninterrupted_one(tmp_path):
     """Resumed from checkpoint-3 (in this process), steps 4 to 6 generate and score the same completions and take the
     same gradients as the uninterrupted run: the sampling's random state and the prompt order come back."""

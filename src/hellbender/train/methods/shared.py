@@ -43,19 +43,53 @@ def reference_model(cfg: HellbenderConfig, model: Any) -> Any | None:
     return reference.eval()
 
 
+class PausableCheckpointing:
+    """The switches TRL turns activation checkpointing off and on with (around generation and each reference pass),
+    bound to one model as hellbender set up its checkpointing. Off clears the flag of each decoder layer that
+    checkpoints and remembers those layers; on sets exactly those flags again. hellbender's checkpoint function (and
+    its per-layer choices) is never replaced, where transformers' own `gradient_checkpointing_enable` would give
+    every layer its default function.
+
+    Off must really be off: `generate` runs with the policy in training mode, and transformers (up to at least 5.17)
+    then sends every decoder layer with the flag set through the checkpoint function and drops its KV cache, so each
+    new token is computed without the earlier ones: slower, and the completions are not the model's."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.paused: list[Any] = []
+
+    def disable(self, *args: Any, **kwargs: Any) -> None:
+        switched = [m for m in self.model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+        for module in switched:
+            module.gradient_checkpointing = False
+        self.paused.extend(switched)
+
+    def enable(self, *args: Any, **kwargs: Any) -> None:
+        """Arguments (TRL passes its `gradient_checkpointing_kwargs`) are ignored: hellbender's function stays."""
+        for module in self.paused:
+            module.gradient_checkpointing = True
+        self.paused.clear()
+
+
+CHECKPOINTING_SWITCHES = (
+    ("gradient_checkpointing_disable", "gradient_checkpointing_enable"),
+    # transformers' newer names for the same switches.
+    ("activation_checkpointing_disable", "activation_checkpointing_enable"),
+)
+
+
 def keep_own_checkpointing(model: Any) -> None:
-    """TRL switches transformers' activation checkpointing off around each reference pass and on again after it,
-    which would replace hellbender's checkpoint function (and its per-layer choices) on every layer. On this model
-    instance the two switches do nothing: checkpointing stays as `build_trainable_model` set it, and a layer called
-    without gradients (the reference pass) saves nothing to recompute anyway."""
+    """TRL switches transformers' activation checkpointing off around generation and each reference pass and on
+    again after them; on again would replace hellbender's checkpoint function (and its per-layer choices) on every
+    layer. On this model instance the switches pause and resume hellbender's checkpointing instead
+    (`PausableCheckpointing`), so training checkpoints exactly as `build_trainable_model` set it up."""
     base = model.get_base_model() if is_adapter_model(model) else model
-
-    def unchanged(*args: Any, **kwargs: Any) -> None:
-        return None
-
+    switches = PausableCheckpointing(base)
     for target in {id(model): model, id(base): base}.values():
-        target.gradient_checkpointing_disable = unchanged
-        target.gradient_checkpointing_enable = unchanged
+        for disable, enable in CHECKPOINTING_SWITCHES:
+            if hasattr(target, disable):
+                setattr(target, disable, switches.disable)
+                setattr(target, enable, switches.enable)
 
 
 def refuse_trained_output_head(model: Any) -> None:
