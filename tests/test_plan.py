@@ -229,3 +229,10 @@ def test_sharding_divides_what_each_stage_shards(tmp_path):
     assert zero1.optimizer_states < one.optimizer_states and zero1.gradients == one.gradients
     assert zero2.gradients == one.gradients // 4 and zero2.weights == one.weights
     assert fsdp2.optimizer_states == one.optimizer_states // 4 and fsdp2.weights < one.weights
+
+
+def test_plan_of_a_hub_model_that_cannot_be_read_is_one_paragraph(tmp_path):
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(base_config(tmp_path, base_model="nobody/not-cached-anywhere")))
+    result = invoke("plan", path, env={"HF_HUB_OFFLINE": "1"})
+    assert_user_error(result, "Could not read the model's config from `nobody/not-cached-anywhere`", "base_model")

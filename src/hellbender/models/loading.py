@@ -228,9 +228,12 @@ def model_config(cfg: HellbenderConfig, source: str | Path) -> Any:
         from transformers import AutoConfig
 
         with remote_code_refused(source):
-            config = AutoConfig.from_pretrained(
-                source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model
-            )
+            try:
+                config = AutoConfig.from_pretrained(
+                    source, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision_of_model
+                )
+            except OSError as exc:
+                raise _config_unreadable(source, exc) from None
     else:
         config = _config_read_by_class(cfg, source)
     for key, value in cfg.overrides_of_model_config.items():
@@ -249,6 +252,14 @@ def model_config(cfg: HellbenderConfig, source: str | Path) -> Any:
     return config
 
 
+def _config_unreadable(source: str | Path, exc: OSError) -> ConfigError:
+    reason = " ".join(str(exc).split()).rstrip(".")
+    return ConfigError(
+        f"Could not read the model's config from `{source}`: {reason}. Check `base_model` (a hub id needs network "
+        "access or the model in the local hub cache; a local path must hold config.json)."
+    )
+
+
 def _config_read_by_class(cfg: HellbenderConfig, source: str | Path) -> Any:
     """`cls_model_config`'s class reads the config.json itself or, for a config of several models (a vision-language
     model's), the section of its own model type; a config.json of another model would be read into settings of the
@@ -257,10 +268,7 @@ def _config_read_by_class(cfg: HellbenderConfig, source: str | Path) -> Any:
     try:
         raw, _ = cls.get_config_dict(str(source), revision=cfg.revision_of_model)
     except OSError as exc:
-        raise ConfigError(
-            f"Could not read the model's config from `{source}`: {str(exc).rstrip('.')}. Check `base_model` (a hub id "
-            "needs network access; a local path must hold config.json)."
-        ) from None
+        raise _config_unreadable(source, exc) from None
     described = {raw.get("model_type")} | {v.get("model_type") for v in raw.values() if isinstance(v, dict)}
     described.discard(None)
     if described and cls.model_type not in described:
