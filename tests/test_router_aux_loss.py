@@ -176,8 +176,8 @@ def test_a_run_logs_the_aux_loss_each_step_and_the_report_shows_it(tiny_dir, tmp
     train(validate_config(raw), callbacks=[logs])
     steps = [entry for entry in logs.logs if "loss" in entry]
     assert len(steps) == 3 and all(entry["aux_loss"] > 0 for entry in steps)
-    # Each router's load-balancing loss is at least 1 (perfect balance) over top-2 of 4 experts: near 1 x top-k.
-    assert all(1.0 <= entry["aux_loss"] < 4.0 for entry in steps)
+    # Top-2 of 4 experts: 2 (top-k) at an even load, more when uneven, at most 4 (the number of experts).
+    assert all(1.5 < entry["aux_loss"] <= 4.0 for entry in steps)
     report = (tmp_path / "out" / "report" / "report.md").read_text()
     assert f"Router auxiliary loss (before its weight): {_num(steps[0]['aux_loss'])} at step 1" in report
 
