@@ -53,10 +53,10 @@ def router_keys(coef: float = COEF) -> dict:
     return {"model_config": {"output_router_logits": True, "router_aux_loss_coef": coef}}
 
 
-def trainer_for(model, tmp_path, fused: bool = False):
+def trainer_for(model, tmp_path, fused: bool = False, cpu: bool = True):
     from hellbender.train.trainer import HellbenderTrainer
 
-    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), report_to=[], use_cpu=True)
+    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), report_to=[], use_cpu=cpu)
     return HellbenderTrainer(model=model, args=args, fused_loss=fused)
 
 
@@ -127,6 +127,38 @@ def test_fused_path_takes_the_models_loss_which_holds_the_aux_loss_once(tiny_dir
     torch.testing.assert_close(loss, ce + COEF * outputs.aux_loss)
     unfused = trainer_for(model, tmp_path).compute_loss(model, dict(inputs))
     torch.testing.assert_close(unfused, loss)
+
+
+@pytest.mark.gpu
+def test_liger_fused_cross_entropy_holds_the_aux_loss_once(tiny_dir, tmp_path):
+    """Liger's fused forward computes the loss with the term itself; the trainer takes it as it is, equal to the
+    unfused path's cross-entropy plus the weighted auxiliary loss."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("liger_kernel")
+    from hellbender.models.kernels import LIGER_ARGUMENTS, apply_liger_kernels
+
+    def model():
+        path = tiny_dir("mixtral")
+        built = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **router_keys()["model_config"])
+        return built.cuda().train()
+
+    inputs = {key: value.cuda() for key, value in batch().items()}
+    fused_model = model()
+    only_fused_loss = SimpleNamespace(**{key: key == "liger_fused_linear_cross_entropy" for key in LIGER_ARGUMENTS})
+    assert apply_liger_kernels(only_fused_loss, fused_model) == ["liger_fused_linear_cross_entropy"]
+    fused = trainer_for(fused_model, tmp_path, fused=True, cpu=False)
+    fused_loss = fused.compute_loss(fused_model, dict(inputs))
+    plain_model = model()
+    loss, outputs = trainer_for(plain_model, tmp_path, cpu=False).compute_loss(
+        plain_model, dict(inputs), return_outputs=True
+    )
+    assert outputs.aux_loss > 0
+    torch.testing.assert_close(loss, cross_entropy(outputs.logits, inputs["labels"]) + COEF * outputs.aux_loss)
+    torch.testing.assert_close(fused_loss, loss, atol=1e-4, rtol=1e-4)
+    fused_loss.backward()
+    router = [p.grad for n, p in fused_model.named_parameters() if n.endswith("mlp.gate.weight")]
+    assert router and all(g is not None and g.abs().sum() > 0 for g in router)
 
 
 def test_packed_rows_include_the_aux_loss(tiny_dir, tmp_path):
