@@ -166,7 +166,9 @@ class ModelSettings(BaseModel):
     overrides_of_model_config: dict[str, Any] = Field(
         default_factory=dict,
         description="Settings of the model's config.json to change before loading (e.g. `{output_router_logits: "
-        "true}`); each must be a setting the model's config has. Axolotl's older spelling `model_config` is read as it.",
+        "true, router_aux_loss_coef: 0.02}`: a mixture-of-experts router's load-balancing loss, weighted, joins the "
+        "training loss; see docs/moe-lora.md); each must be a setting the model's config has. Axolotl's older "
+        "spelling `model_config` is read as it.",
     )
     experts_implementation: str | None = Field(
         None,

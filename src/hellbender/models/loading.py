@@ -21,6 +21,7 @@ from hellbender.models.mistral_tokenizer import load_mistral_common_tokenizer
 from hellbender.models.packed_attention import check_packed_masks
 from hellbender.models.packed_vision import check_packable_vision_model
 from hellbender.models.remote_code import remote_code_refused
+from hellbender.models.router_aux_loss import check_router_aux_loss, check_router_overrides
 from hellbender.models.tiny import is_tiny_model, tiny_model_dir
 
 logger = logging.getLogger("hellbender")
@@ -236,6 +237,7 @@ def model_config(cfg: HellbenderConfig, source: str | Path) -> Any:
                 raise _config_unreadable(source, exc) from None
     else:
         config = _config_read_by_class(cfg, source)
+    check_router_overrides(config, cfg.overrides_of_model_config)
     for key, value in cfg.overrides_of_model_config.items():
         owner = next((c for c in (config, config.get_text_config()) if hasattr(c, key)), None)
         if owner is None:
@@ -373,6 +375,7 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
     if notice := causal_notice(getattr(model.config, "model_type", None) if not cfg.reward_model else None):
         logger.warning(notice)
     check_hub_kernel_packing(cfg, model)
+    check_router_aux_loss(cfg, model)
     if cfg.sample_packing or cfg.eval_sample_packing:
         check_packed_masks(model)
         if cfg.is_multimodal:

@@ -128,8 +128,10 @@ class RunReport(TrainerCallback):
         lines = [f"# Training report: `{Path(cfg.output_dir).name}`", "", self._status(state, moment), ""]
         lines += ["## Run", "", *self._run_lines(), ""]
         # A preference or reward-model loss is no cross-entropy: its exponential is no perplexity.
-        # Nor is a distillation loss (the logged `ce_loss` part is, but evaluation reports the whole loss).
+        # Nor is a distillation loss (the logged `ce_loss` part is, but evaluation reports the whole loss), nor one
+        # that holds a router's auxiliary loss.
         cross_entropy = self.cfg.rl is None and not self.cfg.reward_model and not self.cfg.distills
+        cross_entropy = cross_entropy and not any("aux_loss" in e for e in train)
         outcome = self._outcome(train, evals, summary, cross_entropy)
         if is_preference_log(history):  # after the losses: what says whether the preference was learned
             outcome[2:2] = preference_lines(history)
@@ -239,6 +241,12 @@ class RunReport(TrainerCallback):
                 lines.append(
                     f"- Distillation: KD part {_num(parts[0]['kd_loss'])} -> {_num(parts[-1]['kd_loss'])}, "
                     f"cross-entropy part {_num(parts[0]['ce_loss'])} -> {_num(parts[-1]['ce_loss'])}"
+                )
+            aux = [e for e in train if "aux_loss" in e]
+            if aux:  # a mixture-of-experts model's router load-balancing loss, part of the loss above
+                lines.append(
+                    f"- Router auxiliary loss (before its weight): {_num(aux[0]['aux_loss'])} at step {aux[0]['step']}, "
+                    f"{_num(aux[-1]['aux_loss'])} at step {aux[-1]['step']}"
                 )
         else:
             lines.append("- Training loss: nothing logged yet")

@@ -22,6 +22,7 @@ from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.models.activation_checkpointing import side_channel_of
 from hellbender.models.packed_attention import packed_attention_mask
 from hellbender.models.packed_vision import packed_vision_positions
+from hellbender.models.router_aux_loss import router_aux_coefficient
 from hellbender.storage import FINAL_MANIFEST, complete_checkpoints, listed_files, move_files_into, write_manifest
 from hellbender.train.console import StepLines
 from hellbender.train.divergence import Divergence, agreed, not_finite, weights_not_finite
@@ -46,6 +47,19 @@ def causal_lm_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch
     # n-gram logits), which `view` refuses. A no-op for contiguous logits.
     logits = logits.contiguous()
     return ForCausalLMLoss(logits, labels, logits.shape[-1], num_items_in_batch=num_items_in_batch)
+
+
+def with_router_aux_loss(loss_func: Callable[..., torch.Tensor], coefficient: float) -> Callable[..., torch.Tensor]:
+    """`loss_func` plus `coefficient x` the router's auxiliary loss the model returned (`aux_loss`). The model adds
+    that term only to a loss it computes itself from labels, and a `compute_loss_func` takes the labels away from
+    it. Added before the Trainer's own scaling, so the term is weighted as in the model's own loss."""
+
+    def loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None):
+        value = loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+        aux = outputs.get("aux_loss") if isinstance(outputs, dict) else None
+        return value if aux is None else value + coefficient * aux.to(value.device)
+
+    return loss
 
 
 class HellbenderMixin:
@@ -208,6 +222,13 @@ class HellbenderTrainer(HellbenderMixin, Trainer):
             # The Trainer passes `num_items_in_batch` to models that declare they accept loss kwargs; Liger's fused
             # forwards take it for every family, including those whose stock forward declares they do not.
             self.model_accepts_loss_kwargs = True
+        # A mixture-of-experts model with `output_router_logits` on returns its router's load-balancing loss; the
+        # fused loss is the model's own, which already holds it, so only hellbender's cross-entropy needs it added.
+        self.router_aux_coefficient = router_aux_coefficient(self.model.config)
+        if self.router_aux_coefficient is not None and self.compute_loss_func is not None:
+            self.compute_loss_func = with_router_aux_loss(self.compute_loss_func, self.router_aux_coefficient)
+        self._router_aux: torch.Tensor | None = None  # summed over the micro-batches since the last log
+        self._router_aux_batches = 0
 
     def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         real_tokens = inputs.pop(REAL_TOKENS_KEY, None)
@@ -220,7 +241,24 @@ class HellbenderTrainer(HellbenderMixin, Trainer):
         inputs.update(forward_kwargs(inputs))
         inputs.update(packed_attention_mask(model, inputs))
         inputs.update(packed_vision_positions(model, inputs))
-        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        if self.router_aux_coefficient is None:
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        aux = outputs.get("aux_loss") if isinstance(outputs, dict) else None
+        if model.training and aux is not None:
+            aux = aux.detach().float()
+            self._router_aux = aux if self._router_aux is None else self._router_aux + aux
+            self._router_aux_batches += 1
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._router_aux is not None:  # a training log: every process is here
+            mean = self.accelerator.gather(self._router_aux[None]).mean() / self._router_aux_batches
+            logs["aux_loss"] = round(float(mean), 6)  # before its weight, the mean over the micro-batches
+            self._router_aux, self._router_aux_batches = None, 0
+        super().log(logs, start_time)
 
 
 def superseded_outputs(final: Path, staging: Path) -> list[str]:
