@@ -64,7 +64,6 @@ import argparse
 import importlib.util
 import json
 import random
-import shutil
 import statistics
 import sys
 import time
@@ -423,22 +422,8 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
     job = Job(args._side, Path(args._model), Path(args._data), args.workdir, args.prompts, args.generations,
               args.micro_batch, args.completion_len, args.temperature, args.steps, cuda)  # fmt: skip
     recorder = GrpoRecorder(f"W6 {job.side}", job.steps, args.warmup, job.completion_len)
-    shutil.rmtree(job.output_dir, ignore_errors=True)  # never resume from an earlier run's checkpoints
-    started = time.perf_counter()
-    try:
-        if job.side == "baseline":
-            train_baseline(job, recorder)
-        else:
-            train_hellbender(job, recorder, tp.parse_overrides(args.hb_set))
-    finally:
-        shutil.rmtree(job.output_dir, ignore_errors=True)
-    return {
-        "side": job.side,
-        "ok": True,
-        **tp.environment(),
-        **recorder.result(job.completions),
-        "wall_s": time.perf_counter() - started,
-    }
+    sides = {"baseline": train_baseline, "hellbender": train_hellbender}
+    return pt.timed_side(job, recorder, sides, args.hb_set, job.completions)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -466,20 +466,27 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
     job = Job(args._side, Path(args._model), Path(args._data), args.workdir, spec, args.micro_batch,
               args.grad_accum, args.steps, cuda)  # fmt: skip
     recorder = PreferenceRecorder(f"W5 {job.side}", job.steps, args.warmup, {})
+    sides = {"baseline": train_baseline, "hellbender": train_hellbender}
+    return timed_side(job, recorder, sides, args.hb_set, job.micro_batch * job.grad_accum)
+
+
+def timed_side(job: Any, recorder: Any, sides: dict[str, Callable[..., None]], hb_set: list[str], units: int) -> dict:
+    """Train `job.side` with its function of `sides` (hellbender's also takes the `--hb-set` keys) in a fresh output
+    directory, removed afterwards, and return the recorder's result for `units` pairs or completions per step."""
     shutil.rmtree(job.output_dir, ignore_errors=True)  # never resume from an earlier run's checkpoints
     started = time.perf_counter()
     try:
         if job.side == "baseline":
-            train_baseline(job, recorder)
+            sides["baseline"](job, recorder)
         else:
-            train_hellbender(job, recorder, tp.parse_overrides(args.hb_set))
+            sides["hellbender"](job, recorder, tp.parse_overrides(hb_set))
     finally:
         shutil.rmtree(job.output_dir, ignore_errors=True)
     return {
         "side": job.side,
         "ok": True,
         **tp.environment(),
-        **recorder.result(job.micro_batch * job.grad_accum),
+        **recorder.result(units),
         "wall_s": time.perf_counter() - started,
     }
 
