@@ -332,16 +332,27 @@ def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
 
 
 def _multimodal_packing_conflicts(cfg: HellbenderConfig, mm_pretrain: list) -> list[str]:
-    """Packing image+text rows is built for prepared `type: chat_template` rows only (the model family is checked at
-    loading, `models/packed_vision.py`)."""
+    """Packing image+text rows is built for prepared rows (`type: chat_template`, and `type: multimodal_pretrain`
+    under `datasets:` or an unstreamed `pretraining_dataset:`); the model family is checked at loading
+    (`models/packed_vision.py`)."""
     keys = [k for k in ("sample_packing", "eval_sample_packing") if getattr(cfg, k)]
     if not keys:
         return []
     named = " and ".join(f"`{k}`" for k in keys)
-    if mm_pretrain:
+    if mm_pretrain and cfg.streams_pretraining:
         return [
-            f"{named} with `type: multimodal_pretrain` is not supported yet: only prepared `type: chat_template` "
-            "image+text rows are packed. Remove the packing keys, or use `type: chat_template` rows."
+            f"{named} with a streamed `type: multimodal_pretrain` `pretraining_dataset` is not supported yet: packed "
+            "image+text bins are built from each row's full length (image tokens included), which a stream would have "
+            "to learn by processing its images as they arrive, and resuming would then have to rebuild the bins "
+            "without opening the images of rows already trained. Set `streaming: false` to prepare and pack the "
+            "documents, or remove the packing keys."
+        ]
+    if mm_pretrain and cfg.skip_prepare_dataset:
+        return [
+            f"{named} with `skip_prepare_dataset: true` (already-tokenized image+text rows) is not supported yet: "
+            "those rows hold their text before the images are expanded, so their full lengths, which packing fills "
+            "bins by, are only known at batch time. Remove `skip_prepare_dataset` to prepare the documents as "
+            "`type: multimodal_pretrain` rows (they are then packed), or remove the packing keys."
         ]
     if cfg.tokenizer_use_mistral_common:
         return [

@@ -26,6 +26,7 @@ import torch
 from hellbender.config import DatasetEntry, HellbenderConfig, PretrainingDatasetEntry
 from hellbender.data.contexts import format_context
 from hellbender.data.formats import FORMATTERS, RowDropped, RowError
+from hellbender.data.formats.base import RowTooLong
 from hellbender.data.packing import pack_stream
 from hellbender.data.sources import load_rows, stream_rows
 from hellbender.data.stream_cache import StreamCache, stream_cache_dir
@@ -98,6 +99,7 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
             for e in self.entries
         ]
         self.seed = cfg.seed
+        self.sequence_len, self.raise_too_long = cfg.sequence_len, cfg.excess_length_strategy == "raise"
         self.buffer = shuffle_buffer(cfg)
         self.start_row = start_row  # rows already trained on (from the checkpoint being resumed)
         self.cache = StreamCache(stream_cache_dir(cfg, tokenizer, processor))
@@ -114,10 +116,24 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
             sample = FORMATTERS["multimodal_pretrain"](row, self.contexts[i])
         except RowError as exc:
             raise DataError(f"pretraining_dataset[{i}] `{self.entries[i].path}`, row {number}: {exc}.") from None
+        except RowTooLong as exc:  # found before its images were decoded
+            sample = self._too_long(i, number, f"at least {exc.tokens}")
         except RowDropped:
             sample = None
+        if sample is not None and len(sample["input_ids"]) > self.sequence_len:
+            sample = self._too_long(i, number, str(len(sample["input_ids"])))
         self.cache.append(position, sample)
         return sample
+
+    def _too_long(self, i: int, number: int, tokens: str) -> None:
+        """A row longer than `sequence_len` is dropped (never truncated through an image), or refused by name."""
+        if self.raise_too_long:
+            raise DataError(
+                f"pretraining_dataset[{i}] `{self.entries[i].path}`, row {number}: {tokens} tokens with its images "
+                f"expanded, more than `sequence_len: {self.sequence_len}`. Raise `sequence_len`, shorten the row, or "
+                "set `excess_length_strategy: drop`."
+            )
+        return None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         known = self.cache.load()
