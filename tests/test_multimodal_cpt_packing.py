@@ -5,6 +5,8 @@ refused by name."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -60,6 +62,60 @@ def prepared(tmp_path, name: str, packing: bool, sequence_len: int = 1024, many_
     return result, build_collator(cfg, tokenizer, processor)
 
 
+def pretokenized(tmp_path, name: str, sequence_len: int = 1024, many_images: bool = False, **keys):
+    """The same documents as already-tokenized rows (`skip_prepare_dataset: true`): (packed rows, the rows, the
+    collator)."""
+    import json
+
+    from hellbender.data.batching import build_collator
+    from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
+    from hellbender.data.pretokenized_packing import packed_pretokenized_rows
+    from hellbender.models.loading import load_tokenizer_and_processor
+
+    source = cpt_rows(tmp_path, name, many_images)
+    raw = [json.loads(line) for line in source.read_text().splitlines()]
+    cfg = validate_config(
+        vlm_config(
+            tmp_path,
+            name,
+            datasets=[{"path": str(source), "type": "multimodal_pretrain", "image_base_dir": str(tmp_path)}],
+            sequence_len=sequence_len,
+            sample_packing=True,
+            skip_prepare_dataset=True,
+            dataset_prepared_path=str(tmp_path / "pretokenized"),
+            **keys,
+        )
+    )
+    tokenizer, processor = load_tokenizer_and_processor(cfg)
+    image_ids = set(tokenizer(IMAGE_TEXT[name], add_special_tokens=False)["input_ids"])
+    rows = []
+    for row in raw:
+        text = row["text"] + tokenizer.eos_token
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        labels = [-100 if i in image_ids else i for i in ids]  # image markers are not trained, as when prepared
+        rows.append({"_mm_text": text, "images": row["images"], "input_ids": ids, "labels": labels})
+    data = write_jsonl(tmp_path / f"pretokenized-{many_images}.jsonl", rows)
+    cfg.datasets[0].path = str(data)
+    documents = pretokenized_multimodal_rows(cfg)
+    return (
+        packed_pretokenized_rows(cfg, documents, tokenizer, processor),
+        documents,
+        build_collator(cfg, tokenizer, processor),
+    )
+
+
+def packed_and_alone(tmp_path, name: str, source: str):
+    """(the one packed row of the three documents, the documents as unpacked rows, the collator)."""
+    if source == "pretokenized":
+        packed, documents, collator = pretokenized(tmp_path, name)
+        assert len(packed) == 1
+        return packed[0], [documents[i] for i in range(len(documents))], collator
+    packed, collator = prepared(tmp_path, name, packing=True)
+    alone, _ = prepared(tmp_path, name, packing=False)
+    assert packed.stats["packed_bins"] == 1
+    return packed.train[0], list(alone.train), collator
+
+
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The loss of predicting each token from the ones before it (0 where the label is masked)."""
     return torch.nn.functional.cross_entropy(
@@ -67,14 +123,18 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     ).view(labels.shape[0], -1)
 
 
+SOURCES = ["prepared", "pretokenized"]
+
+
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("name", [QWEN, GEMMA4], ids=["qwen", "gemma4"])
-def test_packed_cpt_documents_each_get_the_per_token_loss_they_have_alone(tmp_path, name):
-    packed, collator = prepared(tmp_path, name, packing=True)
-    alone, _ = prepared(tmp_path, name, packing=False)
-    assert packed.stats["packed_bins"] == 1
-    row = packed.train[0]
-    # Bins are filled by each document's full length, its image tokens included, as preparation measured it.
-    assert row["seq_lens"] == sorted(alone.train["length"], reverse=True)
+def test_packed_cpt_documents_each_get_the_per_token_loss_they_have_alone(tmp_path, name, source):
+    from hellbender.data.collator import REAL_TOKENS_KEY
+
+    row, alone, collator = packed_and_alone(tmp_path, name, source)
+    singles = [collator.documents([doc]) for doc in alone]
+    # Bins are filled by each document's full length, its image tokens included, measured before training.
+    assert row["seq_lens"] == sorted((int(one[REAL_TOKENS_KEY][0]) for one in singles), reverse=True)
     model = lora_model(name)
 
     batch = collator([row])
@@ -84,9 +144,9 @@ def test_packed_cpt_documents_each_get_the_per_token_loss_they_have_alone(tmp_pa
     by_text = {doc["text"]: i for i, doc in enumerate(row["documents"])}
     starts = [sum(row["seq_lens"][:i]) for i in range(len(row["seq_lens"]))]
     worst, trained = 0.0, 0
-    for doc in alone.train:
-        i, n = by_text[doc["text"]], len(doc["input_ids"])
-        one = collator.documents([doc])
+    for doc, one in zip(alone, singles, strict=True):
+        i = by_text[doc["text"]]
+        n = row["seq_lens"][i]
         assert torch.equal(batch["input_ids"][0, starts[i] : starts[i] + n], one["input_ids"][0])
         with torch.no_grad():
             losses = token_losses(forward(model, one), one["labels"])[0]
@@ -111,15 +171,15 @@ def image_rows(batch: dict, name: str) -> list[slice]:
     return [slice(k, k + 1) for k in range(batch["pixel_values"].shape[0])]
 
 
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("name", [QWEN, GEMMA4], ids=["qwen", "gemma4"])
-def test_no_gradient_crosses_packed_cpt_documents(tmp_path, name):
+def test_no_gradient_crosses_packed_cpt_documents(tmp_path, name, source):
     """Doc i's loss has an exactly zero gradient with respect to every other document's pixel values and input
     embeddings (and a non-zero one with respect to its own)."""
     from hellbender.data.collator import REAL_TOKENS_KEY
     from hellbender.models.packed_vision import packed_vision_positions
 
-    packed, collator = prepared(tmp_path, name, packing=True)
-    row = packed.train[0]
+    row, _, collator = packed_and_alone(tmp_path, name, source)
     batch = collator([row])
     model = lora_model(name)
     images_per_doc = [len(doc["images"]) for doc in row["documents"]]
@@ -180,6 +240,18 @@ def test_a_cpt_row_too_long_for_any_bin_is_dropped_and_counted_or_refused_by_nam
     message = r"row 3: at least \d+ tokens with its images expanded, more than `sequence_len: 256`"
     with pytest.raises(DataError, match=message):
         prepared(tmp_path, QWEN, packing=True, sequence_len=256, many_images=True, excess_length_strategy="raise")
+
+
+def test_a_pretokenized_row_too_long_for_any_bin_is_dropped_and_counted_or_refused_by_name(tmp_path):
+    from hellbender.errors import DataError
+
+    packed, _, _ = pretokenized(tmp_path, QWEN, sequence_len=256, many_images=True)
+    assert packed.dropped == 1
+    assert sorted(len(doc["images"]) for b in range(len(packed)) for doc in packed[b]["documents"]) == [1, 1, 2]
+
+    message = r"Pre-tokenized row 3 has \d+ tokens with its images expanded, more than `sequence_len: 256`"
+    with pytest.raises(DataError, match=message):
+        pretokenized(tmp_path, QWEN, sequence_len=256, many_images=True, excess_length_strategy="raise")
 
 
 def test_packed_cpt_run_from_an_unstreamed_pretraining_dataset_trains_every_document_once(tmp_path):
@@ -245,3 +317,45 @@ def test_a_streamed_cpt_row_too_long_is_dropped_or_refused_by_name(tmp_path, str
     else:
         first_pass = [len(sample["images"]) for sample in islice(stream, 4)]
         assert first_pass == [1, 2, 1, 1]  # rows 0-2, then row 0 of the next pass: row 3 is skipped
+
+
+def test_packed_pretokenized_run_trains_every_document_once_and_caches_the_lengths(tmp_path, monkeypatch):
+    """`skip_prepare_dataset: true` with `sample_packing: true`: the full lengths are measured once (a second run
+    reads them from `dataset_prepared_path`), and one epoch is one step per bin."""
+    import hellbender.data.pretokenized_packing as packing_module
+    from tests.helpers import cli_train, trainer_state
+
+    (tmp_path / "data").mkdir()
+    _, documents, _ = pretokenized(tmp_path / "data", QWEN)
+    data = documents.rows.to_list()
+    measured = []
+    original = packing_module.full_lengths
+
+    def counting(rows, collator, cfg):
+        measured.append(len(list(Path(cfg.dataset_prepared_path).glob("pretokenized-lengths-*.json"))))
+        return original(rows, collator, cfg)
+
+    monkeypatch.setattr(packing_module, "full_lengths", counting)
+    entry = {"path": str(write_jsonl(tmp_path / "rows.jsonl", data)), "type": "multimodal_pretrain"}
+    entry["image_base_dir"] = str(tmp_path / "data")
+    for run in ("first", "second"):
+        (tmp_path / run).mkdir()
+        cfg = vlm_config(
+            tmp_path / run,
+            QWEN,
+            datasets=[entry],
+            skip_prepare_dataset=True,
+            sample_packing=True,
+            sequence_len=64,  # the three documents (39, 25 and 13 tokens) fill two bins
+            micro_batch_size=1,
+            num_epochs=1,
+            max_steps=None,
+            adapter="lora",
+            lora_target_linear=True,
+            dataset_prepared_path=str(tmp_path / "prepared"),
+        )
+        cli_train(tmp_path / run, cfg)
+        state = trainer_state(cfg["output_dir"])
+        assert state["global_step"] == 2
+        assert state["stateful_callbacks"]["TokenCounter"]["attributes"]["input_tokens"] == 77
+    assert measured == [0, 1]  # the second run found the lengths the first one cached

@@ -617,10 +617,6 @@ def conflict_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
             dict(pretraining_dataset=[data], max_steps=2, sample_packing=True),
             "`sample_packing` with a streamed `type: multimodal_pretrain` `pretraining_dataset` is not supported yet",
         ),
-        "sample packing, already tokenized": (
-            dict(datasets=[data], skip_prepare_dataset=True, sample_packing=True),
-            "`sample_packing` with `skip_prepare_dataset: true` (already-tokenized image+text rows) is not supported",
-        ),
         "chat template": (
             dict(datasets=[data], chat_template="chatml"),
             "`chat_template` does not apply to `multimodal_pretrain`",
@@ -643,7 +639,6 @@ def conflict_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
         "declared twice",
         "streaming a datasets entry",
         "sample packing, streamed",
-        "sample packing, already tokenized",
         "chat template",
         "no processor",
         "no processor, streamed",

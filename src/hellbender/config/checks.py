@@ -333,8 +333,8 @@ def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
 
 def _multimodal_packing_conflicts(cfg: HellbenderConfig, mm_pretrain: list) -> list[str]:
     """Packing image+text rows is built for prepared rows (`type: chat_template`, and `type: multimodal_pretrain`
-    under `datasets:` or an unstreamed `pretraining_dataset:`); the model family is checked at loading
-    (`models/packed_vision.py`)."""
+    under `datasets:` or an unstreamed `pretraining_dataset:`) and already-tokenized ones (`skip_prepare_dataset`);
+    the model family is checked at loading (`models/packed_vision.py`)."""
     keys = [k for k in ("sample_packing", "eval_sample_packing") if getattr(cfg, k)]
     if not keys:
         return []
@@ -346,13 +346,6 @@ def _multimodal_packing_conflicts(cfg: HellbenderConfig, mm_pretrain: list) -> l
             "to learn by processing its images as they arrive, and resuming would then have to rebuild the bins "
             "without opening the images of rows already trained. Set `streaming: false` to prepare and pack the "
             "documents, or remove the packing keys."
-        ]
-    if mm_pretrain and cfg.skip_prepare_dataset:
-        return [
-            f"{named} with `skip_prepare_dataset: true` (already-tokenized image+text rows) is not supported yet: "
-            "those rows hold their text before the images are expanded, so their full lengths, which packing fills "
-            "bins by, are only known at batch time. Remove `skip_prepare_dataset` to prepare the documents as "
-            "`type: multimodal_pretrain` rows (they are then packed), or remove the packing keys."
         ]
     if cfg.tokenizer_use_mistral_common:
         return [

@@ -62,6 +62,8 @@ class PackedMultimodalCollator:
                     raise DataError(f"A packed document has {lengths[doc]} tokens, not the prepared {n}.")
                 for key in per_token:
                     out[key][i, start : start + n] = batch[key][doc, :n]
+                if "labels" in out:  # never predicted from the previous document's last token
+                    out["labels"][i, start] = IGNORE_INDEX
                 position_ids[i, start : start + n] = torch.arange(n)
                 start += n
                 doc += 1
@@ -73,8 +75,10 @@ class PackedMultimodalCollator:
 
 
 def _documents(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The prepared rows a packed row was made of: their tokens and labels cut from the packed ones (so each
-    document's first label stays masked, as packing left it), their texts and images as prepared."""
+    """The prepared rows a packed row was made of: their tokens and labels cut from the packed ones, their texts and
+    images as prepared. Packed pre-tokenized rows (`data/pretokenized_packing.py`) hold their documents whole."""
+    if "input_ids" not in row:
+        return list(row["documents"])
     docs, start = [], 0
     for n, doc in zip(row["seq_lens"], row["documents"], strict=True):
         docs.append(
