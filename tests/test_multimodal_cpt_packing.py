@@ -359,3 +359,64 @@ def test_packed_pretokenized_run_trains_every_document_once_and_caches_the_lengt
         assert state["global_step"] == 2
         assert state["stateful_callbacks"]["TokenCounter"]["attributes"]["input_tokens"] == 77
     assert measured == [0, 1]  # the second run found the lengths the first one cached
+
+
+def test_streamed_packed_cpt_resumes_with_the_same_bins_without_opening_trained_rows_images(tmp_path, monkeypatch):
+    """Streamed documents packed as they arrive: every bin holds consecutive rows; a run stopped at its step-2
+    checkpoint and resumed trains the same bins with the same losses, opening no image of a row trained before."""
+    from PIL import Image
+
+    from hellbender.models.tiny import tiny_model_dir
+    from hellbender.train.run import train
+    from tests.helpers import StopAt, logged_losses, record_training, trainer_state
+    from tests.test_multimodal_pretrain import document, image_name
+
+    (tmp_path / "img").mkdir()
+    # Enough rows that the stream's read-ahead never starts a second pass (which opens row 0's image again).
+    for i in range(48):
+        Image.new("RGB", (32, 32), (5 * i, 255 - 5 * i, 90)).save(tmp_path / image_name(i))
+    rows = write_jsonl(tmp_path / "stream.jsonl", [document(i) for i in range(48)])
+    entry = {"path": str(rows), "type": "multimodal_pretrain", "image_base_dir": str(tmp_path)}
+    tiny_model_dir(QWEN)  # built first: building it inside `train` reseeds torch
+
+    def run(name: str, stop: int | None = None) -> tuple[dict, dict]:
+        cfg = vlm_config(
+            tmp_path / name,
+            QWEN,
+            datasets=[],
+            pretraining_dataset=[entry],
+            sample_packing=True,
+            sequence_len=64,  # documents of 17-19 tokens: three to a bin
+            micro_batch_size=1,
+            max_steps=4,
+            save_steps=2,
+            adapter="lora",
+            lora_target_linear=True,
+            lora_dropout=0.1,  # exercises the restored RNG state
+            auto_resume_from_checkpoints=True,
+        )
+        record = record_training(monkeypatch.setattr)
+        train(validate_config(cfg), callbacks=[StopAt(stop)] if stop else None)
+        monkeypatch.undo()
+        return cfg, record
+
+    reference, ref = run("ref")
+    bins = [batch_rows for batch_rows, _ in ref["trained"]]
+    assert len(bins) == 4 and all(len(b) >= 2 and b == list(range(b[0], b[-1] + 1)) for b in bins), bins
+    assert [b[0] for b in bins[1:]] == [b[-1] + 1 for b in bins[:-1]]  # consecutive bins of consecutive rows
+
+    _, first = run("resumed", stop=2)
+    resumed, second = run("resumed")
+    checkpoint = trainer_state(Path(resumed["output_dir"]) / "checkpoint-2")
+    assert checkpoint["stateful_callbacks"]["StreamPosition"]["attributes"] == {"rows_consumed": bins[1][-1] + 1}
+    assert first["trained"] == ref["trained"][:2] and second["trained"] == ref["trained"][2:]
+    # Stream positions, after the stream's shuffle: the collator recorded which images each one had.
+    trained_before = {path for b in bins[:2] for row in b for path in ref["images_of_row"][str(row)]}
+    trained_after = {path for b in bins[2:] for row in b for path in ref["images_of_row"][str(row)]}
+    assert len(trained_before) == sum(map(len, bins[:2]))
+    assert not trained_before & set(second["opened"]), sorted(trained_before & set(second["opened"]))
+    assert trained_after <= set(second["opened"])
+    expected, got = logged_losses(reference["output_dir"]), logged_losses(resumed["output_dir"])
+    assert sorted(got) == sorted(expected) == [1, 2, 3, 4]
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], abs=1e-6), (step, got, expected)

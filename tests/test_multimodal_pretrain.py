@@ -613,10 +613,6 @@ def conflict_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
             "`streaming: true` streams `pretraining_dataset:` entries, but a `multimodal_pretrain` entry is under "
             "`datasets:`",
         ),
-        "sample packing, streamed": (
-            dict(pretraining_dataset=[data], max_steps=2, sample_packing=True),
-            "`sample_packing` with a streamed `type: multimodal_pretrain` `pretraining_dataset` is not supported yet",
-        ),
         "chat template": (
             dict(datasets=[data], chat_template="chatml"),
             "`chat_template` does not apply to `multimodal_pretrain`",
@@ -638,7 +634,6 @@ def conflict_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
     [
         "declared twice",
         "streaming a datasets entry",
-        "sample packing, streamed",
         "chat template",
         "no processor",
         "no processor, streamed",

@@ -303,7 +303,7 @@ def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
                 "configured: set `processor_type` (e.g. `processor_type: AutoProcessor`) or remove these keys."
             )
         return problems
-    problems += _multimodal_packing_conflicts(cfg, mm_pretrain)
+    problems += _multimodal_packing_conflicts(cfg)
     if cfg.pad_to_sequence_len:
         problems.append(
             "`pad_to_sequence_len` is not supported yet with `processor_type`: the processor pads image+text batches "
@@ -331,22 +331,13 @@ def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
     return problems
 
 
-def _multimodal_packing_conflicts(cfg: HellbenderConfig, mm_pretrain: list) -> list[str]:
-    """Packing image+text rows is built for prepared rows (`type: chat_template`, and `type: multimodal_pretrain`
-    under `datasets:` or an unstreamed `pretraining_dataset:`) and already-tokenized ones (`skip_prepare_dataset`);
-    the model family is checked at loading (`models/packed_vision.py`)."""
+def _multimodal_packing_conflicts(cfg: HellbenderConfig) -> list[str]:
+    """Packing image+text rows is built for chat rows and `multimodal_pretrain` documents, prepared, pre-tokenized or
+    streamed; the model family is checked at loading (`models/packed_vision.py`)."""
     keys = [k for k in ("sample_packing", "eval_sample_packing") if getattr(cfg, k)]
     if not keys:
         return []
     named = " and ".join(f"`{k}`" for k in keys)
-    if mm_pretrain and cfg.streams_pretraining:
-        return [
-            f"{named} with a streamed `type: multimodal_pretrain` `pretraining_dataset` is not supported yet: packed "
-            "image+text bins are built from each row's full length (image tokens included), which a stream would have "
-            "to learn by processing its images as they arrive, and resuming would then have to rebuild the bins "
-            "without opening the images of rows already trained. Set `streaming: false` to prepare and pack the "
-            "documents, or remove the packing keys."
-        ]
     if cfg.tokenizer_use_mistral_common:
         return [
             f"{named} is not supported yet with `tokenizer_use_mistral_common` and `processor_type`: mistral-common "

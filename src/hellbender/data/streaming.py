@@ -155,6 +155,34 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
             yield {"pixels": [], **sample, STREAM_ROW_KEY: position}
 
 
+class StreamingPackedMultimodalDataset(torch.utils.data.IterableDataset):
+    """Streamed image+text rows packed as they arrive: each row joins the current bin while it fits, else starts the
+    next (next fit, the rows' order kept), so a bin always begins at the row after the previous bin's last. A run
+    resumed at the next unseen row (`rows_consumed`) therefore rebuilds exactly the bins the uninterrupted run had,
+    without opening the images of any row before it. A row is never split; every row already fits `sequence_len`
+    (longer ones were dropped or refused by `StreamingMultimodalDataset`)."""
+
+    def __init__(self, rows: StreamingMultimodalDataset, capacity: int) -> None:
+        self.rows, self.capacity = rows, capacity
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        docs: list[dict[str, Any]] = []
+        used = 0
+        for sample in self.rows:
+            n = len(sample["input_ids"])
+            if docs and used + n > self.capacity:
+                yield _bin(docs)
+                docs, used = [], 0
+            docs.append(sample)
+            used += n
+        if docs:  # the stream cycles without end; kept for a finite one
+            yield _bin(docs)
+
+
+def _bin(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"seq_lens": [len(d["input_ids"]) for d in docs], "documents": docs}
+
+
 def streaming_dataset(cfg: HellbenderConfig, tokenizer: Any, processor: Any = None, start_row: int = 0):
     if cfg.streams_datasets:
         return StreamingSFTDataset(cfg, tokenizer, open_sft_streams(cfg, tokenizer))
@@ -165,5 +193,6 @@ def streaming_dataset(cfg: HellbenderConfig, tokenizer: Any, processor: Any = No
     for i, entry in enumerate(cfg.pretraining_dataset):
         load_rows(entry, streaming=True, where=_where(i, entry))
     if processor is not None:
-        return StreamingMultimodalDataset(cfg, tokenizer, processor, start_row)
+        rows = StreamingMultimodalDataset(cfg, tokenizer, processor, start_row)
+        return StreamingPackedMultimodalDataset(rows, cfg.sequence_len) if cfg.sample_packing else rows
     return StreamingPretrainDataset(cfg, tokenizer)
