@@ -220,6 +220,8 @@ def test_no_gradient_crosses_packed_cpt_documents(tmp_path, name, source):
     finally:
         hook.remove()
 
+    if name != QWEN or source != "prepared":  # shown once: the check below is the same for every case
+        return
     # The check can fail: as one causal row (no document boundaries) the last document reaches the first's pixels.
     inputs = {k: v for k, v in batch.items() if k not in (REAL_TOKENS_KEY, "labels", "position_ids")}
     inputs["attention_mask"] = torch.ones_like(batch["input_ids"])
