@@ -19,7 +19,7 @@ import yaml
 
 from hellbender.config import load_config, validate_config
 from hellbender.data.contexts import format_context, image_policy
-from hellbender.data.formats.base import RowDropped, RowError
+from hellbender.data.formats.base import RowDropped, RowError, RowTooLong
 from hellbender.data.formats.multimodal_pretrain import tokenize_row
 from hellbender.data.prepare import prepare_datasets, training_entries
 from hellbender.errors import ConfigError, DataError
@@ -218,32 +218,34 @@ def test_every_text_token_is_trained_and_no_token_of_the_image_expansion(images,
     assert out["labels"] == before + [IGNORE] * len(image) + after
 
 
-def test_row_longer_than_sequence_len_is_refused_or_dropped_never_truncated(images):
+def test_row_longer_than_sequence_len_is_dropped_or_refused_never_truncated(images):
     n = len(tokenize_row(document(0), encoder(QWEN, images))["input_ids"])
     assert tokenize_row(document(0), encoder(QWEN, images, sequence_len=n))["input_ids"]  # exactly n fits
 
-    with pytest.raises(RowError, match=rf"{n} tokens with its images expanded, more than `sequence_len: {n - 1}`"):
+    # Found before the image is decoded, for `excess_length_strategy` to drop or refuse (`encode_row`); never cut.
+    with pytest.raises(RowTooLong) as found:
         tokenize_row(document(0), encoder(QWEN, images, sequence_len=n - 1))
+    assert n - 1 < found.value.tokens <= n
     with pytest.raises(RowDropped, match="^longer than sequence_len$"):
         tokenize_row(document(0), encoder(QWEN, images, sequence_len=n - 1, skip_bad_images=True))
 
 
-def test_over_long_row_is_named_by_its_index_or_dropped_and_counted(tmp_path, images):
+def test_over_long_row_is_dropped_and_counted_or_named_by_its_index(tmp_path, images):
     long = {"text": QWEN_IMAGE + " ".join(["A red square on a white background."] * 4), "images": [image_name(1)]}
     rows = write_jsonl(tmp_path / "rows.jsonl", [document(0), long, document(2)])
     tok, proc = loaded(QWEN)
 
-    cfg = mm_config(tmp_path, sequence_len=40, datasets=[entry(rows, images)])
+    cfg = mm_config(tmp_path, sequence_len=40, datasets=[entry(rows, images)], excess_length_strategy="raise")
     # Found from the text and the image's size, before the image is decoded: a lower bound on its length.
     with pytest.raises(
         DataError, match=r"row 1: at least \d+ tokens with its images expanded, more than `sequence_len: 40`"
     ):
         prepare_datasets(validate_config(cfg), tok, proc)
 
-    cfg["datasets"] = [entry(rows, images, skip_bad_images=True)]
-    prepared = prepare_datasets(validate_config(cfg), tok, proc)
-    stats = prepared.stats["train"]
-    assert (stats["rows_kept"], stats["rows_dropped"]) == (2, {"longer than sequence_len": 1})
+    for keys in ({"excess_length_strategy": "drop"}, {"datasets": [entry(rows, images, skip_bad_images=True)]}):
+        changed = {**mm_config(tmp_path, sequence_len=40, datasets=[entry(rows, images)]), **keys}
+        stats = prepare_datasets(validate_config(changed), tok, proc).stats["train"]
+        assert (stats["rows_kept"], stats["rows_dropped"]) == (2, {"longer than sequence_len": 1})
 
 
 def test_image_token_override_must_be_a_special_token(images):
@@ -611,10 +613,6 @@ def conflict_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
             "`streaming: true` streams `pretraining_dataset:` entries, but a `multimodal_pretrain` entry is under "
             "`datasets:`",
         ),
-        "sample packing": (
-            dict(datasets=[data], sample_packing=True),
-            "`sample_packing` with `type: multimodal_pretrain` is not supported yet",
-        ),
         "chat template": (
             dict(datasets=[data], chat_template="chatml"),
             "`chat_template` does not apply to `multimodal_pretrain`",
@@ -636,7 +634,6 @@ def conflict_cases(tmp: Path) -> dict[str, tuple[dict, str]]:
     [
         "declared twice",
         "streaming a datasets entry",
-        "sample packing",
         "chat template",
         "no processor",
         "no processor, streamed",

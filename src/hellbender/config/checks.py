@@ -303,7 +303,7 @@ def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
                 "configured: set `processor_type` (e.g. `processor_type: AutoProcessor`) or remove these keys."
             )
         return problems
-    problems += _multimodal_packing_conflicts(cfg, mm_pretrain)
+    problems += _multimodal_packing_conflicts(cfg)
     if cfg.pad_to_sequence_len:
         problems.append(
             "`pad_to_sequence_len` is not supported yet with `processor_type`: the processor pads image+text batches "
@@ -331,18 +331,13 @@ def _multimodal_conflicts(cfg: HellbenderConfig) -> list[str]:
     return problems
 
 
-def _multimodal_packing_conflicts(cfg: HellbenderConfig, mm_pretrain: list) -> list[str]:
-    """Packing image+text rows is built for prepared `type: chat_template` rows only (the model family is checked at
-    loading, `models/packed_vision.py`)."""
+def _multimodal_packing_conflicts(cfg: HellbenderConfig) -> list[str]:
+    """Packing image+text rows is built for chat rows and `multimodal_pretrain` documents, prepared, pre-tokenized or
+    streamed; the model family is checked at loading (`models/packed_vision.py`)."""
     keys = [k for k in ("sample_packing", "eval_sample_packing") if getattr(cfg, k)]
     if not keys:
         return []
     named = " and ".join(f"`{k}`" for k in keys)
-    if mm_pretrain:
-        return [
-            f"{named} with `type: multimodal_pretrain` is not supported yet: only prepared `type: chat_template` "
-            "image+text rows are packed. Remove the packing keys, or use `type: chat_template` rows."
-        ]
     if cfg.tokenizer_use_mistral_common:
         return [
             f"{named} is not supported yet with `tokenizer_use_mistral_common` and `processor_type`: mistral-common "

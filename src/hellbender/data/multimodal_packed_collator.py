@@ -20,6 +20,7 @@ import torch
 from hellbender.data.collator import REAL_TOKENS_KEY
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.multimodal_collator import MultimodalCollator
+from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.errors import DataError
 
 # Processor outputs with one value per token. Every other output is per image and passes through as it is.
@@ -40,6 +41,7 @@ class PackedMultimodalCollator:
         docs = [doc for row in rows for doc in _documents(row)]
         batch = self.documents(docs)
         lengths = batch.pop(REAL_TOKENS_KEY).tolist()
+        stream_rows = batch.pop(STREAM_ROW_KEY, None)  # streamed documents' row numbers, for resuming
         unknown = sorted(set(batch) - PER_TOKEN_KEYS - PER_IMAGE_KEYS)
         if unknown:
             raise DataError(
@@ -62,6 +64,8 @@ class PackedMultimodalCollator:
                     raise DataError(f"A packed document has {lengths[doc]} tokens, not the prepared {n}.")
                 for key in per_token:
                     out[key][i, start : start + n] = batch[key][doc, :n]
+                if "labels" in out:  # never predicted from the previous document's last token
+                    out["labels"][i, start] = IGNORE_INDEX
                 position_ids[i, start : start + n] = torch.arange(n)
                 start += n
                 doc += 1
@@ -69,12 +73,17 @@ class PackedMultimodalCollator:
             position_ids[i, start:] = torch.arange(longest - start)
         out["position_ids"] = position_ids
         out[REAL_TOKENS_KEY] = torch.tensor(row_lengths)
+        if stream_rows is not None:
+            out[STREAM_ROW_KEY] = stream_rows
         return out
 
 
 def _documents(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The prepared rows a packed row was made of: their tokens and labels cut from the packed ones (so each
-    document's first label stays masked, as packing left it), their texts and images as prepared."""
+    """The prepared rows a packed row was made of: their tokens and labels cut from the packed ones, their texts and
+    images as prepared. Bins of pre-tokenized rows (`data/pretokenized_packing.py`) and of streamed documents
+    (`streaming.StreamingPackedMultimodalDataset`) hold their documents whole."""
+    if "input_ids" not in row:
+        return list(row["documents"])
     docs, start = [], 0
     for n, doc in zip(row["seq_lens"], row["documents"], strict=True):
         docs.append(

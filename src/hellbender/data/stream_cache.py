@@ -20,6 +20,7 @@ from hellbender.data.vision_tokens import processor_fingerprint
 
 STREAM_SETTINGS = (
     "sequence_len",
+    "excess_length_strategy",  # decides whether an over-long row is cached as dropped
     "image_size",
     "image_resize_algorithm",
     "max_image_pixels",

@@ -26,6 +26,7 @@ import torch
 from hellbender.config import DatasetEntry, HellbenderConfig, PretrainingDatasetEntry
 from hellbender.data.contexts import format_context
 from hellbender.data.formats import FORMATTERS, RowDropped, RowError
+from hellbender.data.formats.base import RowTooLong
 from hellbender.data.packing import pack_stream
 from hellbender.data.sources import load_rows, stream_rows
 from hellbender.data.stream_cache import StreamCache, stream_cache_dir
@@ -98,6 +99,7 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
             for e in self.entries
         ]
         self.seed = cfg.seed
+        self.sequence_len, self.raise_too_long = cfg.sequence_len, cfg.excess_length_strategy == "raise"
         self.buffer = shuffle_buffer(cfg)
         self.start_row = start_row  # rows already trained on (from the checkpoint being resumed)
         self.cache = StreamCache(stream_cache_dir(cfg, tokenizer, processor))
@@ -114,10 +116,24 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
             sample = FORMATTERS["multimodal_pretrain"](row, self.contexts[i])
         except RowError as exc:
             raise DataError(f"pretraining_dataset[{i}] `{self.entries[i].path}`, row {number}: {exc}.") from None
+        except RowTooLong as exc:  # found before its images were decoded
+            sample = self._too_long(i, number, f"at least {exc.tokens}")
         except RowDropped:
             sample = None
+        if sample is not None and len(sample["input_ids"]) > self.sequence_len:
+            sample = self._too_long(i, number, str(len(sample["input_ids"])))
         self.cache.append(position, sample)
         return sample
+
+    def _too_long(self, i: int, number: int, tokens: str) -> None:
+        """A row longer than `sequence_len` is dropped (never truncated through an image), or refused by name."""
+        if self.raise_too_long:
+            raise DataError(
+                f"pretraining_dataset[{i}] `{self.entries[i].path}`, row {number}: {tokens} tokens with its images "
+                f"expanded, more than `sequence_len: {self.sequence_len}`. Raise `sequence_len`, shorten the row, or "
+                "set `excess_length_strategy: drop`."
+            )
+        return None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         known = self.cache.load()
@@ -139,6 +155,34 @@ class StreamingMultimodalDataset(torch.utils.data.IterableDataset):
             yield {"pixels": [], **sample, STREAM_ROW_KEY: position}
 
 
+class StreamingPackedMultimodalDataset(torch.utils.data.IterableDataset):
+    """Streamed image+text rows packed as they arrive: each row joins the current bin while it fits, else starts the
+    next (next fit, the rows' order kept), so a bin always begins at the row after the previous bin's last. A run
+    resumed at the next unseen row (`rows_consumed`) therefore rebuilds exactly the bins the uninterrupted run had,
+    without opening the images of any row before it. A row is never split; every row already fits `sequence_len`
+    (longer ones were dropped or refused by `StreamingMultimodalDataset`)."""
+
+    def __init__(self, rows: StreamingMultimodalDataset, capacity: int) -> None:
+        self.rows, self.capacity = rows, capacity
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        docs: list[dict[str, Any]] = []
+        used = 0
+        for sample in self.rows:
+            n = len(sample["input_ids"])
+            if docs and used + n > self.capacity:
+                yield _bin(docs)
+                docs, used = [], 0
+            docs.append(sample)
+            used += n
+        if docs:  # the stream cycles without end; kept for a finite one
+            yield _bin(docs)
+
+
+def _bin(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"seq_lens": [len(d["input_ids"]) for d in docs], "documents": docs}
+
+
 def streaming_dataset(cfg: HellbenderConfig, tokenizer: Any, processor: Any = None, start_row: int = 0):
     if cfg.streams_datasets:
         return StreamingSFTDataset(cfg, tokenizer, open_sft_streams(cfg, tokenizer))
@@ -149,5 +193,6 @@ def streaming_dataset(cfg: HellbenderConfig, tokenizer: Any, processor: Any = No
     for i, entry in enumerate(cfg.pretraining_dataset):
         load_rows(entry, streaming=True, where=_where(i, entry))
     if processor is not None:
-        return StreamingMultimodalDataset(cfg, tokenizer, processor, start_row)
+        rows = StreamingMultimodalDataset(cfg, tokenizer, processor, start_row)
+        return StreamingPackedMultimodalDataset(rows, cfg.sequence_len) if cfg.sample_packing else rows
     return StreamingPretrainDataset(cfg, tokenizer)

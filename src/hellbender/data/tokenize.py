@@ -131,9 +131,13 @@ def encode_row(
     elif not reason:
         ids, labels, reason = fit_length(ids, labels, max_len, strategy)
         if reason and strategy == "raise":
+            # Rows with images are never truncated (it could cut through an image), so only `drop` is offered.
+            others = "`excess_length_strategy: drop`"
+            if getattr(ctx, "vision", None) is None:
+                others += " or `truncate`"
             raise DataError(
                 f"{where}, row {index}: {len(ids)} tokens, more than `sequence_len: {max_len}`. Raise "
-                "`sequence_len`, shorten the row, or set `excess_length_strategy: drop` or `truncate`."
+                f"`sequence_len`, shorten the row, or set {others}."
             )
     for key in TARGET_COLUMNS:  # the teacher's targets stay with their tokens through truncation
         if key in out:

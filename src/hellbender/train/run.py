@@ -16,6 +16,7 @@ from hellbender.config.rl import ONLINE_RL_METHODS
 from hellbender.data.batching import build_collator
 from hellbender.data.prepare import prepare_datasets
 from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
+from hellbender.data.pretokenized_packing import packed_pretokenized_rows
 from hellbender.data.streaming import streaming_dataset
 from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.models.activation_checkpointing import layers_left_unchecked
@@ -302,7 +303,10 @@ def _training_data(
         prepared_eval = prepare_datasets(cfg, tokenizer, processor) if cfg.test_datasets else None
         eval_data, stats = (prepared_eval.eval, prepared_eval.stats) if prepared_eval else (None, None)
         if cfg.skip_prepare_dataset:
-            return pretokenized_multimodal_rows(cfg), eval_data, stats
+            rows = pretokenized_multimodal_rows(cfg)
+            if cfg.sample_packing:
+                rows = packed_pretokenized_rows(cfg, rows, tokenizer, processor)
+            return rows, eval_data, stats
         start_row = _stream_rows_consumed(resume_from) if streams_images else 0
         return streaming_dataset(cfg, tokenizer, processor, start_row), eval_data, stats
     prepared = prepare_datasets(cfg, tokenizer, processor)

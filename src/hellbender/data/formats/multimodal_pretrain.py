@@ -4,14 +4,23 @@ A row holds text with one image token per image (`text_column`) and the image pa
 text is tokenized once, without truncation, by the processor's own tokenizer; images are counted by token
 id (so `<image>` inside `<image_soft_token>` never counts) and must match the row's images; EOS is appended
 once. The processor then expands the images. Every text token is trained, no image token is, and a row
-longer than `sequence_len` is refused with its index, never truncated through an image.
+longer than `sequence_len` is dropped and counted, or refused with its index under `excess_length_strategy: raise`
+(dropped whatever the strategy with `skip_bad_images`), never truncated through an image.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hellbender.data.formats.base import DROP_TOO_LONG, IGNORE_INDEX, FormatContext, RowDropped, RowError, text_value
+from hellbender.data.formats.base import (
+    DROP_TOO_LONG,
+    IGNORE_INDEX,
+    FormatContext,
+    RowDropped,
+    RowError,
+    RowTooLong,
+    text_value,
+)
 from hellbender.data.formats.multimodal_chat import align_labels, bad_image, expand, vision_row
 from hellbender.data.images import ImageProblem, image_header_size, image_reference, open_image, resolve_image
 from hellbender.data.vision_tokens import image_token_floor
@@ -52,31 +61,23 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
     # Checked before any image is decoded or processed, from the text and the image sizes alone, then exactly.
     floor = len(ids) - placeholders + image_token_floor(processor, sizes)
     if floor > vision.max_tokens:
-        raise _too_long(f"at least {floor}", vision)
+        raise RowDropped(DROP_TOO_LONG) if vision.skip_bad_images else RowTooLong(floor)
     try:
         images = [open_image(path, vision.policy) for path in paths]
     except ImageProblem as exc:
         raise bad_image(exc, vision) from None
     model_text = processor_text(text, vision.placeholder_id, processor, tok)
     expanded = expand(processor, model_text, images)
-    if len(expanded) > vision.max_tokens:
-        raise _too_long(str(len(expanded)), vision)
+    if len(expanded) > vision.max_tokens and vision.skip_bad_images:
+        raise RowDropped(DROP_TOO_LONG)
+    # Otherwise a row still too long is kept whole here: `excess_length_strategy` drops or refuses it
+    # (`tokenize.encode_row`), and truncation, which could cut an image, is refused with a processor.
     # Every text token is trained; labels follow the text into the expansion, so whatever the processor inserts
     # for an image (soft tokens, markers, even the newlines between tiles) stays unlabelled.
     text_labels = [IGNORE_INDEX if i in vision.vision_ids else i for i in ids]
     labels = align_labels(tok(model_text, add_special_tokens=False)["input_ids"], text_labels, expanded)
     labels = [IGNORE_INDEX if i in vision.vision_ids else label for i, label in zip(expanded, labels, strict=True)]
     return vision_row(expanded, labels, paths, images, model_text, vision)
-
-
-def _too_long(tokens: str, vision: Any) -> Exception:
-    if vision.skip_bad_images:
-        return RowDropped(DROP_TOO_LONG)
-    return RowError(
-        f"{tokens} tokens with its images expanded, more than `sequence_len: {vision.max_tokens}`; rows are never "
-        "truncated through an image. Raise `sequence_len`, shorten the row, or set `skip_bad_images: true` to drop "
-        "such rows"
-    )
 
 
 def processor_text(text: str, placeholder_id: int, processor: Any, tokenizer: Any) -> str:
