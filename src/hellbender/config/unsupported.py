@@ -5,7 +5,8 @@ steers Axolotl's own tooling (accepted: it changes nothing about the run)."""
 from __future__ import annotations
 
 PLANNED: dict[str, tuple[str, ...]] = {
-    "more preference tuning (process reward models, padding-free DPO, generation during DPO evaluation)": (
+    "more preference tuning (process reward models, padding-free DPO, generation during DPO evaluation, SwanLab "
+    "completion tables)": (
         "dpo_padding_free", "dpo_use_logits_to_keep", "dpo_generate_during_eval",
         "process_reward_model",
         "step_separator", "train_on_last_step_only",
