@@ -142,7 +142,9 @@ def test_swanlab_without_the_package_is_refused_at_train_time_with_the_pip_comma
 
 
 def test_completion_tables_belong_to_preference_training(tmp_path):
-    with pytest.raises(ConfigError, match=r"`swanlab_log_completions` is not supported yet: it belongs to more preference tuning"):
+    with pytest.raises(
+        ConfigError, match=r"`swanlab_log_completions` is not supported yet: it belongs to more preference tuning"
+    ):
         validate_config(base_config(tmp_path, swanlab_project="p", swanlab_log_completions=True))
     # off, the completion-table keys ask for nothing (Axolotl's non-preference example sets it false)
     cfg = validate_config(
