@@ -256,6 +256,23 @@ def test_a_pretokenized_row_too_long_for_any_bin_is_dropped_and_counted_or_refus
         pretokenized(tmp_path, QWEN, sequence_len=256, many_images=True, excess_length_strategy="raise")
 
 
+def one_epoch_in_two_bins(root: Path, **data) -> dict:
+    """A packed LoRA run of one epoch, one bin per step, on tiny Qwen2.5-VL's three CPT documents (`data`: where
+    they come from)."""
+    return vlm_config(
+        root,
+        QWEN,
+        sample_packing=True,
+        sequence_len=64,  # the three documents (39, 25 and 13 tokens) fill two bins
+        micro_batch_size=1,
+        num_epochs=1,
+        max_steps=None,
+        adapter="lora",
+        lora_target_linear=True,
+        **data,
+    )
+
+
 def test_packed_cpt_run_from_an_unstreamed_pretraining_dataset_trains_every_document_once(tmp_path):
     """`pretraining_dataset` with `streaming: false` and `sample_packing: true`: one epoch is one step per packed bin
     (micro-batch 1), and the tokens trained are exactly those of the prepared documents."""
@@ -265,20 +282,7 @@ def test_packed_cpt_run_from_an_unstreamed_pretraining_dataset_trains_every_docu
 
     data = cpt_rows(tmp_path, QWEN)
     entry = {"path": str(data), "type": "multimodal_pretrain", "image_base_dir": str(tmp_path)}
-    cfg = vlm_config(
-        tmp_path,
-        QWEN,
-        datasets=[],
-        pretraining_dataset=[entry],
-        streaming=False,
-        sample_packing=True,
-        sequence_len=64,  # the three documents (39, 25 and 13 tokens) fill two bins
-        micro_batch_size=1,
-        num_epochs=1,
-        max_steps=None,
-        adapter="lora",
-        lora_target_linear=True,
-    )
+    cfg = one_epoch_in_two_bins(tmp_path, datasets=[], pretraining_dataset=[entry], streaming=False)
     cli_train(tmp_path, cfg)
     resolved = validate_config(cfg)
     prepared = prepare_datasets(resolved, *load_tokenizer_and_processor(resolved))
@@ -342,18 +346,10 @@ def test_packed_pretokenized_run_trains_every_document_once_and_caches_the_lengt
     entry["image_base_dir"] = str(tmp_path / "data")
     for run in ("first", "second"):
         (tmp_path / run).mkdir()
-        cfg = vlm_config(
+        cfg = one_epoch_in_two_bins(
             tmp_path / run,
-            QWEN,
             datasets=[entry],
             skip_prepare_dataset=True,
-            sample_packing=True,
-            sequence_len=64,  # the three documents (39, 25 and 13 tokens) fill two bins
-            micro_batch_size=1,
-            num_epochs=1,
-            max_steps=None,
-            adapter="lora",
-            lora_target_linear=True,
             dataset_prepared_path=str(tmp_path / "prepared"),
         )
         cli_train(tmp_path / run, cfg)

@@ -30,6 +30,12 @@ def _first_last(history: list[dict[str, Any]], key: str) -> str | None:
     return f"{first[key]:.4g} at step {first['step']}, {last[key]:.4g} at step {last['step']}"
 
 
+def _share_at_last(history: list[dict[str, Any]], key: str, what: str) -> str:
+    """ "; `what`: P% at the last" for the last logged value of the share `key`, or "" when it was never logged."""
+    logged = _logged(history, key)
+    return f"; {what}: {logged[-1][key]:.0%} at the last" if logged else ""
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -50,20 +56,10 @@ def reward_lines(history: list[dict[str, Any]]) -> list[str]:
             name = key[len(FUNCTION_PREFIX) : -len("/mean")]
             lines.append(f"  - `{name}`: {first[key]:.4g} -> {last[key]:.4g}")
     if spread := _first_last(history, "reward_std"):
-        alike = _logged(history, ZERO_SPREAD)
-        shown = (
-            f"; groups whose completions all scored alike (no signal): {alike[-1][ZERO_SPREAD]:.0%} at the last"
-            if alike
-            else ""
-        )
-        lines.append(f"- Reward spread (standard deviation): {spread}{shown}")
+        alike = _share_at_last(history, ZERO_SPREAD, "groups whose completions all scored alike (no signal)")
+        lines.append(f"- Reward spread (standard deviation): {spread}{alike}")
     if length := _first_last(history, "completions/mean_length"):
-        clipped = _logged(history, "completions/clipped_ratio")
-        cut = (
-            f"; cut at `max_completion_length`: {clipped[-1]['completions/clipped_ratio']:.0%} at the last"
-            if clipped
-            else ""
-        )
+        cut = _share_at_last(history, "completions/clipped_ratio", "cut at `max_completion_length`")
         lines.append(f"- Completion length (mean tokens): {length}{cut}")
     if kl := _first_last(history, "kl"):
         lines.append(f"- KL to the reference (per token): {kl}")
