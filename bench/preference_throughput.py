@@ -239,6 +239,7 @@ class PreferenceRecorder(tp.StepRecorder):
         self.losses: dict[int, float] = {}
         self.margins: dict[int, float] = {}
         self.sequence_lengths: set[int] = set()
+        self.backbone_rows: set[tuple[int, ...]] = set()
         self.dataset_tokens: dict[str, dict[str, float]] = {}
         self.setup_s: float | None = None
 
@@ -250,8 +251,18 @@ class PreferenceRecorder(tp.StepRecorder):
             self.sequence_lengths.add(int(ids.shape[1]))
         super()._count_rows(module, args, kwargs)
 
+    def _backbone_rows(self, module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        import torch
+
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and torch.is_grad_enabled():
+            self.backbone_rows.add(tuple(ids.shape))
+
     def on_train_begin_with(self, args: Any, model: Any, train_dataloader: Any) -> None:
         self.features.update(same_adapter_start(model))
+        # What the decoder runs, which hellbender's shared-prompt rows (`dpo_shared_prompt`) make differ from the batch.
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base.get_decoder().register_forward_pre_hook(self._backbone_rows, with_kwargs=True)
         dataset = getattr(train_dataloader, "dataset", None)
         columns = getattr(dataset, "column_names", None) or []
         for column, key in (("prompt_ids", "prompt"), ("chosen_ids", "chosen"), ("rejected_ids", "rejected")):
@@ -296,6 +307,7 @@ class PreferenceRecorder(tp.StepRecorder):
             losses={str(k): v for k, v in sorted(self.losses.items())},
             margins={str(k): v for k, v in sorted(self.margins.items())},
             sequence_lengths=sorted(self.sequence_lengths),
+            backbone_rows=sorted(self.backbone_rows),
             dataset_tokens=self.dataset_tokens,
             setup_s=self.setup_s,
         )
@@ -602,7 +614,8 @@ def print_report(args: argparse.Namespace, results: dict[str, dict[str, Any]], d
         if r.get("ok"):
             print(
                 f"{side}: prepared rows {lengths_text(r.get('dataset_tokens') or {})}; the policy's forward sees "
-                f"sequences of {', '.join(map(str, r.get('sequence_lengths') or [])) or '?'} tokens"
+                f"sequences of {', '.join(map(str, r.get('sequence_lengths') or [])) or '?'} tokens; its decoder runs "
+                f"rows x tokens {', '.join('x'.join(map(str, s)) for s in r.get('backbone_rows') or []) or '?'}"
             )
     print("\nhellbender settings that differ from the baseline:")
     for line in differing_settings(args, cuda):

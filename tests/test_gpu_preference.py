@@ -89,6 +89,32 @@ def test_dpo_in_bfloat16_starts_at_log_2_and_learns(tmp_path, adapter):
     assert logged(out, "rewards/margins")[8] > 0
 
 
+@one_gpu
+def test_dpo_pairs_scored_with_the_prompt_once_through_flex_attention_equal_two_rows():
+    """On CUDA the shared rows' mask is a flex-attention block mask, run by the compiled flex kernel in place of SDPA:
+    the same per-token outputs and gradients as TRL's two rows (fp32, TF32 off)."""
+    from tests.test_dpo_shared_prompt import assert_shared_equals_two_rows, fused_llama
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        model = fused_llama(attn="sdpa", head_dim=16).to("cuda")
+        assert_shared_equals_two_rows(model, "sdpa", torch.device("cuda"), atol=2e-5)
+        assert model.config._attn_implementation == "hellbender_shared_prompt_sdpa"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+@one_gpu
+def test_dpo_in_bfloat16_trains_the_same_losses_with_the_prompt_once_as_with_two_rows(tmp_path):
+    runs = {}
+    for shared in (True, False):
+        keys = dict(**METHODS["dpo"], **LORA, bf16=True, gradient_checkpointing=True, dpo_shared_prompt=shared)
+        runs[shared] = logged_losses(torchrun(tmp_path / str(shared), raw_config(tmp_path / str(shared), **keys), 1))
+    assert runs[True][1] == pytest.approx(math.log(2), abs=1e-3)
+    assert runs[True] == pytest.approx(runs[False], rel=2e-2, abs=2e-3), runs
+
+
 # ------------------------------------------------------------------------------------------ two GPUs
 
 

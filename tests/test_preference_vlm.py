@@ -228,6 +228,7 @@ def test_a_changed_processor_is_refused_at_batch_time(tmp_path):
     [
         ({"rl": "kto"}, ["rl: kto", "processor_type"]),
         ({"precompute_ref_log_probs": True, "adapter": None}, ["precompute_ref_log_probs", "processor_type"]),
+        ({"dpo_shared_prompt": True}, ["dpo_shared_prompt: true", "processor_type", "images belong to its prompt"]),
         ({"type": "chatml.intel"}, ["datasets[0]", "chatml.intel", "chat_template.default"]),
     ],
 )

@@ -39,6 +39,7 @@ METHOD_KEYS: dict[str, tuple[str, ...]] = {
     "dpo_use_weighting": ("dpo", "ipo"),
     "dpo_norm_loss": ("dpo",),
     "precompute_ref_log_probs": ("dpo", "ipo", "kto"),
+    "dpo_shared_prompt": ("dpo", "ipo"),
     "kto_desirable_weight": ("kto",),
     "kto_undesirable_weight": ("kto",),
     "orpo_alpha": ("orpo",),
@@ -123,6 +124,16 @@ class PreferenceSettings(BaseModel):
         "training, so no "
         "reference model is kept in memory (full fine-tuning) and no reference forward pass runs per step.",
     )
+    dpo_shared_prompt: bool | None = Field(
+        None,
+        description="With `rl: dpo` or `ipo`: score each pair in one row that holds its prompt once, the rejected "
+        "answer masked from the chosen one, instead of two rows that each hold the prompt (the same log-probabilities "
+        "up to float rounding, at fewer tokens: a 1,024-token prompt with two 1,024-token answers runs 3,073 tokens "
+        "instead of 4,096). Unset: on for text models on a GPU with SDPA or flex attention and only full-attention "
+        "layers (flex attention's block mask skips what is masked), two rows elsewhere (the start of the run says "
+        "which); `true` also uses a dense mask (CPU, eager attention) and refuses a model it cannot "
+        "serve; `false` keeps TRL's two rows.",
+    )
     kto_desirable_weight: Float | None = Field(
         None, gt=0, description="With `rl: kto`: the weight of the loss on desirable answers (default 1.0)."
     )
@@ -174,6 +185,8 @@ PREFERENCE_UNSET_MEANS: dict[str, str] = {
     "dpo_use_weighting": "every pair weighs the same",
     "dpo_norm_loss": "summed log-probabilities",
     "precompute_ref_log_probs": "the reference scores each batch as it trains",
+    "dpo_shared_prompt": "the prompt once per pair on a GPU where the model allows it (text models with SDPA or flex "
+    "attention and only full-attention layers), two rows per pair elsewhere",
     "kto_desirable_weight": "1.0 with `rl: kto`",
     "kto_undesirable_weight": "1.0 with `rl: kto`",
     "orpo_alpha": "0.1 with `rl: orpo`",

@@ -63,6 +63,11 @@ def _vision_preference_problems(cfg: HellbenderConfig, preference: list) -> list
             "the reference model scores each pair's images as the batch is built. Remove `precompute_ref_log_probs` "
             "(with an adapter the reference is the base model with the adapter off, with no second copy in memory)."
         )
+    if cfg.dpo_shared_prompt:
+        problems.append(
+            "`dpo_shared_prompt: true` is not supported with `processor_type` (a vision-language model): a pair's "
+            "images belong to its prompt, which is scored once per answer. Remove `dpo_shared_prompt`."
+        )
     return problems
 
 

@@ -7,6 +7,7 @@ wraps, quantizes and tokenizes nothing itself. The reference model is the base m
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from trl import DPOConfig, DPOTrainer
@@ -16,11 +17,15 @@ from hellbender.config.preference_checks import dpo_loss_weights, dpo_losses
 from hellbender.train.methods.shared import (
     PreferenceMixin,
     build_preference_trainer,
+    is_adapter_model,
     reference_model,
     refuse_trained_output_head,
     shared_arguments,
 )
+from hellbender.train.shared_prompt import use_shared_prompts
 from hellbender.train.trainer import HellbenderMixin
+
+logger = logging.getLogger("hellbender")
 
 
 def arguments(cfg: HellbenderConfig) -> tuple[type[DPOConfig], dict[str, Any]]:
@@ -64,7 +69,7 @@ def build_trainer(
     of text pairs (`data/preference_collator.py` gives the one of pairs with images). `hellbender`:
     `HellbenderMixin`'s keywords and the Trainer's `callbacks`."""
     refuse_trained_output_head(model)
-    return build_preference_trainer(
+    trainer = build_preference_trainer(
         TRAINER,
         model,
         args,
@@ -74,4 +79,20 @@ def build_trainer(
         ref_model=reference_model(cfg, model),
         data_collator=data_collator,
         **hellbender,
+    )
+    if cfg.dpo_shared_prompt is not False and data_collator is None:  # pairs with images keep TRL's two rows
+        share_pair_prompts(trainer, required=bool(cfg.dpo_shared_prompt))
+    return trainer
+
+
+def share_pair_prompts(trainer: DPOPreferenceTrainer, required: bool) -> None:
+    """Score each pair with its prompt once (`dpo_shared_prompt`), on the policy and on a separate reference model,
+    where the model allows it; the run's log says which layout scores the pairs."""
+    policy = trainer.model.get_base_model() if is_adapter_model(trainer.model) else trainer.model
+    shared = use_shared_prompts(policy, required)
+    if shared and trainer.ref_model is not None:
+        use_shared_prompts(trainer.ref_model, required=True)
+    logger.info(
+        "DPO scores each pair %s (`dpo_shared_prompt`).",
+        "in one row that holds its prompt once" if shared else "as two rows, each with the prompt",
     )
