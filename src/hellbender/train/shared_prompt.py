@@ -208,24 +208,38 @@ class SharedPromptForward:
 SHARED_PROMPT_ATTENTION = "hellbender_shared_prompt_sdpa"
 
 
-def register_flex_for_block_masks() -> str:
-    """An attention implementation that runs flex attention (compiled with torch's defaults) where it is given a
-    block mask and transformers' SDPA otherwise, so a model loaded with SDPA keeps it for every other forward. Returns
-    its name (registered once per process)."""
+def flex_or_sdpa_attention(
+    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None, **kwargs: Any
+) -> tuple[torch.Tensor, None]:
+    """Flex attention (compiled with torch's defaults) where it is given a block mask, transformers' SDPA otherwise."""
     from torch.nn.attention.flex_attention import BlockMask
-    from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from hellbender.models.flex_attention import compiled_flex
+
+    if not isinstance(attention_mask, BlockMask):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    if kwargs.get("dropout") or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        raise ValueError(
+            f"{type(module).__name__} calls attention with dropout, a softcap or sinks, which the shared-prompt "
+            "scoring does not apply; set `dpo_shared_prompt: false`"
+        )
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        # Each key-value head serves `groups` query heads. torch 2.11's compiler cannot build flex attention's
+        # grouped-query kernels (see `check_flex_compiles`), so they are given one key-value head per query head.
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    output = compiled_flex({})(query, key, value, block_mask=attention_mask, scale=scaling)
+    return output.transpose(1, 2).contiguous(), None
+
+
+def register_flex_for_block_masks() -> str:
+    """Register `flex_or_sdpa_attention` as an attention implementation, with SDPA's mask builder, so a model loaded
+    with SDPA keeps it for every forward but the shared rows'. Returns its name."""
+    from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    from hellbender.models.flex_attention import make_attention_function
-
-    flex = make_attention_function({})
-
-    def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
-        function = flex if isinstance(attention_mask, BlockMask) else sdpa_attention_forward
-        return function(module, query, key, value, attention_mask, **kwargs)
-
-    AttentionInterface.register(SHARED_PROMPT_ATTENTION, attention)
+    AttentionInterface.register(SHARED_PROMPT_ATTENTION, flex_or_sdpa_attention)
     AttentionMaskInterface.register(SHARED_PROMPT_ATTENTION, sdpa_mask)
     return SHARED_PROMPT_ATTENTION
 
