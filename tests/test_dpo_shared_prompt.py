@@ -13,8 +13,8 @@ from hellbender.train.shared_prompt import (
     PROMPT,
     REJECTED,
     SharedPromptForward,
+    attention_for,
     dense_mask,
-    mask_builder,
     share_prompts,
     use_shared_prompts,
 )
@@ -76,8 +76,7 @@ def test_no_answer_sees_the_other_and_each_sees_the_whole_prompt():
 
 
 def fused_llama(attn: str = "sdpa", head_dim: int = 8):
-    """The tiny Llama of tests/test_packed_attention.py with TRL's fused LM head (`head_dim` 16 for flex attention's
-    GPU kernels, which take no smaller heads)."""
+    """The tiny Llama of tests/test_packed_attention.py with TRL's fused LM head."""
     from transformers import AutoModelForCausalLM
     from trl.trainer.utils import add_fused_lm_head
 
@@ -92,7 +91,7 @@ def fused_llama(attn: str = "sdpa", head_dim: int = 8):
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_every_per_token_output_and_gradient_equals_the_two_row_layout(attn):
     """Pairs of unequal prompt and answer lengths (so every row of both layouts is padded somewhere). On a GPU the
-    same check runs the block mask and flex attention (tests/test_gpu_preference.py)."""
+    varlen kernels' attention is checked against this dense mask (tests/test_gpu_preference.py)."""
     assert_shared_equals_two_rows(fused_llama(attn=attn), attn, torch.device("cpu"))
 
 
@@ -109,7 +108,7 @@ def assert_shared_equals_two_rows(model, attn: str, device: torch.device, atol: 
         return out, grads
 
     two_rows, two_row_grads = run(model.forward)
-    shared, shared_grads = run(SharedPromptForward(model.forward, mask_builder(model, attn)))
+    shared, shared_grads = run(SharedPromptForward(model.forward, attention_for(model, attn)))
     for field in ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits"):
         torch.testing.assert_close(getattr(shared, field), getattr(two_rows, field), rtol=0, atol=atol)
     assert torch.equal(shared.is_top1, two_rows.is_top1) and torch.equal(shared.label_mask, two_rows.label_mask)
@@ -158,6 +157,7 @@ def test_full_fine_tuning_scores_the_reference_copy_with_the_prompt_once_too(tmp
     ("family", "attn", "needle"),
     [
         ("llama", "flash_attention_2", "flash_attention_2"),
+        ("llama", "flex_attention", "flex_attention"),
         ("mistral", "sdpa", "sliding-window"),
         ("gemma3_text", "sdpa", "sliding_attention"),
     ],
@@ -182,3 +182,66 @@ def test_dpo_shared_prompt_is_a_dpo_key(tmp_path):
 
     with pytest.raises(ConfigError, match=r"dpo_shared_prompt.*rl: kto"):
         dpo_config(tmp_path, rl="kto", dpo_shared_prompt=True)
+
+
+def reference_varlen(query, key, value, starts, longest, scale):
+    """What torch's flash-attention varlen kernel computes (causal, aligned at each sequence's end), sequence by
+    sequence with a dense mask: stands in for the CUDA-only kernel so the parts' bookkeeping is checked on CPU."""
+    outputs = []
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    q_starts, k_starts = starts[0].tolist(), starts[1].tolist()
+    for i in range(len(q_starts) - 1):
+        (q0, q1), (k0, k1) = q_starts[i : i + 2], k_starts[i : i + 2]
+        q, k, v = (t.transpose(0, 1) for t in (query[q0:q1], key[k0:k1], value[k0:k1]))
+        seen = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).tril(diagonal=(k1 - k0) - (q1 - q0))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=seen, scale=scale)
+        outputs.append(out.transpose(0, 1))
+    return torch.cat(outputs)
+
+
+def test_the_varlen_parts_give_each_token_what_the_dense_mask_gives_it(monkeypatch):
+    """The GPU path's bookkeeping (which flat tokens each kernel call gets, how its outputs go back) on CPU, with the
+    kernel replaced by its dense equivalent; the kernel itself is checked on a GPU (tests/test_gpu_preference.py)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    import hellbender.train.shared_prompt as shared_prompt
+
+    monkeypatch.setattr(shared_prompt, "causal_varlen", reference_varlen)
+    batch = pair_batch(random_pairs([(7, 3, 9), (13, 4, 2), (1, 6, 6)]))
+    rows = share_prompts(batch["input_ids"], batch["labels"], batch["attention_mask"])
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, h, rows.input_ids.shape[1], 8, generator=gen) for h in (4, 2, 2))
+    module = type("Attention", (), {"num_key_value_groups": 2, "training": False, "is_causal": True})()
+    parts = {shared_prompt.VARLEN_KEYWORD: shared_prompt.VarlenParts.of(rows)}
+    got, _ = shared_prompt.shared_prompt_attention(module, q, k, v, None, scaling=0.3, **parts)
+    expected, _ = sdpa_attention_forward(module, q, k, v, dense_mask(rows.segments), scaling=0.3)
+    real = (rows.segments != PADDING)[..., None, None]
+    torch.testing.assert_close(got * real, expected * real, rtol=0, atol=1e-6)
+    assert (got[~real.expand_as(got)] == 0).all()  # padding is left at 0
+
+
+def test_the_varlen_parts_reach_every_layers_attention_through_the_models_forward(monkeypatch):
+    """transformers hands the forward's `VarlenParts` keyword down to each layer's attention call: the model switched
+    to the varlen attention scores every token as TRL's two rows do (the kernel replaced by its dense equivalent)."""
+    import hellbender.train.shared_prompt as shared_prompt
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return reference_varlen(*args, **kwargs)
+
+    monkeypatch.setattr(shared_prompt, "causal_varlen", counted)
+    model = fused_llama()
+    batch = pair_batch(random_pairs([(5, 3, 7), (9, 4, 2), (1, 6, 6)]))
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "labels")}
+    with torch.no_grad():
+        two_rows = model(**inputs, fused_lm_head=True, use_cache=False)
+        shared = SharedPromptForward(model.forward, shared_prompt.varlen_attention(model))
+        got = shared(**inputs, fused_lm_head=True, use_cache=False)
+        plain = model(**inputs, fused_lm_head=True, use_cache=False)  # every other forward keeps SDPA
+    assert model.config._attn_implementation == shared_prompt.SHARED_PROMPT_ATTENTION
+    assert len(calls) == 2 * model.config.num_hidden_layers
+    torch.testing.assert_close(got.log_probs, two_rows.log_probs, rtol=0, atol=2e-6)
+    torch.testing.assert_close(plain.log_probs, two_rows.log_probs, rtol=0, atol=0)

@@ -90,19 +90,49 @@ def test_dpo_in_bfloat16_starts_at_log_2_and_learns(tmp_path, adapter):
 
 
 @one_gpu
-def test_dpo_pairs_scored_with_the_prompt_once_through_flex_attention_equal_two_rows():
-    """On CUDA the shared rows' mask is a flex-attention block mask, run by the compiled flex kernel in place of SDPA:
-    the same per-token outputs and gradients as TRL's two rows (fp32, TF32 off)."""
-    from tests.test_dpo_shared_prompt import assert_shared_equals_two_rows, fused_llama
+def test_shared_prompt_attention_through_the_varlen_kernels_equals_the_dense_mask():
+    """On CUDA in bfloat16 the shared rows' attention runs torch's flash-attention varlen kernel twice per layer
+    (prompt + chosen, then rejected over prompt + itself). Its output and the gradients of queries, keys and values
+    equal SDPA given the dense mask of the same rows (float32 reference; grouped-query heads; rows of unequal parts,
+    so padding is in every row)."""
+    from types import SimpleNamespace
 
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        model = fused_llama(attn="sdpa", head_dim=16).to("cuda")
-        assert_shared_equals_two_rows(model, "sdpa", torch.device("cuda"), atol=2e-5)
-        assert model.config._attn_implementation == "hellbender_shared_prompt_sdpa"
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+    from hellbender.train.shared_prompt import (
+        VARLEN_KEYWORD,
+        VarlenParts,
+        dense_mask,
+        share_prompts,
+        shared_prompt_attention,
+    )
+    from tests.test_dpo_shared_prompt import pair_batch, random_pairs
+
+    batch = pair_batch(random_pairs([(70, 30, 90), (130, 45, 20), (1, 60, 64)]))
+    rows = share_prompts(batch["input_ids"].cuda(), batch["labels"].cuda(), batch["attention_mask"].cuda())
+    width = rows.input_ids.shape[1]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(3, h, width, 64, device="cuda", generator=gen) for h in (8, 2, 2))
+    real = rows.segments != 3  # padding's output is unused
+
+    def attend(use_varlen: bool):
+        inputs = [t.detach().to(torch.bfloat16 if use_varlen else torch.float32).requires_grad_() for t in (q, k, v)]
+        module = SimpleNamespace(num_key_value_groups=4, training=True, is_causal=True)
+        if use_varlen:
+            out, _ = shared_prompt_attention(
+                module, *inputs, None, scaling=0.125, **{VARLEN_KEYWORD: VarlenParts.of(rows)}
+            )
+        else:
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            out, _ = sdpa_attention_forward(module, *inputs, dense_mask(rows.segments), scaling=0.125)
+        out = out.float() * real[..., None, None]
+        (out * torch.linspace(-1, 1, out.numel(), device="cuda").view_as(out)).sum().backward()
+        return out, [t.grad.float() for t in inputs]
+
+    got, got_grads = attend(True)
+    expected, expected_grads = attend(False)
+    torch.testing.assert_close(got, expected, rtol=0, atol=3e-2)
+    for name, g, e in zip("qkv", got_grads, expected_grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=0, atol=3e-2 * max(1.0, e.abs().max().item()), msg=name)
 
 
 @one_gpu

@@ -14,8 +14,9 @@ float rounding (tests/test_dpo_shared_prompt.py). A pair of a 1,024-token prompt
 tokens instead of 4,096.
 
 The per-token outputs of the fused LM head (TRL's `add_fused_lm_head`) are put back in TRL's 2B-row layout, so TRL's
-loss and metrics run unchanged. The mask is a flex-attention block mask on CUDA (the compiled kernel skips blocks that
-are wholly masked, so the rejected answer costs nothing against the chosen one) and a dense boolean mask elsewhere.
+loss and metrics run unchanged. On CUDA in 16-bit precision each layer's attention runs torch's flash-attention varlen
+kernel twice, on each row's prompt + chosen part and on its rejected part over the prompt and itself, causal (no
+masked block is computed); elsewhere a dense mask goes to SDPA or eager attention.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class SharedPromptRows:
     chosen_scored: torch.Tensor
     rejected_scored: torch.Tensor
     pair_scored: torch.Tensor
+    # Per row: tokens of the prompt before its last token, of the chosen part, of the rejected part (each answer
+    # headed by the prompt's last token).
+    parts: list[tuple[int, int, int]]
 
     def to_pair_rows(self, shared: torch.Tensor) -> torch.Tensor:
         """A per-token output of the shared rows (B, T - 1) in TRL's layout (2B, L - 1): chosen rows, then rejected
@@ -140,6 +144,7 @@ def share_prompts(input_ids: torch.Tensor, labels: torch.Tensor, attention_mask:
         chosen_scored=next_scored & (next_segment == CHOSEN),
         rejected_scored=next_scored & (next_segment == REJECTED),
         pair_scored=scored[:, 1:],
+        parts=[(prompt.numel(), chosen.numel(), rejected.numel()) for prompt, chosen, rejected in rows],
     )
 
 
@@ -164,25 +169,127 @@ def additive_mask(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(hidden.shape, dtype=dtype, device=segments.device).masked_fill_(hidden, torch.finfo(dtype).min)
 
 
-def block_mask(segments: torch.Tensor) -> Any:
-    """The same mask as a flex-attention block mask: blocks no query of which sees any key are skipped."""
-    from torch.nn.attention.flex_attention import create_block_mask
+@dataclass
+class VarlenParts:
+    """Where torch's varlen attention kernel finds the shared rows' parts, as flat indices into the [B * T] tokens:
+    `first`: each row's prompt (before its last token) and chosen part, one causal sequence each; `rejected`: each
+    row's rejected part as queries over `rejected_keys` (that row's prompt, then its rejected part), causal from the
+    end, so the rejected part sees the whole prompt and itself. `*_starts`: cumulative sequence starts (int32)."""
 
-    def mask_mod(batch: Any, head: Any, query: Any, key: Any) -> Any:
-        return visible(segments[batch], query, key)
+    first: torch.Tensor
+    first_starts: torch.Tensor
+    first_longest: int
+    rejected: torch.Tensor
+    rejected_starts: torch.Tensor
+    rejected_longest: int
+    rejected_keys: torch.Tensor
+    rejected_key_starts: torch.Tensor
+    rejected_keys_longest: int
 
-    length = segments.shape[1]
-    return create_block_mask(mask_mod, segments.shape[0], None, length, length, device=segments.device)
+    @classmethod
+    def of(cls, rows: SharedPromptRows) -> VarlenParts:
+        width, device = rows.input_ids.shape[1], rows.input_ids.device
+        first, rejected, rejected_keys = [], [], []
+        for row, (prompt, chosen, rejected_part) in enumerate(rows.parts):
+            start = row * width + prompt + chosen
+            first.append(torch.arange(row * width, start, device=device))
+            rejected.append(torch.arange(start, start + rejected_part, device=device))
+            rejected_keys.append(torch.cat([first[-1][:prompt], rejected[-1]]))
+
+        def starts(parts: list[torch.Tensor]) -> torch.Tensor:
+            return torch.tensor([0] + [p.numel() for p in parts], device=device).cumsum(0, dtype=torch.int32)
+
+        return cls(
+            first=torch.cat(first),
+            first_starts=starts(first),
+            first_longest=max(p.numel() for p in first),
+            rejected=torch.cat(rejected),
+            rejected_starts=starts(rejected),
+            rejected_longest=max(p.numel() for p in rejected),
+            rejected_keys=torch.cat(rejected_keys),
+            rejected_key_starts=starts(rejected_keys),
+            rejected_keys_longest=max(p.numel() for p in rejected_keys),
+        )
+
+
+# The keyword argument that carries `VarlenParts` from the model's forward to each layer's attention call
+# (transformers hands a forward's extra keyword arguments down to the attention function).
+VARLEN_KEYWORD = "shared_prompt_parts"
+
+
+def causal_varlen(
+    query: Any, key: Any, value: Any, starts: tuple[Any, Any], longest: tuple[int, int], scale: float | None
+) -> Any:
+    """torch's flash-attention varlen kernel, causal and aligned at each sequence's end (with fewer queries than keys,
+    query i sees keys up to `keys - queries + i`), in the signature the installed torch has."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    parameters = inspect.signature(varlen_attn).parameters
+    options: dict[str, Any] = {"is_causal": True} if "is_causal" in parameters else {"window_size": (-1, 0)}
+    if query.shape[1] != key.shape[1]:
+        if "enable_gqa" in parameters:
+            options["enable_gqa"] = True
+        else:  # one key-value head per query head, as grouped-query attention reads them
+            groups = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    return varlen_attn(query, key, value, *starts, *longest, scale=scale, **options)
+
+
+def shared_prompt_attention(
+    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None, **kwargs: Any
+) -> tuple[torch.Tensor, None]:
+    """The shared rows' attention through the varlen kernel where the forward carries `VarlenParts`, transformers'
+    SDPA for every other forward. `query` [B, H, T, D], `key` / `value` [B, H_kv, T, D]; returns [B, T, H, D]."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    parts: VarlenParts | None = kwargs.pop(VARLEN_KEYWORD, None)
+    if parts is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    if kwargs.get("dropout") or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        raise ValueError(
+            f"{type(module).__name__} calls attention with dropout, a softcap or sinks, which the shared-prompt "
+            "scoring does not apply; set `dpo_shared_prompt: false`"
+        )
+    batch, heads, length, dim = query.shape
+    q, k, v = (t.transpose(1, 2).reshape(batch * length, t.shape[1], dim) for t in (query, key, value))
+    first = causal_varlen(
+        q[parts.first], k[parts.first], v[parts.first], (parts.first_starts, parts.first_starts),
+        (parts.first_longest, parts.first_longest), scaling,
+    )  # fmt: skip
+    rejected = causal_varlen(
+        q[parts.rejected], k[parts.rejected_keys], v[parts.rejected_keys],
+        (parts.rejected_starts, parts.rejected_key_starts), (parts.rejected_longest, parts.rejected_keys_longest),
+        scaling,
+    )  # fmt: skip
+    # Padding stays 0: no scored token reads it.
+    output = q.new_zeros(q.shape).index_copy(0, parts.first, first).index_copy(0, parts.rejected, rejected)
+    return output.view(batch, length, heads, dim), None
+
+
+SHARED_PROMPT_ATTENTION = "hellbender_shared_prompt_sdpa"
+
+
+def register_shared_prompt_attention() -> str:
+    """Register `shared_prompt_attention` as an attention implementation, with SDPA's mask builder, so a model loaded
+    with SDPA keeps SDPA for every forward but the shared rows'. Returns its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(SHARED_PROMPT_ATTENTION, shared_prompt_attention)
+    AttentionMaskInterface.register(SHARED_PROMPT_ATTENTION, sdpa_mask)
+    return SHARED_PROMPT_ATTENTION
 
 
 class SharedPromptForward:
     """Put in front of a model's forward that TRL gave its fused LM head. A call with `fused_lm_head=True` and labels
     (TRL scoring a pair batch, policy or reference) runs the shared rows and returns TRL's output in its own layout;
-    every other call passes through."""
+    every other call passes through. `attend`: the forward keywords that say what each token sees (`attention_for`)."""
 
-    def __init__(self, forward: Callable[..., Any], make_mask: Callable[[torch.Tensor], Any]) -> None:
+    def __init__(self, forward: Callable[..., Any], attend: Callable[[SharedPromptRows], dict[str, Any]]) -> None:
         self.forward = forward
-        self.make_mask = make_mask
+        self.attend = attend
 
     def __call__(self, *args: Any, fused_lm_head: bool = False, labels: Any = None, **kwargs: Any) -> Any:
         if args or not fused_lm_head or labels is None or kwargs.get("input_ids") is None:
@@ -192,9 +299,9 @@ class SharedPromptForward:
         outputs = self.forward(
             input_ids=rows.input_ids,
             position_ids=rows.position_ids,
-            attention_mask=self.make_mask(rows.segments),
             labels=rows.labels,
             fused_lm_head=True,
+            **self.attend(rows),
             **kwargs,
         )
         fields = {name: getattr(outputs, name) for name in outputs.__dataclass_fields__}
@@ -205,93 +312,74 @@ class SharedPromptForward:
         return type(outputs)(**fields)
 
 
-SHARED_PROMPT_ATTENTION = "hellbender_shared_prompt_sdpa"
+def attention_for(model: Any, attention: str) -> Callable[[SharedPromptRows], dict[str, Any]]:
+    """How the shared rows' attention is set up for `attention`: the varlen kernel on CUDA in 16-bit precision (a
+    model loaded with SDPA switches to `shared_prompt_attention`, which keeps SDPA for every other forward; the mask
+    given beside it is all ones, which transformers turns into no mask); the dense mask elsewhere (additive for eager
+    attention)."""
+    parameter = next(model.parameters())
+    if attention == "sdpa" and parameter.device.type == "cuda" and parameter.dtype in (torch.bfloat16, torch.float16):
+        return varlen_attention(model)
+    if attention == "eager":
+        dtype = model.dtype
+        return lambda rows: {"attention_mask": additive_mask(rows.segments, dtype)}
+    return lambda rows: {"attention_mask": dense_mask(rows.segments)}
 
 
-def flex_or_sdpa_attention(
-    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None, **kwargs: Any
-) -> tuple[torch.Tensor, None]:
-    """Flex attention (compiled with torch's defaults) where it is given a block mask, transformers' SDPA otherwise."""
-    from torch.nn.attention.flex_attention import BlockMask
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    from hellbender.models.flex_attention import compiled_flex
-
-    if not isinstance(attention_mask, BlockMask):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    if kwargs.get("dropout") or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
-        raise ValueError(
-            f"{type(module).__name__} calls attention with dropout, a softcap or sinks, which the shared-prompt "
-            "scoring does not apply; set `dpo_shared_prompt: false`"
-        )
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        # Each key-value head serves `groups` query heads. torch 2.11's compiler cannot build flex attention's
-        # grouped-query kernels (see `check_flex_compiles`), so they are given one key-value head per query head.
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    output = compiled_flex({})(query, key, value, block_mask=attention_mask, scale=scaling)
-    return output.transpose(1, 2).contiguous(), None
+def varlen_attention(model: Any) -> Callable[[SharedPromptRows], dict[str, Any]]:
+    """Switch `model` (loaded with SDPA) to `shared_prompt_attention` and return the forward keywords of shared rows:
+    their `VarlenParts`, and a mask of ones, which transformers turns into no mask at all."""
+    model.set_attn_implementation(register_shared_prompt_attention())
+    return lambda rows: {"attention_mask": torch.ones_like(rows.input_ids), VARLEN_KEYWORD: VarlenParts.of(rows)}
 
 
-def register_flex_for_block_masks() -> str:
-    """Register `flex_or_sdpa_attention` as an attention implementation, with SDPA's mask builder, so a model loaded
-    with SDPA keeps it for every forward but the shared rows'. Returns its name."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(SHARED_PROMPT_ATTENTION, flex_or_sdpa_attention)
-    AttentionMaskInterface.register(SHARED_PROMPT_ATTENTION, sdpa_mask)
-    return SHARED_PROMPT_ATTENTION
-
-
-def why_not_shared(model: Any, config: Any) -> str | None:
-    """Why the pairs of this model cannot be scored with their prompt once, or None where they can. `config`: the
-    causal LM's text config."""
+def why_not_shared(config: Any) -> str | None:
+    """Why the pairs of a model with this (text) config cannot be scored with their prompt once, or None."""
     attention = getattr(config, "_attn_implementation", None)
-    if attention not in ("sdpa", "eager", "flex_attention"):
+    if attention not in ("sdpa", "eager"):
         return (
-            f"its attention is `{attention}`, whose kernel cannot be given a mask under which the rejected answer sees "
-            "the prompt but not the chosen answer (SDPA, eager and flex attention can)"
+            f"its attention is `{attention}`; the shared rows need SDPA (on a GPU, flash-attention varlen kernels "
+            "run them) or eager attention"
         )
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"} or getattr(config, "sliding_window", None) is not None:
         named = ", ".join(sorted(layer_types - {"full_attention"})) or "sliding-window attention"
-        return f"it has {named} layers, which one mask for every layer would not keep"
+        return f"it has {named} layers, which the shared rows' attention does not keep"
     if getattr(config, "output_router_logits", False):
         return "its router's load-balancing loss counts every token of the batch, and the prompt would count once"
     return None
 
 
+def varlen_available() -> bool:
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def use_shared_prompts(model: Any, required: bool) -> bool:
     """Score DPO pairs with their prompt once on `model` (the causal LM TRL gave its fused LM head): always when
     `required` (`dpo_shared_prompt: true`; a ConfigError says why a model cannot), else where it pays: on CUDA with
-    SDPA or flex attention, whose block mask skips the masked blocks. A dense mask (CPU, eager attention) takes SDPA
-    off its causal kernels and costs more than the prompt saves (measured on CPU: half the pairs/s). Returns whether
-    it is on."""
+    SDPA in 16-bit precision, where the varlen kernel computes no masked block. A dense mask (CPU, eager attention,
+    float32) takes attention off its causal kernels and costs more than the prompt saves (measured on CPU: half the
+    pairs/s). Returns whether it is on."""
     config = model.config.get_text_config()
     reason = None if config is model.config else "it is a vision-language model, whose images belong to the prompt"
-    reason = reason or why_not_shared(model, config)
+    reason = reason or why_not_shared(config)
     if reason is not None and required:
         raise ConfigError(
             f"`dpo_shared_prompt: true`: this model's pairs cannot be scored with their prompt once, because "
             f"{reason}. Remove `dpo_shared_prompt` (pairs are then scored as two rows each)."
         )
-    on_gpu = next(model.parameters()).device.type == "cuda"
-    if reason is not None or not (required or (on_gpu and config._attn_implementation != "eager")):
+    parameter = next(model.parameters())
+    pays = (
+        parameter.device.type == "cuda"
+        and parameter.dtype in (torch.bfloat16, torch.float16)
+        and config._attn_implementation == "sdpa"
+        and varlen_available()
+    )
+    if reason is not None or not (required or pays):
         return False
-    model.forward = SharedPromptForward(model.forward, mask_builder(model, config._attn_implementation))
+    model.forward = SharedPromptForward(model.forward, attention_for(model, config._attn_implementation))
     return True
-
-
-def mask_builder(model: Any, attention: str) -> Callable[[torch.Tensor], Any]:
-    """How the shared rows' mask is given to `attention`: a block mask for flex attention on CUDA (a model loaded with
-    SDPA switches to an implementation that keeps SDPA for every other forward), the dense mask elsewhere (eager
-    attention adds it to the scores)."""
-    if attention == "eager":
-        dtype = model.dtype
-        return lambda segments: additive_mask(segments, dtype)
-    if next(model.parameters()).device.type != "cuda":
-        return dense_mask
-    if attention == "sdpa":
-        model.set_attn_implementation(register_flex_for_block_masks())
-    return block_mask
