@@ -1,14 +1,21 @@
 """Sample packing for vision-language models: which families it is exact for, and what their packed batches need.
 
 A packed vision-language batch has 1-D position ids that restart at every document and no attention mask
-(`data/multimodal_packed_collator.py`). That is all Gemma 4 needs: its forward hands the position ids to the mask
-builders, which keep each document apart, its sliding-window masks included. Gemma 4 models whose image tokens
-attend both ways (`use_bidirectional_attention: vision`) are refused: transformers 5.24 reads their image blocks
-from the start of the packed row instead of each document's. Qwen2.5-VL rotates by
-3-D positions that it builds itself only for a whole unpacked row, so its batches get each document's own from
-`fixes/qwen2_5_vl.packed_rope_positions`. Other families are refused by name: each needs its own check that packed
-documents neither see each other nor shift their images' positions (tests/test_multimodal_packing.py is that check
-for these two).
+(`data/multimodal_packed_collator.py`); its images are processed per document and keep document order. What each
+family's forward does with it (transformers 5.24):
+
+- Gemma 4 hands the position ids to its mask builders, which keep each document apart, its sliding-window masks
+  included. Gemma 4 models whose image tokens attend both ways (`use_bidirectional_attention: vision`) are refused:
+  transformers 5.24 reads their image blocks from the start of the packed row instead of each document's.
+- LLaVA and Idefics3 encode every image (Idefics3: every tile; the blank tiles that pad a document's images to the
+  batch's most are dropped by the model) on its own, scatter the features into the image tokens in order, and hand
+  the position ids to their language model's mask builder: the collator's batch is all they need.
+- Qwen2.5-VL rotates by 3-D positions that it builds itself only for a whole unpacked row, so its batches get each
+  document's own from `fixes/qwen2_5_vl.packed_rope_positions`.
+
+Other families are refused by name: each needs its own check that packed documents neither see each other nor shift
+their images' positions (tests/test_multimodal_packing.py and tests/test_multimodal_cpt_packing.py are that check
+for these).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from hellbender.models.packed_attention import unwrapped
 PACKABLE_VISION_FAMILIES = {
     "qwen2_5_vl": "each document's 3-D rotary positions built by the model's own `get_rope_index`",
     "gemma4": "restarting 1-D positions, from which its mask builders keep the documents apart",
+    "llava": "restarting 1-D positions, which its language model's mask builder reads; images fill their own tokens",
+    "idefics3": "restarting 1-D positions, which its text model's mask builder reads; image tiles fill their own tokens",
 }
 
 
