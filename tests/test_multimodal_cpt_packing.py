@@ -1,5 +1,5 @@
 """Sample packing of prepared multimodal continued-pretraining rows (`type: multimodal_pretrain`) on the tiny
-Qwen2.5-VL, Gemma 4, LLaVA and Idefics3: a packed row of image+text documents gives every token the loss it has when
+Qwen2.5-VL, Qwen3-VL, Gemma 4, LLaVA and Idefics3: a packed row of image+text documents gives every token the loss it has when
 its document runs alone, nothing flows from one document into another, and a row that cannot fit a bin is dropped
 and counted or refused by name."""
 
@@ -14,10 +14,11 @@ from hellbender.config import validate_config
 from tests.conftest import write_jsonl
 from tests.helpers import vlm_config
 from tests.test_multimodal_packing import PACKABLE, forward, lora_model
-from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN, QWEN3
 
 IMAGE_TEXT = {
     QWEN: "<|vision_start|><|image_pad|><|vision_end|>",
+    QWEN3: "<|vision_start|><|image_pad|><|vision_end|>",
     GEMMA4: "<image_soft_token>",
     LLAVA: "<image>",
     IDEFICS3: "<image>",
@@ -161,7 +162,7 @@ def test_packed_cpt_documents_each_get_the_per_token_loss_they_have_alone(tmp_pa
     assert trained > 20  # the text of every document is trained
     assert worst < LOSS_TOLERANCE, worst
 
-    if name == QWEN:  # the comparison can fail: without each document's own 3-D positions the losses move
+    if name in (QWEN, QWEN3):  # the comparison can fail: without each document's own 3-D positions the losses move
         with torch.no_grad():
             wrong = token_losses(forward(model, batch, packed_positions=False), batch["labels"])[0]
         assert (wrong - packed_losses).abs().max().item() > 1e-2
@@ -182,7 +183,7 @@ def image_rows(batch: dict, name: str, row: dict, collator) -> list[slice | tupl
                 start += tiles.shape[1]
             assert batch["pixel_values"][d, start:].abs().sum() == 0  # the padding tiles the model drops
         return rows
-    if name == QWEN:  # patches of all images, concatenated: grid t*h*w patches each
+    if name in (QWEN, QWEN3):  # patches of all images, concatenated: grid t*h*w patches each
         sizes = batch["image_grid_thw"].prod(-1).tolist()
         starts = [sum(sizes[:k]) for k in range(len(sizes))]
         return [slice(s, s + n) for s, n in zip(starts, sizes, strict=True)]

@@ -1,4 +1,4 @@
-"""Sample packing of image+text chat rows (Qwen2.5-VL, Gemma 4, LLaVA, Idefics3): a packed row of several image
+"""Sample packing of image+text chat rows (Qwen2.5-VL, Qwen3-VL, Gemma 4, LLaVA, Idefics3): a packed row of several image
 documents computes what each document computes alone — the same logits for every token and the same LoRA gradients —
 and other vision-language families are refused by name."""
 
@@ -12,12 +12,15 @@ import torch
 from hellbender.config import validate_config
 from tests.conftest import write_jsonl
 from tests.helpers import vlm_config
-from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN, QWEN3
 
 # The families whose packing is checked here, with their test ids.
-PACKABLE = pytest.mark.parametrize("name", [QWEN, GEMMA4, LLAVA, IDEFICS3], ids=["qwen", "gemma4", "llava", "idefics3"])
+PACKABLE = pytest.mark.parametrize(
+    "name", [QWEN, QWEN3, GEMMA4, LLAVA, IDEFICS3], ids=["qwen", "qwen3", "gemma4", "llava", "idefics3"]
+)
 
-# Max |logit difference| packed vs alone, fp32 CPU, measured: Qwen2.5-VL 3.0e-7, Gemma 4 8.0e-7.
+# Max |logit difference| packed vs alone, fp32 CPU, measured: Qwen2.5-VL 3.0e-7, Qwen3-VL 4.8e-7, Gemma 4 8.0e-7,
+# LLaVA 2.4e-7, Idefics3 1.8e-7.
 # LoRA gradients: the language model's agree to a relative 2e-6 (Qwen2.5-VL) and 2e-6 (Gemma 4). The tiny Gemma 4's
 # vision-tower adapters get no real gradient (1e-15 in float64, so 1e-7 of rounding noise in fp32): atol covers it.
 LOGIT_TOLERANCE = 1e-4
@@ -146,7 +149,7 @@ def test_a_packed_row_of_image_documents_computes_what_each_document_computes_al
             scale = p.grad.abs().max().item()
             assert (packed_grads[n] - p.grad).abs().max().item() <= 1e-5 * scale + 1e-6, n
 
-    if name == QWEN:  # the test can fail: without each document's own 3-D positions the logits move
+    if name in (QWEN, QWEN3):  # the test can fail: without each document's own 3-D positions the logits move
         wrong = forward(model, batch, packed_positions=False)
         assert (wrong - packed_logits).abs().max().item() > 1e-2
 
@@ -170,9 +173,19 @@ def test_gemma4_with_bidirectional_image_attention_is_refused_because_packed_ima
         check_packable_vision_model(model)
 
 
+@pytest.mark.parametrize("name", [QWEN3, LLAVA, IDEFICS3], ids=["qwen3", "llava", "idefics3"])
+def test_a_packable_family_loads_with_packing(tmp_path, name):
+    from hellbender.models.loading import load_model, load_tokenizer_and_processor
+
+    cfg = validate_config(vlm_config(tmp_path, name, sample_packing=True))
+    tokenizer, _ = load_tokenizer_and_processor(cfg)
+    assert load_model(cfg, tokenizer).config.model_type in ("qwen3_vl", "llava", "idefics3")
+
+
 def test_packing_another_vision_family_is_refused_by_name(tmp_path, monkeypatch):
     """Loading a vision-language model with packing refuses, naming it, a family whose packed rows are not checked
-    above: the tiny LLaVA with its entry taken out of the list, and Mllama (cross-attention to the images)."""
+    above: the tiny LLaVA with its entry taken out of the list, and LLaVA-NeXT (its images cut into a varying number of
+    crops by size)."""
     from types import SimpleNamespace
 
     from transformers import AutoConfig
@@ -186,9 +199,9 @@ def test_packing_another_vision_family_is_refused_by_name(tmp_path, monkeypatch)
     tokenizer, _ = load_tokenizer_and_processor(cfg)
     with pytest.raises(ConfigError, match="`llava` vision-language model is not supported yet"):
         load_model(cfg, tokenizer)
-    mllama = SimpleNamespace(config=AutoConfig.for_model("mllama"))  # its config is all the check reads
-    with pytest.raises(ConfigError, match="`mllama` vision-language model is not supported yet"):
-        packed_vision.check_packable_vision_model(mllama)
+    llava_next = SimpleNamespace(config=AutoConfig.for_model("llava_next"))  # its config is all the check reads
+    with pytest.raises(ConfigError, match="`llava_next` vision-language model is not supported yet"):
+        packed_vision.check_packable_vision_model(llava_next)
 
 
 # --- training end to end -------------------------------------------------------------------------------------------
