@@ -494,7 +494,8 @@ def render(results: dict[str, Any], model_types: list[str], vlm_types: list[str]
             "",
             "Not surveyed yet: a tiny vision-language model also needs a processor (image processor, image tokens, "
             "chat template) per family, which this script does not build yet. hellbender's own tiny VLMs "
-            "(`hellbender/tiny-llava`, `tiny-idefics3`, `tiny-qwen2.5-vl`, `tiny-gemma4-vlm`) are trained by its tests.",
+            "(`hellbender/tiny-llava`, `tiny-idefics3`, `tiny-qwen2.5-vl`, `tiny-qwen3-vl`, `tiny-gemma4-vlm`) are trained "
+            "by its tests.",
             "",
             "| architecture | status |",
             "|---|---|",

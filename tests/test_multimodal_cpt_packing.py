@@ -1,7 +1,7 @@
 """Sample packing of prepared multimodal continued-pretraining rows (`type: multimodal_pretrain`) on the tiny
-Qwen2.5-VL and Gemma 4: a packed row of image+text documents gives every token the loss it has when its document runs
-alone, nothing flows from one document into another, and a row that cannot fit a bin is dropped and counted or
-refused by name."""
+Qwen2.5-VL, Qwen3-VL, Gemma 4, LLaVA and Idefics3: a packed row of image+text documents gives every token the loss it has when
+its document runs alone, nothing flows from one document into another, and a row that cannot fit a bin is dropped
+and counted or refused by name."""
 
 from __future__ import annotations
 
@@ -13,10 +13,16 @@ import torch
 from hellbender.config import validate_config
 from tests.conftest import write_jsonl
 from tests.helpers import vlm_config
-from tests.test_multimodal_packing import forward, lora_model
-from tests.tiny_vlms import GEMMA4, QWEN
+from tests.test_multimodal_packing import PACKABLE, forward, lora_model
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN, QWEN3
 
-IMAGE_TEXT = {QWEN: "<|vision_start|><|image_pad|><|vision_end|>", GEMMA4: "<image_soft_token>"}
+IMAGE_TEXT = {
+    QWEN: "<|vision_start|><|image_pad|><|vision_end|>",
+    QWEN3: "<|vision_start|><|image_pad|><|vision_end|>",
+    GEMMA4: "<image_soft_token>",
+    LLAVA: "<image>",
+    IDEFICS3: "<image>",
+}
 # Max |per-token loss difference| packed vs alone, fp32 CPU.
 LOSS_TOLERANCE = 1e-5
 
@@ -127,7 +133,7 @@ SOURCES = ["prepared", "pretokenized"]
 
 
 @pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", [QWEN, GEMMA4], ids=["qwen", "gemma4"])
+@PACKABLE
 def test_packed_cpt_documents_each_get_the_per_token_loss_they_have_alone(tmp_path, name, source):
     from hellbender.data.collator import REAL_TOKENS_KEY
 
@@ -156,15 +162,28 @@ def test_packed_cpt_documents_each_get_the_per_token_loss_they_have_alone(tmp_pa
     assert trained > 20  # the text of every document is trained
     assert worst < LOSS_TOLERANCE, worst
 
-    if name == QWEN:  # the comparison can fail: without each document's own 3-D positions the losses move
+    if name in (QWEN, QWEN3):  # the comparison can fail: without each document's own 3-D positions the losses move
         with torch.no_grad():
             wrong = token_losses(forward(model, batch, packed_positions=False), batch["labels"])[0]
         assert (wrong - packed_losses).abs().max().item() > 1e-2
 
 
-def image_rows(batch: dict, name: str) -> list[slice]:
+def image_rows(batch: dict, name: str, row: dict, collator) -> list[slice | tuple[int, slice]]:
     """The rows of `pixel_values` that belong to each image, in order."""
-    if name == QWEN:  # patches of all images, concatenated: grid t*h*w patches each
+    if name == IDEFICS3:  # [document, tile]: each image's tiles in a row per document, padded with blank tiles
+        from hellbender.data.multimodal_collator import prepared_images
+
+        documents = collator.documents
+        rows: list[tuple[int, slice]] = []
+        for d, doc in enumerate(row["documents"]):
+            start = 0
+            for image in prepared_images(doc, documents.policy):
+                tiles = documents.processor.image_processor(images=[[image]], return_tensors="pt")["pixel_values"]
+                rows.append((d, slice(start, start + tiles.shape[1])))
+                start += tiles.shape[1]
+            assert batch["pixel_values"][d, start:].abs().sum() == 0  # the padding tiles the model drops
+        return rows
+    if name in (QWEN, QWEN3):  # patches of all images, concatenated: grid t*h*w patches each
         sizes = batch["image_grid_thw"].prod(-1).tolist()
         starts = [sum(sizes[:k]) for k in range(len(sizes))]
         return [slice(s, s + n) for s, n in zip(starts, sizes, strict=True)]
@@ -172,7 +191,7 @@ def image_rows(batch: dict, name: str) -> list[slice]:
 
 
 @pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", [QWEN, GEMMA4], ids=["qwen", "gemma4"])
+@PACKABLE
 def test_no_gradient_crosses_packed_cpt_documents(tmp_path, name, source):
     """Doc i's loss has an exactly zero gradient with respect to every other document's pixel values and input
     embeddings (and a non-zero one with respect to its own)."""
@@ -183,7 +202,7 @@ def test_no_gradient_crosses_packed_cpt_documents(tmp_path, name, source):
     batch = collator([row])
     model = lora_model(name)
     images_per_doc = [len(doc["images"]) for doc in row["documents"]]
-    per_image = image_rows(batch, name)
+    per_image = image_rows(batch, name, row, collator)
     assert len(per_image) == sum(images_per_doc) == 4
     first_image = [sum(images_per_doc[:i]) for i in range(len(images_per_doc))]
     starts = [sum(row["seq_lens"][:i]) for i in range(len(row["seq_lens"]))]
@@ -220,7 +239,7 @@ def test_no_gradient_crosses_packed_cpt_documents(tmp_path, name, source):
     finally:
         hook.remove()
 
-    if name != QWEN or source != "prepared":  # shown once: the check below is the same for every case
+    if source != "prepared":  # shown once per family: the check below is the same for both sources
         return
     # The check can fail: as one causal row (no document boundaries) the last document reaches the first's pixels.
     inputs = {k: v for k, v in batch.items() if k not in (REAL_TOKENS_KEY, "labels", "position_ids")}

@@ -1,8 +1,10 @@
-"""Sample packing of image+text chat rows (Qwen2.5-VL, Gemma 4): a packed row of several image documents computes
-what each document computes alone — the same logits for every token and the same LoRA gradients — and other
-vision-language families are refused by name."""
+"""Sample packing of image+text chat rows (Qwen2.5-VL, Qwen3-VL, Gemma 4, LLaVA, Idefics3): a packed row of several image
+documents computes what each document computes alone — the same logits for every token and the same LoRA gradients —
+and other vision-language families are refused by name."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -10,12 +12,20 @@ import torch
 from hellbender.config import validate_config
 from tests.conftest import write_jsonl
 from tests.helpers import vlm_config
-from tests.tiny_vlms import GEMMA4, QWEN
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN, QWEN3
 
-# Max |logit difference| packed vs alone, fp32 CPU, measured: Qwen2.5-VL 3.0e-7, Gemma 4 8.0e-7.
+# The families whose packing is checked here, with their test ids.
+PACKABLE = pytest.mark.parametrize(
+    "name", [QWEN, QWEN3, GEMMA4, LLAVA, IDEFICS3], ids=["qwen", "qwen3", "gemma4", "llava", "idefics3"]
+)
+
+# Max |logit difference| packed vs alone, fp32 CPU, measured: Qwen2.5-VL 3.0e-7, Qwen3-VL 4.8e-7, Gemma 4 8.0e-7,
+# LLaVA 2.4e-7, Idefics3 1.8e-7.
 # LoRA gradients: the language model's agree to a relative 2e-6 (Qwen2.5-VL) and 2e-6 (Gemma 4). The tiny Gemma 4's
 # vision-tower adapters get no real gradient (1e-15 in float64, so 1e-7 of rounding noise in fp32): atol covers it.
 LOGIT_TOLERANCE = 1e-4
+# The language model's parameters (Idefics3 calls it `text_model`): every one of its adapters must get a gradient.
+LANGUAGE_MODEL = re.compile(r".*\.(language|text)_model\.")
 
 
 def documents(tmp_path):
@@ -76,8 +86,12 @@ def lora_model(name: str, bidirectional_images: bool = False):
     if bidirectional_images:  # as the larger Gemma 4 models: image tokens see each other in sliding layers
         model.config.get_text_config().use_bidirectional_attention = "vision"
     # Random B matrices, so that the adapters change the forward and get gradients through every path.
-    # Adapters on the language model's attention and on the vision tower's (Gemma 4 wraps its vision projections).
-    targets = r".*language_model.*\.(q_proj|v_proj)|.*vision_tower.*\.q_proj\.linear|.*visual.*\.qkv"
+    # Adapters on the language model's attention and on the vision encoder's: the linear layers by name (Gemma 4
+    # wraps its vision projections, so `q_proj` there is the wrapper and `q_proj.linear` the layer).
+    wanted = re.compile(
+        r".*(language|text)_model.*\.(q_proj|v_proj)|.*(vision_tower|vision_model).*\.q_proj.*|.*visual.*\.qkv"
+    )
+    targets = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and wanted.fullmatch(n)]
     config = LoraConfig(r=4, target_modules=targets, init_lora_weights=False)
     return get_peft_model(model, config).eval()
 
@@ -98,7 +112,7 @@ def summed_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
-@pytest.mark.parametrize("name", [QWEN, GEMMA4], ids=["qwen", "gemma4"])
+@PACKABLE
 def test_a_packed_row_of_image_documents_computes_what_each_document_computes_alone(tmp_path, name):
     packed_rows, collator = prepared(tmp_path, name, packing=True)
     alone_rows, _ = prepared(tmp_path, name, packing=False)
@@ -111,7 +125,7 @@ def test_a_packed_row_of_image_documents_computes_what_each_document_computes_al
     assert "attention_mask" not in batch
     packed_logits = forward(model, batch)
     summed_loss(packed_logits, batch["labels"]).backward()
-    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
 
     by_text = {doc["text"]: i for i, doc in enumerate(row["documents"])}
@@ -127,13 +141,15 @@ def test_a_packed_row_of_image_documents_computes_what_each_document_computes_al
         summed_loss(logits, one["labels"]).backward()  # gradients add up over the three documents
     assert worst < LOGIT_TOLERANCE, worst
     for n, p in model.named_parameters():
-        if p.requires_grad:
-            assert "language_model" not in n or p.grad.abs().sum() > 0, n
+        if p.requires_grad and p.grad is None:  # reached by no document (LLaVA's unread last vision layer)
+            assert n not in packed_grads and not LANGUAGE_MODEL.match(n), n
+        elif p.requires_grad:
+            assert not LANGUAGE_MODEL.match(n) or p.grad.abs().sum() > 0, n
             # Relative to the tensor's largest gradient: elementwise, near-zero entries carry only rounding noise.
             scale = p.grad.abs().max().item()
             assert (packed_grads[n] - p.grad).abs().max().item() <= 1e-5 * scale + 1e-6, n
 
-    if name == QWEN:  # the test can fail: without each document's own 3-D positions the logits move
+    if name in (QWEN, QWEN3):  # the test can fail: without each document's own 3-D positions the logits move
         wrong = forward(model, batch, packed_positions=False)
         assert (wrong - packed_logits).abs().max().item() > 1e-2
 
@@ -157,14 +173,35 @@ def test_gemma4_with_bidirectional_image_attention_is_refused_because_packed_ima
         check_packable_vision_model(model)
 
 
-def test_packing_another_vision_family_is_refused_by_name(tmp_path):
-    from hellbender.errors import ConfigError
+@pytest.mark.parametrize("name", [QWEN3, LLAVA, IDEFICS3], ids=["qwen3", "llava", "idefics3"])
+def test_a_packable_family_loads_with_packing(tmp_path, name):
     from hellbender.models.loading import load_model, load_tokenizer_and_processor
 
-    cfg = validate_config(vlm_config(tmp_path, "hellbender/tiny-llava", sample_packing=True))
+    cfg = validate_config(vlm_config(tmp_path, name, sample_packing=True))
+    tokenizer, _ = load_tokenizer_and_processor(cfg)
+    assert load_model(cfg, tokenizer).config.model_type in ("qwen3_vl", "llava", "idefics3")
+
+
+def test_packing_another_vision_family_is_refused_by_name(tmp_path, monkeypatch):
+    """Loading a vision-language model with packing refuses, naming it, a family whose packed rows are not checked
+    above: the tiny LLaVA with its entry taken out of the list, and LLaVA-NeXT (its images cut into a varying number of
+    crops by size)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from hellbender.errors import ConfigError
+    from hellbender.models import packed_vision
+    from hellbender.models.loading import load_model, load_tokenizer_and_processor
+
+    monkeypatch.delitem(packed_vision.PACKABLE_VISION_FAMILIES, "llava")
+    cfg = validate_config(vlm_config(tmp_path, LLAVA, sample_packing=True))
     tokenizer, _ = load_tokenizer_and_processor(cfg)
     with pytest.raises(ConfigError, match="`llava` vision-language model is not supported yet"):
         load_model(cfg, tokenizer)
+    llava_next = SimpleNamespace(config=AutoConfig.for_model("llava_next"))  # its config is all the check reads
+    with pytest.raises(ConfigError, match="`llava_next` vision-language model is not supported yet"):
+        packed_vision.check_packable_vision_model(llava_next)
 
 
 # --- training end to end -------------------------------------------------------------------------------------------

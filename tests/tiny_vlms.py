@@ -10,6 +10,7 @@ from pathlib import Path
 
 GEMMA4 = "hellbender/tiny-gemma4-vlm"
 QWEN = "hellbender/tiny-qwen2.5-vl"
+QWEN3 = "hellbender/tiny-qwen3-vl"
 LLAVA = "hellbender/tiny-llava"
 IDEFICS3 = "hellbender/tiny-idefics3"
 
@@ -28,6 +29,12 @@ def _gemma4_processor(path: Path):  # AutoProcessor needs torchvision for Gemma 
 
 def _qwen_processor(path: Path):  # likewise for the stock Qwen2.5-VL processor (its video processor)
     from hellbender.models.fixes.qwen2_5_vl import load_processor
+
+    return load_processor(path)
+
+
+def _qwen3_processor(path: Path):  # and for Qwen3-VL's
+    from hellbender.models.fixes.qwen3_vl import load_processor
 
     return load_processor(path)
 
@@ -126,6 +133,24 @@ TINY_VLMS = {
             trained_by_an_image_row=(
                 "model.visual.patch_embed.proj.weight",
                 "model.visual.merger.mlp.2.weight",
+                "model.language_model.layers.0.self_attn.q_proj.weight",
+                "lm_head.weight",
+            ),
+            vision_modules=("model.visual",),
+            text_only_keys=frozenset({"input_ids", "attention_mask", "mm_token_type_ids"}),
+        ),
+        TinyVLM(
+            family="qwen3-vl",
+            name=QWEN3,
+            load_processor=_qwen3_processor,
+            image_size=(32, 32),
+            tokens_per_image=4,  # as the tiny Qwen2.5-VL: 4 x 4 patches of 4 px, merged 2 x 2
+            label_masked_tokens=("<|image_pad|>",),
+            trained_by_an_image_row=(
+                "model.visual.patch_embed.proj.weight",
+                "model.visual.pos_embed.weight",
+                "model.visual.merger.linear_fc2.weight",
+                "model.visual.deepstack_merger_list.0.linear_fc2.weight",  # added to the first language layer
                 "model.language_model.layers.0.self_attn.q_proj.weight",
                 "lm_head.weight",
             ),

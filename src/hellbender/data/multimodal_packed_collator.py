@@ -25,9 +25,12 @@ from hellbender.errors import DataError
 
 # Processor outputs with one value per token. Every other output is per image and passes through as it is.
 PER_TOKEN_KEYS = frozenset({"input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids", "labels"})
-# Per-image outputs of the families whose packing is tested (Qwen2.5-VL, Gemma 4). Anything else is refused rather
+# Per-image outputs of the families whose packing is tested (Qwen2.5-VL, Gemma 4, LLaVA, Idefics3; Idefics3's pixel
+# values and pixel masks are per document, its images' tiles padded with blank ones). Anything else is refused rather
 # than guessed at: joining an unknown output wrongly would misplace images silently.
-PER_IMAGE_KEYS = frozenset({"pixel_values", "image_grid_thw", "image_position_ids", "num_soft_tokens_per_image"})
+PER_IMAGE_KEYS = frozenset(
+    {"pixel_values", "pixel_attention_mask", "image_grid_thw", "image_position_ids", "num_soft_tokens_per_image"}
+)
 
 
 @dataclass

@@ -1,18 +1,28 @@
 """Sample packing for vision-language models: which families it is exact for, and what their packed batches need.
 
 A packed vision-language batch has 1-D position ids that restart at every document and no attention mask
-(`data/multimodal_packed_collator.py`). That is all Gemma 4 needs: its forward hands the position ids to the mask
-builders, which keep each document apart, its sliding-window masks included. Gemma 4 models whose image tokens
-attend both ways (`use_bidirectional_attention: vision`) are refused: transformers 5.24 reads their image blocks
-from the start of the packed row instead of each document's. Qwen2.5-VL rotates by
-3-D positions that it builds itself only for a whole unpacked row, so its batches get each document's own from
-`fixes/qwen2_5_vl.packed_rope_positions`. Other families are refused by name: each needs its own check that packed
-documents neither see each other nor shift their images' positions (tests/test_multimodal_packing.py is that check
-for these two).
+(`data/multimodal_packed_collator.py`); its images are processed per document and keep document order. What each
+family's forward does with it (transformers 5.24):
+
+- Gemma 4 hands the position ids to its mask builders, which keep each document apart, its sliding-window masks
+  included. Gemma 4 models whose image tokens attend both ways (`use_bidirectional_attention: vision`) are refused:
+  transformers 5.24 reads their image blocks from the start of the packed row instead of each document's.
+- LLaVA and Idefics3 encode every image (Idefics3: every tile; the blank tiles that pad a document's images to the
+  batch's most are dropped by the model) on its own, scatter the features into the image tokens in order, and hand
+  the position ids to their language model's mask builder: the collator's batch is all they need.
+- Qwen2.5-VL and Qwen3-VL rotate by 3-D positions that they build themselves only for a whole unpacked row (1-D
+  position ids reach their mask builder but rotate the image tokens wrongly), so their batches get each document's
+  own from `fixes/qwen2_5_vl.packed_rope_positions`, ahead of the 1-D ones that keep the documents apart. Qwen3-VL's
+  DeepStack features are added at the image tokens in order, like its image features.
+
+Other families are refused by name: each needs its own check that packed documents neither see each other nor shift
+their images' positions (tests/test_multimodal_packing.py and tests/test_multimodal_cpt_packing.py are that check
+for these).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from hellbender.errors import ConfigError
@@ -21,8 +31,20 @@ from hellbender.models.packed_attention import unwrapped
 # model_type -> how packed batches are kept exact (see the module docstring).
 PACKABLE_VISION_FAMILIES = {
     "qwen2_5_vl": "each document's 3-D rotary positions built by the model's own `get_rope_index`",
+    "qwen3_vl": "each document's 3-D rotary positions built by the model's own `get_rope_index`",
     "gemma4": "restarting 1-D positions, from which its mask builders keep the documents apart",
+    "llava": "restarting 1-D positions, which its language model's mask builder reads; images fill their own tokens",
+    "idefics3": "restarting 1-D positions, which its text model's mask builder reads; image tiles fill their own tokens",
 }
+
+
+# Families whose packed batches get each document's own 3-D positions (`fixes/qwen2_5_vl.packed_rope_positions`):
+# model_type -> the module of `models/fixes` whose `PACKED_POSITIONS_CONTRACT` covers the model's position builder.
+ROPE_3D_FAMILIES = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl"}
+
+
+def _rope_3d_fix(model_type: str) -> Any:
+    return importlib.import_module(f"hellbender.models.fixes.{ROPE_3D_FAMILIES[model_type]}")
 
 
 def check_packable_vision_model(model: Any) -> None:
@@ -46,10 +68,8 @@ def check_packable_vision_model(model: Any) -> None:
             "builds those image blocks from the start of the packed row, not of each document, so packed documents "
             "would attend to the wrong tokens. Set `sample_packing: false` and `eval_sample_packing: false`."
         )
-    if model_type == "qwen2_5_vl":
-        from hellbender.models.fixes.qwen2_5_vl import PACKED_POSITIONS_CONTRACT
-
-        PACKED_POSITIONS_CONTRACT.check()
+    if model_type in ROPE_3D_FAMILIES:
+        _rope_3d_fix(model_type).PACKED_POSITIONS_CONTRACT.check()
 
 
 def packed_vision_positions(model: Any, batch: dict[str, Any]) -> dict[str, Any]:
@@ -59,7 +79,7 @@ def packed_vision_positions(model: Any, batch: dict[str, Any]) -> dict[str, Any]
     if "mm_token_type_ids" not in batch:  # not a vision-language batch
         return {}
     base = unwrapped(model)
-    if base.config.model_type != "qwen2_5_vl":
+    if base.config.model_type not in ROPE_3D_FAMILIES:
         return {}
     from hellbender.models.fixes.qwen2_5_vl import packed_rope_positions
 

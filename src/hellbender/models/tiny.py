@@ -24,6 +24,7 @@ TINY_MODELS: dict[str, str] = {
     "hellbender/tiny-gemma4": "hellbender.models.tiny_vlm.gemma4:build_text",
     "hellbender/tiny-gemma4-vlm": "hellbender.models.tiny_vlm.gemma4:build",
     "hellbender/tiny-qwen2.5-vl": "hellbender.models.tiny_vlm.qwen2_5_vl:build",
+    "hellbender/tiny-qwen3-vl": "hellbender.models.tiny_vlm.qwen3_vl:build",
     "hellbender/tiny-llava": "hellbender.models.tiny_vlm.llava:build",
     "hellbender/tiny-idefics3": "hellbender.models.tiny_vlm.idefics3:build",
 }

@@ -131,7 +131,8 @@ PACKED_POSITIONS_CONTRACT = Contract(
 
 
 def packed_rope_positions(model: Any, batch: dict[str, Any]) -> Any:
-    """Position ids for a packed batch: `[4, batch, seq]`, the restarting 1-D positions first (the language model
+    """Position ids for a packed batch of Qwen2.5-VL or Qwen3-VL (whose `get_rope_index` takes the same arguments
+    and counts images the same way): `[4, batch, seq]`, the restarting 1-D positions first (the language model
     finds the documents there and keeps attention inside each) and then each document's own 3-D positions, built by
     the model's `get_rope_index` on the document alone, so every document is positioned as it is unpacked. Documents
     start where the collator's 1-D positions restart (`data/multimodal_packed_collator.py`); each takes the next
