@@ -18,6 +18,7 @@ per element of the run's dtype), the tensors saved for backward are, as counted 
 
 from __future__ import annotations
 
+from hellbender.plan.method import FUSED_HEAD, SCORE_HEAD
 from hellbender.plan.model_facts import ModelFacts
 from hellbender.plan.settings import PlanSettings
 
@@ -29,6 +30,9 @@ _LOGIT_BYTES_BEYOND_DTYPE = 10
 # Liger's fused linear cross-entropy: logits exist for one chunk of tokens at a time (float32, with its gradient),
 # and the gradient of the hidden states for all tokens.
 _FUSED_CHUNK_TOKENS = 1024
+# TRL's fused LM head (trl/kernels/chunked_logprob.py, `add_fused_lm_head`): one tile of at most 4,096 tokens x 32,768
+# vocabulary entries in the compute dtype at a time.
+TRL_TILE_TOKENS, TRL_TILE_VOCAB = 4096, 32768
 
 
 def layer_bytes_per_token(facts: ModelFacts, s: PlanSettings, element: int, norm_trains: bool) -> float:
@@ -56,8 +60,8 @@ def attention_scores_bytes(facts: ModelFacts, s: PlanSettings, element: int, lay
     if not s.eager_attention:
         return 0.0
     window = facts.sliding_windows[layer] if layer < len(facts.sliding_windows) else None
-    context = min(s.sequence_len, window) if window else s.sequence_len
-    return s.micro_batch_size * facts.heads * s.sequence_len * context * (4 + element)
+    context = min(s.row_len, window) if window else s.row_len
+    return s.rows * facts.heads * s.row_len * context * (4 + element)
 
 
 def checkpoint_input_bytes_per_token(facts: ModelFacts, element: int) -> int:
@@ -67,8 +71,35 @@ def checkpoint_input_bytes_per_token(facts: ModelFacts, element: int) -> int:
 
 def loss_bytes(facts: ModelFacts, s: PlanSettings, element: int) -> float:
     """Peak bytes of the logits and loss for one micro-batch."""
-    tokens = s.micro_batch_size * s.sequence_len
+    tokens = s.tokens
+    if s.method.head == SCORE_HEAD:  # one score per token (`num_labels` 1), float32 with its gradient
+        return tokens * (element + 8)
+    if s.method.head == FUSED_HEAD:
+        return fused_head_bytes(facts, s.scored_tokens, element)
     if s.fused_loss:
         chunk = min(tokens, _FUSED_CHUNK_TOKENS)
         return chunk * facts.vocab * 8 + tokens * facts.hidden * (element + 4)
     return tokens * facts.vocab * (element + _LOGIT_BYTES_BEYOND_DTYPE)
+
+
+def fused_head_bytes(facts: ModelFacts, scored: int, element: int) -> float:
+    """Peak bytes of TRL's fused LM head over `scored` answer tokens in backward: the answer tokens' hidden states it
+    saved (a copy, gathered by the label mask), their float32 gradient accumulator and its cast back, one tile of
+    logits, and a trained head's float32 weight-gradient accumulator."""
+    tile = min(scored, TRL_TILE_TOKENS) * min(facts.vocab, TRL_TILE_VOCAB) * element
+    hidden = scored * facts.hidden * (element + 4 + element)
+    weight_gradient = 4 * facts.head_numel if facts.head_trainable else 0
+    return tile + hidden + weight_gradient
+
+
+def reference_forward_bytes(facts: ModelFacts, s: PlanSettings, element: int) -> float:
+    """Peak transient bytes of a forward without gradients over the micro-batch's rows (the reference, KTO's KL
+    rows): nothing is saved, so one layer's largest moment is alive (the residual stream and its normed copy, the
+    MLP's up projection, activation and product), or the fused head's moment (the last hidden states, the answer
+    tokens' copy and one tile)."""
+    tokens = s.tokens
+    layer = tokens * (2 * element * facts.hidden + 3 * element * facts.intermediate)
+    scored = s.scored_tokens
+    tile = min(scored, TRL_TILE_TOKENS) * min(facts.vocab, TRL_TILE_VOCAB) * element
+    head = tokens * element * facts.hidden + scored * element * facts.hidden + tile
+    return max(layer, head)

@@ -48,7 +48,13 @@ def choose(cfg: Any, asked: list[str]) -> dict[str, Any]:
 
     card, budget_gib, source = card_and_budget(cfg)
     facts = describe(cfg, meta_model(cfg))
-    base = plan_settings(cfg)
+    base = plan_settings(cfg, facts=facts)
+    if base.method.not_modelled:
+        raise ConfigError(
+            f"{', '.join(f'`{key}: auto`' for key in asked)}: the memory planner cannot choose for "
+            f"{base.method.name}: it does not model {base.method.not_modelled}. Give "
+            f"{' and '.join(f'`{key}`' for key in asked)} a value."
+        )
     fitting = []
     for values in _candidates(cfg, asked, facts.layers):
         mode = values["gradient_checkpointing"]

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from hellbender.errors import ConfigError
+from hellbender.models.pair_layout import shared_by_default, why_model_not_shared
 
 IGNORE_INDEX = -100
 # What each token of a shared row is; padding sees only itself (a query that sees nothing gives NaN under SDPA).
@@ -244,40 +245,19 @@ def register_flex_for_block_masks() -> str:
     return SHARED_PROMPT_ATTENTION
 
 
-def why_not_shared(model: Any, config: Any) -> str | None:
-    """Why the pairs of this model cannot be scored with their prompt once, or None where they can. `config`: the
-    causal LM's text config."""
-    attention = getattr(config, "_attn_implementation", None)
-    if attention not in ("sdpa", "eager", "flex_attention"):
-        return (
-            f"its attention is `{attention}`, whose kernel cannot be given a mask under which the rejected answer sees "
-            "the prompt but not the chosen answer (SDPA, eager and flex attention can)"
-        )
-    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if layer_types != {"full_attention"} or getattr(config, "sliding_window", None) is not None:
-        named = ", ".join(sorted(layer_types - {"full_attention"})) or "sliding-window attention"
-        return f"it has {named} layers, which one mask for every layer would not keep"
-    if getattr(config, "output_router_logits", False):
-        return "its router's load-balancing loss counts every token of the batch, and the prompt would count once"
-    return None
-
-
 def use_shared_prompts(model: Any, required: bool) -> bool:
     """Score DPO pairs with their prompt once on `model` (the causal LM TRL gave its fused LM head): always when
-    `required` (`dpo_shared_prompt: true`; a ConfigError says why a model cannot), else where it pays: on CUDA with
-    SDPA or flex attention, whose block mask skips the masked blocks. A dense mask (CPU, eager attention) takes SDPA
-    off its causal kernels and costs more than the prompt saves (measured on CPU: half the pairs/s). Returns whether
-    it is on."""
+    `required` (`dpo_shared_prompt: true`; a ConfigError says why a model cannot), else where it pays
+    (`pair_layout.shared_by_default`). Returns whether it is on."""
     config = model.config.get_text_config()
-    reason = None if config is model.config else "it is a vision-language model, whose images belong to the prompt"
-    reason = reason or why_not_shared(model, config)
+    reason = why_model_not_shared(model)
     if reason is not None and required:
         raise ConfigError(
             f"`dpo_shared_prompt: true`: this model's pairs cannot be scored with their prompt once, because "
             f"{reason}. Remove `dpo_shared_prompt` (pairs are then scored as two rows each)."
         )
     on_gpu = next(model.parameters()).device.type == "cuda"
-    if reason is not None or not (required or (on_gpu and config._attn_implementation != "eager")):
+    if reason is not None or not (required or shared_by_default(config._attn_implementation, on_gpu)):
         return False
     model.forward = SharedPromptForward(model.forward, mask_builder(model, config._attn_implementation))
     return True
