@@ -3,7 +3,7 @@ that trade speed for memory is planned, and the fastest one that fits is named (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Any
 
@@ -96,6 +96,12 @@ def _single_changes(plan: Plan) -> list[Change]:
         )
     if cfg.adapter == "lora" and s.quantized_bits is None:
         changes.append(Change({"adapter": "qlora", "load_in_4bit": True}, {"quantized_bits": 4}))
+    method = s.method
+    if method.reference_copy:  # the reference scores every row once before training: no copy of the weights
+        changes.append(Change({"precompute_ref_log_probs": True}, {"method": replace(method, reference="precomputed")}))
+    can_share = plan.facts.shared_prompt_refusal is None and not cfg.is_multimodal
+    if cfg.rl in ("dpo", "ipo") and not method.shared_prompt and can_share and method.prompt_len:
+        changes.append(Change({"dpo_shared_prompt": True}, {"method": replace(method, shared_prompt=True)}))
     if cfg.adapter is None and "8bit" not in s.optimizer:
         changes.append(Change({"optimizer": "adamw_bnb_8bit"}, {"optimizer": "adamw_bnb_8bit"}))
     return changes
