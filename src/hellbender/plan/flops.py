@@ -5,8 +5,9 @@ Per micro-batch of T tokens, with N the base linear weights (decoder and output 
 trained ones: forward 2 T (N + N_a); backward 2 T (N + N_a) for the activation gradients plus 2 T N_t for the weight
 gradients; each checkpointed layer runs its forward again. Attention adds 4 T c d per layer forward (c the average
 causal context, half the sequence or the window; d = heads x head_dim) and twice that backward. Frozen linear
-layers outside the decoder (a vision tower) run forward only. The optimizer step is bound by memory bandwidth:
-it reads and writes weights, gradients and states about once each."""
+layers outside the decoder (a vision tower) run forward only. Preference methods add their forwards without
+gradients and score answers with TRL's fused LM head (`step_flops_parts`; the rows are `method.py`'s). The optimizer
+step is bound by memory bandwidth: it reads and writes weights, gradients and states about once each."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The predicted peak of one training step, per GPU: each part's bytes and the phase at which they add up most.
 
 Three moments compete for the peak: the end of the forward pass (every saved activation and the loss's logits are
-alive, the optimizer states from the step before too), backward (all gradients, the checkpointed layers' inputs and
+alive, the optimizer states from the step before too; a preference method's reference forward runs then), backward (all gradients, the checkpointed layers' inputs and
 one recomputed layer), and the optimizer step (gradients, states and the step's temporaries). Gradients are freed
 after each step (`zero_grad(set_to_none=True)`), so they count at the end of the forward pass only when gradients
 accumulate over micro-batches."""
