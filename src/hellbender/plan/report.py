@@ -42,14 +42,13 @@ def _rows(s: PlanSettings) -> str:
     """The rows one micro-batch runs, as the report says them."""
     shape = s.method
     prompt, answer = shape.prompt(s.sequence_len), shape.answer(s.sequence_len)
-    if shape.shared_prompt:
-        text = f"{s.rows} rows of {s.row_len:,} tokens (the prompt's {prompt:,} once + 2 answers of {answer:,} + 1)"
-    else:
-        text = f"{s.rows} rows of {s.row_len:,} tokens"
-        if shape.head == FUSED_HEAD:
-            text += f" (prompt {prompt:,} + answer {answer:,})"
-    if shape.head == FUSED_HEAD and shape.prompt_len is None:
-        text += " (no `max_prompt_len`: a 1-token prompt, the longest answers)"
+    text = f"{s.rows} rows of {s.row_len:,} tokens"
+    if shape.head == FUSED_HEAD:
+        unset = "" if shape.prompt_len else "; no `max_prompt_len`, so the longest answers"
+        if shape.shared_prompt:
+            text += f" (a {prompt:,}-token prompt once + 2 answers of {answer:,} + 1{unset})"
+        else:
+            text += f" (a {prompt:,}-token prompt + an answer of {answer:,}{unset})"
     references = {
         "adapter off": "reference: the base with the adapter off",
         "frozen copy": "reference: a frozen copy of the weights",
