@@ -190,3 +190,16 @@ def test_plan_of_a_full_dpo_run_that_does_not_fit_proposes_precomputed_reference
     result = invoke("plan", path, "--gpu-memory", f"{budget:.3f}")
     assert result.exit_code == 1, result.output
     assert "smallest change that fits: `precompute_ref_log_probs: true`" in result.output
+
+
+def test_auto_micro_batch_for_kto_keeps_two_rows_for_its_kl_term(tmp_path):
+    from hellbender.config import validate_config as validate_with
+    from hellbender.plan.auto import choose
+
+    kto = dict(rl="kto", datasets=[{"path": PREFERENCE_DATA, "type": "chatml.intel"}], micro_batch_size="auto")
+    roomy = pairs_config(tmp_path, **kto, gpu_memory_limit="0.56GiB", sequence_len=2048)
+    assert validate_with(roomy, choose).micro_batch_size == 2
+    tight = pairs_config(tmp_path, **kto, gpu_memory_limit="0.53GiB", sequence_len=2048)  # only one row would fit
+    with pytest.raises(ConfigError, match="micro_batch_size: auto.*no setting fits") as refused:
+        validate_with(tight, choose)
+    assert "rl: kto" not in str(refused.value)
