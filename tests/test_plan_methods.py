@@ -10,6 +10,7 @@ import yaml
 
 from hellbender.config import validate_config
 from hellbender.errors import ConfigError
+from hellbender.plan.activations import layer_bytes_per_token
 from hellbender.plan.budget import plan_for
 from hellbender.plan.fit import element_size
 from hellbender.plan.flops import step_flops, step_flops_parts
@@ -86,6 +87,13 @@ def test_dpo_tokens_per_micro_batch_in_both_layouts(tmp_path):
     assert tuple(built.input_ids.shape) == (shared.rows, shared.row_len)
     # The fused head projects the answer tokens only, the same in both layouts.
     assert shared.scored_tokens == two_rows.scored_tokens == int((built.labels != -100).sum()) == 2 * pairs * answer
+
+    # A shared row goes through flex attention with its key-value heads expanded to every query head, saved as such.
+    cfg = validate_config(pairs_config(tmp_path, **common))
+    facts = describe(cfg, meta_model(cfg))
+    assert facts.kv_dim < facts.q_dim  # the tiny Llama groups its query heads
+    expanded = layer_bytes_per_token(facts, shared, 4, True) - layer_bytes_per_token(facts, two_rows, 4, True)
+    assert expanded == 2 * 4 * (facts.q_dim - facts.kv_dim)
 
     # Unset, training shares where it pays on a GPU: SDPA yes, eager attention no.
     _, default, _ = planned(validate_config(pairs_config(tmp_path, **common)))

@@ -7,7 +7,8 @@ per element of the run's dtype), the tensors saved for backward are, as counted 
 - each RMSNorm: its float32 input (4h; Liger's kernel: its input, a h), and its output when the norm's weight
   trains (a h, full fine-tuning);
 - the attention input (a h, shared by q, k and v), rotated q and k with v (a (q + 2k)), the attention output (a q,
-  shared with o_proj's input); eager attention adds the probabilities: heads x context x (4 + a) per token;
+  shared with o_proj's input); eager attention adds the probabilities: heads x context x (4 + a) per token; shared-
+  prompt DPO rows under flex attention save k and v expanded to every query head (2 a (q - k) more);
 - the MLP input (a h), SiLU's input, its output and the up projection (3 a i; Liger's SwiGLU recomputes the
   activation: 2 a i) and down_proj's input (a i);
 - LoRA on an unquantized base: its float32 adapters make PEFT cast each wrapped input, so the attention input, the
@@ -44,6 +45,10 @@ def layer_bytes_per_token(facts: ModelFacts, s: PlanSettings, element: int, norm
     if norm_trains:
         norm += a * h
     attention = norm + a * h + a * (q + 2 * k) + a * q
+    if s.method.shared_prompt and not s.eager_attention and k < q:
+        # Shared-prompt DPO rows go through flex attention's block mask, given one key-value head per query head
+        # (train/shared_prompt.py: torch 2.11 cannot compile its grouped-query kernels); it saves the expanded ones.
+        attention += 2 * a * (q - k)
     mlp = norm + a * h + (2 if s.liger_glu else 3) * a * i + a * i
     lora = 0.0
     for inp in facts.lora_inputs:

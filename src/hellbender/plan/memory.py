@@ -146,6 +146,8 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     recompute = int(full_layer + attention_scores_bytes(facts, s, element, 0)) if checkpointed else 0
     loss = int(loss_bytes(facts, s, element))
     q, k = facts.q_dim, facts.kv_dim
+    if s.method.shared_prompt and not s.eager_attention:  # flex attention's key-value heads expanded (activations.py)
+        k = max(k, q)
     attention_workspace = element * tokens * (q + 2 * k)  # one layer's dq, dk, dv in backward
     residual = element * tokens * facts.hidden * 2  # the gradient flowing down the residual stream, and its sum
 
