@@ -21,7 +21,7 @@ from hellbender.config.lazy_preparation import read_skip_prepare_dataset
 from hellbender.config.machine import Machine
 from hellbender.config.overrides import apply_overrides
 from hellbender.config.path_shapes import path_shape_problems
-from hellbender.config.planned_keys import AUTO_KEYS, AUTO_STAND_INS, AutoChooser
+from hellbender.config.planned_keys import AUTO_KEYS, AutoChooser, stand_ins
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.spellings import read_older_spellings
 from hellbender.config.strategies import read_strategies
@@ -63,7 +63,7 @@ def validate_config(raw: dict[str, Any], choose_auto: AutoChooser | None = None)
         quiet = logger.level
         logger.setLevel(logging.ERROR)  # its notices are the same as the final pass's
         try:
-            provisional = validate_config(copy.deepcopy({**raw, **{key: AUTO_STAND_INS[key] for key in asked}}))
+            provisional = validate_config(copy.deepcopy({**raw, **stand_ins(raw, asked)}))
         finally:
             logger.setLevel(quiet)
         return validate_config({**raw, **choose_auto(provisional, asked)})

@@ -12,5 +12,15 @@ AUTO_STAND_INS: dict[str, Any] = {
     "gradient_checkpointing": True,
     "gradient_checkpointing_layers": None,
 }
+
+
+def stand_ins(raw: dict[str, Any], asked: list[str]) -> dict[str, Any]:
+    """The stand-in of each `auto` key asked for in `raw`: KTO's KL term needs at least 2 rows per micro-batch."""
+    values = {key: AUTO_STAND_INS[key] for key in asked}
+    if raw.get("rl") == "kto" and "micro_batch_size" in values:
+        values["micro_batch_size"] = 2
+    return values
+
+
 # (the config validated with the stand-ins, the keys asked for) -> the chosen value of each
 AutoChooser = Callable[[Any, list[str]], dict[str, Any]]

@@ -7,7 +7,8 @@ per element of the run's dtype), the tensors saved for backward are, as counted 
 - each RMSNorm: its float32 input (4h; Liger's kernel: its input, a h), and its output when the norm's weight
   trains (a h, full fine-tuning);
 - the attention input (a h, shared by q, k and v), rotated q and k with v (a (q + 2k)), the attention output (a q,
-  shared with o_proj's input); eager attention adds the probabilities: heads x context x (4 + a) per token;
+  shared with o_proj's input); eager attention adds the probabilities: heads x context x (4 + a) per token; shared-
+  prompt DPO rows under the varlen kernel save k and v expanded to every query head (2 a (q - k) more);
 - the MLP input (a h), SiLU's input, its output and the up projection (3 a i; Liger's SwiGLU recomputes the
   activation: 2 a i) and down_proj's input (a i);
 - LoRA on an unquantized base: its float32 adapters make PEFT cast each wrapped input, so the attention input, the
@@ -18,6 +19,7 @@ per element of the run's dtype), the tensors saved for backward are, as counted 
 
 from __future__ import annotations
 
+from hellbender.plan.method import FUSED_HEAD, SCORE_HEAD
 from hellbender.plan.model_facts import ModelFacts
 from hellbender.plan.settings import PlanSettings
 
@@ -29,6 +31,9 @@ _LOGIT_BYTES_BEYOND_DTYPE = 10
 # Liger's fused linear cross-entropy: logits exist for one chunk of tokens at a time (float32, with its gradient),
 # and the gradient of the hidden states for all tokens.
 _FUSED_CHUNK_TOKENS = 1024
+# TRL's fused LM head (trl/kernels/chunked_logprob.py, `add_fused_lm_head`): one tile of at most 4,096 tokens x 32,768
+# vocabulary entries in the compute dtype at a time.
+TRL_TILE_TOKENS, TRL_TILE_VOCAB = 4096, 32768
 
 
 def layer_bytes_per_token(facts: ModelFacts, s: PlanSettings, element: int, norm_trains: bool) -> float:
@@ -40,6 +45,10 @@ def layer_bytes_per_token(facts: ModelFacts, s: PlanSettings, element: int, norm
     if norm_trains:
         norm += a * h
     attention = norm + a * h + a * (q + 2 * k) + a * q
+    if s.method.shared_prompt and not s.eager_attention and k < q:
+        # Shared-prompt DPO rows go through torch's varlen attention kernel, which torch 2.11 gives no grouped-query
+        # option: it is given one key-value head per query head (train/shared_prompt.py) and saves the expanded ones.
+        attention += 2 * a * (q - k)
     mlp = norm + a * h + (2 if s.liger_glu else 3) * a * i + a * i
     lora = 0.0
     for inp in facts.lora_inputs:
@@ -56,8 +65,8 @@ def attention_scores_bytes(facts: ModelFacts, s: PlanSettings, element: int, lay
     if not s.eager_attention:
         return 0.0
     window = facts.sliding_windows[layer] if layer < len(facts.sliding_windows) else None
-    context = min(s.sequence_len, window) if window else s.sequence_len
-    return s.micro_batch_size * facts.heads * s.sequence_len * context * (4 + element)
+    context = min(s.row_len, window) if window else s.row_len
+    return s.rows * facts.heads * s.row_len * context * (4 + element)
 
 
 def checkpoint_input_bytes_per_token(facts: ModelFacts, element: int) -> int:
@@ -67,8 +76,35 @@ def checkpoint_input_bytes_per_token(facts: ModelFacts, element: int) -> int:
 
 def loss_bytes(facts: ModelFacts, s: PlanSettings, element: int) -> float:
     """Peak bytes of the logits and loss for one micro-batch."""
-    tokens = s.micro_batch_size * s.sequence_len
+    tokens = s.tokens
+    if s.method.head == SCORE_HEAD:  # one score per token (`num_labels` 1), float32 with its gradient
+        return tokens * (element + 8)
+    if s.method.head == FUSED_HEAD:
+        return fused_head_bytes(facts, s.scored_tokens, element)
     if s.fused_loss:
         chunk = min(tokens, _FUSED_CHUNK_TOKENS)
         return chunk * facts.vocab * 8 + tokens * facts.hidden * (element + 4)
     return tokens * facts.vocab * (element + _LOGIT_BYTES_BEYOND_DTYPE)
+
+
+def fused_head_bytes(facts: ModelFacts, scored: int, element: int) -> float:
+    """Peak bytes of TRL's fused LM head over `scored` answer tokens in backward: the answer tokens' hidden states it
+    saved (a copy, gathered by the label mask), their float32 gradient accumulator and its cast back, one tile of
+    logits, and a trained head's float32 weight-gradient accumulator."""
+    tile = min(scored, TRL_TILE_TOKENS) * min(facts.vocab, TRL_TILE_VOCAB) * element
+    hidden = scored * facts.hidden * (element + 4 + element)
+    weight_gradient = 4 * facts.head_numel if facts.head_trainable else 0
+    return tile + hidden + weight_gradient
+
+
+def reference_forward_bytes(facts: ModelFacts, s: PlanSettings, element: int) -> float:
+    """Peak transient bytes of a forward without gradients over the micro-batch's rows (the reference, KTO's KL
+    rows): nothing is saved, so one layer's largest moment is alive (the residual stream and its normed copy, the
+    MLP's up projection, activation and product), or the fused head's moment (the last hidden states, the answer
+    tokens' copy and one tile)."""
+    tokens = s.tokens
+    layer = tokens * (2 * element * facts.hidden + 3 * element * facts.intermediate)
+    scored = s.scored_tokens
+    tile = min(scored, TRL_TILE_TOKENS) * min(facts.vocab, TRL_TILE_VOCAB) * element
+    head = tokens * element * facts.hidden + scored * element * facts.hidden + tile
+    return max(layer, head)

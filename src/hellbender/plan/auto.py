@@ -20,6 +20,8 @@ _TIE = 0.01
 
 def _candidates(cfg: Any, asked: list[str], layers: int) -> list[dict[str, Any]]:
     micro_batches = _MICRO_BATCHES if "micro_batch_size" in asked else (cfg.micro_batch_size,)
+    if cfg.rl == "kto":  # its KL term pairs rows within a micro-batch: at least 2
+        micro_batches = tuple(mb for mb in micro_batches if mb >= 2)
     modes: tuple[bool | str, ...] = (cfg.gradient_checkpointing,)
     if "gradient_checkpointing" in asked:  # a layer count the config gives needs checkpointing on
         modes = (True, "offload") if cfg.gradient_checkpointing_layers is not None else (False, True, "offload")
@@ -48,7 +50,13 @@ def choose(cfg: Any, asked: list[str]) -> dict[str, Any]:
 
     card, budget_gib, source = card_and_budget(cfg)
     facts = describe(cfg, meta_model(cfg))
-    base = plan_settings(cfg)
+    base = plan_settings(cfg, facts=facts)
+    if base.method.not_modelled:
+        raise ConfigError(
+            f"{', '.join(f'`{key}: auto`' for key in asked)}: the memory planner cannot choose for "
+            f"{base.method.name}: it does not model {base.method.not_modelled}. Give "
+            f"{' and '.join(f'`{key}`' for key in asked)} a value."
+        )
     fitting = []
     for values in _candidates(cfg, asked, facts.layers):
         mode = values["gradient_checkpointing"]

@@ -3,7 +3,7 @@ that trade speed for memory is planned, and the fastest one that fits is named (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Any
 
@@ -52,7 +52,7 @@ def element_size(cfg: HellbenderConfig) -> int:
 
 def make_plan(cfg: HellbenderConfig, card: Card, gpus: int, budget_gib: float | None, budget_source: str) -> Plan:
     facts = describe(cfg, meta_model(cfg))
-    settings = plan_settings(cfg, gpus)
+    settings = plan_settings(cfg, gpus, facts)
     budget = int((budget_gib if budget_gib is not None else card.memory_gib) * GIB)
     return plan_with(cfg, facts, settings, card, budget, budget_source)
 
@@ -61,11 +61,6 @@ def plan_with(cfg: HellbenderConfig, facts: ModelFacts, settings: PlanSettings, 
               budget_source: str) -> Plan:  # fmt: skip
     ga = cfg.gradient_accumulation_steps
     memory = plan_memory(facts, settings, element_size(cfg), ga, cfg.bnb_settings.bnb_4bit_use_double_quant)
-    if cfg.rl or cfg.reward_model:
-        memory.notes.append(
-            "planned as supervised training of the same model: a reference model, several sequences per example and "
-            "generation are not counted (docs/plan.md)"
-        )
     return Plan(cfg, facts, settings, memory, step_time(facts, settings, memory, card, ga), card, budget, budget_source)
 
 
@@ -83,13 +78,14 @@ def _single_changes(plan: Plan) -> list[Change]:
             )
         changes.append(Change({"gradient_checkpointing": True}, {"checkpointing": True, "checkpointed_layers": None}))
     mb = s.micro_batch_size
-    while mb > 1:
+    smallest = 2 if cfg.rl == "kto" else 1  # KTO's KL term pairs rows within a micro-batch
+    while mb // 2 >= smallest:
         mb //= 2
         accumulate = cfg.gradient_accumulation_steps * s.micro_batch_size // mb
         changes.append(
             Change({"micro_batch_size": mb, "gradient_accumulation_steps": accumulate}, {"micro_batch_size": mb})
         )
-    if not s.fused_loss:
+    if not s.fused_loss and not (cfg.rl or cfg.reward_model):  # TRL's trainers compute their own log-probabilities
         changes.append(Change({"liger_fused_linear_cross_entropy": True}, {"fused_loss": True}))
     if not s.offload:
         changes.append(
@@ -100,6 +96,12 @@ def _single_changes(plan: Plan) -> list[Change]:
         )
     if cfg.adapter == "lora" and s.quantized_bits is None:
         changes.append(Change({"adapter": "qlora", "load_in_4bit": True}, {"quantized_bits": 4}))
+    method = s.method
+    if method.reference_copy:  # the reference scores every row once before training: no copy of the weights
+        changes.append(Change({"precompute_ref_log_probs": True}, {"method": replace(method, reference="precomputed")}))
+    can_share = plan.facts.shared_prompt_refusal is None and not cfg.is_multimodal
+    if cfg.rl in ("dpo", "ipo") and not method.shared_prompt and can_share and method.prompt_len:
+        changes.append(Change({"dpo_shared_prompt": True}, {"method": replace(method, shared_prompt=True)}))
     if cfg.adapter is None and "8bit" not in s.optimizer:
         changes.append(Change({"optimizer": "adamw_bnb_8bit"}, {"optimizer": "adamw_bnb_8bit"}))
     return changes

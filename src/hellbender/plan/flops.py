@@ -5,15 +5,17 @@ Per micro-batch of T tokens, with N the base linear weights (decoder and output 
 trained ones: forward 2 T (N + N_a); backward 2 T (N + N_a) for the activation gradients plus 2 T N_t for the weight
 gradients; each checkpointed layer runs its forward again. Attention adds 4 T c d per layer forward (c the average
 causal context, half the sequence or the window; d = heads x head_dim) and twice that backward. Frozen linear
-layers outside the decoder (a vision tower) run forward only. The optimizer step is bound by memory bandwidth:
-it reads and writes weights, gradients and states about once each."""
+layers outside the decoder (a vision tower) run forward only. Preference methods add their forwards without
+gradients and score answers with TRL's fused LM head (`step_flops_parts`; the rows are `method.py`'s). The optimizer
+step is bound by memory bandwidth: it reads and writes weights, gradients and states about once each."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hellbender.plan.cards import Card
 from hellbender.plan.memory import MemoryPlan
+from hellbender.plan.method import FUSED_HEAD
 from hellbender.plan.model_facts import ModelFacts
 from hellbender.plan.settings import PlanSettings
 
@@ -29,35 +31,60 @@ FOUR_BIT_SLOWDOWN = 0.87
 class StepTime:
     flops: float  # per optimizer step, per GPU
     seconds: float
-    tokens_per_second: float  # per GPU
+    tokens_per_second: float  # per GPU: tokens through the policy with gradients
     transfer_seconds: float  # offloaded layer inputs over the host link (overlapped with compute)
+    examples_per_second: float = 0.0  # per GPU: rows, or pairs for pair methods
+    parts: dict[str, float] = field(default_factory=dict)  # FLOPs per step by what runs them
 
 
-def step_flops(facts: ModelFacts, s: PlanSettings, gradient_accumulation: int = 1) -> float:
-    tokens = s.micro_batch_size * s.sequence_len
-    decoder = facts.decoder_linear_numel
-    head = facts.head_numel
-    lora = facts.lora_numel
+def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: int = 1) -> dict[str, float]:
+    """FLOPs per optimizer step of what runs: the policy's forward and backward (its output head included), the
+    recomputation of checkpointed layers, and the method's forwards without gradients (the reference, KTO's KL rows
+    on the policy). T tokens per micro-batch go through the decoder; the head projects all T (full logits) or, with
+    TRL's fused LM head, the N answer tokens: forward 2 N H, backward 2 N H to recompute each tile, 2 N H for the
+    hidden states' gradient and 2 N H more for a trained head's."""
+    tokens, scored = s.tokens, s.scored_tokens
+    decoder, head, lora = facts.decoder_linear_numel, facts.head_numel, facts.lora_numel
     trained_linear = sum(p.numel for p in facts.trainable if p.rows or ".lora_" in p.name)
-    forward_linear = 2 * tokens * (decoder + head + lora)
-    backward_linear = 2 * tokens * (decoder + head + lora) + 2 * tokens * trained_linear
+    trained_body = trained_linear - (head if facts.head_trainable else 0)
+    body_forward = 2 * tokens * (decoder + lora)
+    body_backward = 2 * tokens * (decoder + lora) + 2 * tokens * trained_body
+    if s.method.head == FUSED_HEAD:
+        head_forward = 2 * scored * head
+        head_backward = 4 * scored * head + (2 * scored * head if facts.head_trainable else 0)
+    else:
+        head_forward = 2 * tokens * head
+        head_backward = 2 * tokens * head + (2 * tokens * head if facts.head_trainable else 0)
     d = facts.q_dim
     attention_forward = 0.0
     for index in range(facts.layers):
         window = facts.sliding_windows[index] if index < len(facts.sliding_windows) else None
-        context = min(s.sequence_len, window) if window else s.sequence_len / 2
-        attention_forward += 4 * tokens * context * d
+        attention_forward += 4 * tokens * s.context(window) * d
     checkpointed = s.checkpointed(facts.layers)
     share = checkpointed / facts.layers if facts.layers else 0.0
-    recompute = share * (2 * tokens * (decoder + lora) + attention_forward)
     vision = 2 * tokens * facts.other_linear_numel if facts.other_linear_numel else 0.0
-    per_micro_batch = forward_linear + backward_linear + 3 * attention_forward + recompute + vision
-    return per_micro_batch * gradient_accumulation
+    parts = {
+        "policy forward and backward": body_forward + body_backward + head_forward + head_backward
+        + 3 * attention_forward + vision,
+        "recomputation": share * (2 * tokens * (decoder + lora) + attention_forward),
+    }  # fmt: skip
+    # The reference runs the base weights only: the adapter is switched off, or the frozen copy has none.
+    reference = 2 * tokens * decoder + head_forward + attention_forward + vision
+    if s.method.reference_forwards:
+        parts["reference forward"] = s.method.reference_forwards * reference
+    if s.method.policy_forwards_without_grad:
+        parts["KL rows (policy, no gradients)"] = body_forward + head_forward + attention_forward + vision
+    return {name: value * gradient_accumulation for name, value in parts.items()}
+
+
+def step_flops(facts: ModelFacts, s: PlanSettings, gradient_accumulation: int = 1) -> float:
+    return sum(step_flops_parts(facts, s, gradient_accumulation).values())
 
 
 def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card,
               gradient_accumulation: int = 1) -> StepTime:  # fmt: skip
-    flops = step_flops(facts, s, gradient_accumulation)
+    parts = step_flops_parts(facts, s, gradient_accumulation)
+    flops = sum(parts.values())
     efficiency = card.efficiency * (ADAPTER_EFFICIENCY if facts.lora_numel else 1.0)
     if s.liger_rms_norm or s.liger_glu or s.fused_loss:
         efficiency *= LIGER_SPEEDUP
@@ -69,5 +96,6 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     # trained weights, their gradients and the states, each read and written about once
     optimizer = 3 * (2 * memory.gradients + memory.optimizer_states) / (card.hbm_tb_s * 1e12)
     seconds = max(compute, transfer) + optimizer
-    tokens = s.micro_batch_size * s.sequence_len * gradient_accumulation
-    return StepTime(flops, seconds, tokens / seconds, transfer)
+    tokens = s.tokens * gradient_accumulation
+    examples = s.micro_batch_size * gradient_accumulation
+    return StepTime(flops, seconds, tokens / seconds, transfer, examples / seconds, parts)

@@ -1,7 +1,7 @@
 """The predicted peak of one training step, per GPU: each part's bytes and the phase at which they add up most.
 
 Three moments compete for the peak: the end of the forward pass (every saved activation and the loss's logits are
-alive, the optimizer states from the step before too), backward (all gradients, the checkpointed layers' inputs and
+alive, the optimizer states from the step before too; a preference method's reference forward runs then), backward (all gradients, the checkpointed layers' inputs and
 one recomputed layer), and the optimizer step (gradients, states and the step's temporaries). Gradients are freed
 after each step (`zero_grad(set_to_none=True)`), so they count at the end of the forward pass only when gradients
 accumulate over micro-batches."""
@@ -16,7 +16,9 @@ from hellbender.plan.activations import (
     checkpoint_input_bytes_per_token,
     layer_bytes_per_token,
     loss_bytes,
+    reference_forward_bytes,
 )
+from hellbender.plan.method import FUSED_HEAD
 from hellbender.plan.model_facts import ModelFacts, Parameter
 from hellbender.plan.optimizers import optimizer_rule, state_bytes
 from hellbender.plan.settings import PlanSettings
@@ -57,6 +59,8 @@ class MemoryPlan:
     attention_workspace: int
     step_temporaries: int
     ddp_buckets: int
+    reference_copy: int  # a frozen copy of the starting weights (DPO / KTO with full fine-tuning)
+    reference_forward: int  # a forward without gradients after the policy's, whose activations are alive
     peak: int
     peak_phase: str
     host: int
@@ -123,7 +127,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
             weights_split, gradients = gathered, 0
     ddp_buckets = gradients if s.gpus > 1 and s.sharding == "none" else 0
 
-    tokens = s.micro_batch_size * s.sequence_len
+    tokens = s.tokens
     checkpointed = s.checkpointed(facts.layers)
     norm_trains = any(p.trainable and "norm" in p.name for p in facts.parameters)
     full_layer = layer_bytes_per_token(facts, s, element, norm_trains) * tokens
@@ -142,13 +146,22 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     recompute = int(full_layer + attention_scores_bytes(facts, s, element, 0)) if checkpointed else 0
     loss = int(loss_bytes(facts, s, element))
     q, k = facts.q_dim, facts.kv_dim
+    if (
+        s.method.shared_prompt and not s.eager_attention
+    ):  # the varlen kernel's key-value heads expanded (activations.py)
+        k = max(k, q)
     attention_workspace = element * tokens * (q + 2 * k)  # one layer's dq, dk, dv in backward
     residual = element * tokens * facts.hidden * 2  # the gradient flowing down the residual stream, and its sum
 
-    fixed = weights_split + adapter_split + states + ddp_buckets
+    # The reference copy is the model as built, the adapter aside (full fine-tuning has none), sharded as the weights.
+    reference_copy = weights_split if s.method.reference_copy else 0
+    reference_forward = int(reference_forward_bytes(facts, s, element)) if s.method.reference_forwards else 0
+    saved_by_head = s.scored_tokens * facts.hidden * element if s.method.head == FUSED_HEAD else loss
+    fixed = weights_split + adapter_split + states + ddp_buckets + reference_copy
     grads_now = gradients if gradient_accumulation > 1 else 0
     phases = {
-        "loss": fixed + grads_now + activations + loss,
+        # The reference runs after the policy's forward: its activations and the head's saved answer states are alive
+        "loss": fixed + grads_now + activations + max(loss, saved_by_head + reference_forward),
         "backward": fixed + gradients + activations - sum(per_layer[checkpointed:]) + recompute
         + attention_workspace + residual,
         "optimizer step": fixed + gradients + step_temporaries,
@@ -165,6 +178,8 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         attention_workspace=attention_workspace,
         step_temporaries=step_temporaries,
         ddp_buckets=ddp_buckets,
+        reference_copy=reference_copy,
+        reference_forward=reference_forward,
         peak=int(phases[phase]),
         peak_phase=phase,
         host=sum(host_parts.values()),

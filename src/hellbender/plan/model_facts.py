@@ -73,6 +73,8 @@ class ModelFacts:
     other_linear_numel: int = 0  # linear weights outside the decoder and the head (a vision tower, a projector)
     lora_numel: int = 0
     largest_layer_bytes: int = 0  # the decoder layer with the most parameter bytes (FSDP2 / ZeRO-3 gather it whole)
+    attention: str = "sdpa"  # the attention implementation the model runs
+    shared_prompt_refusal: str | None = None  # why DPO pairs could not share their prompt in one row (None: they can)
 
     @property
     def trainable(self) -> list[Parameter]:
@@ -118,6 +120,8 @@ def _decoder_layers(model: Any) -> list[Any]:
 def describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
     """The facts of `model` (built by `meta_model` for `cfg`)."""
     import torch
+
+    from hellbender.models.pair_layout import why_model_not_shared
 
     text = model.config.get_text_config()
     layers = _decoder_layers(model)
@@ -171,6 +175,8 @@ def describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
         head_trainable=bool(head_weight is not None and head_weight.requires_grad),
         head_numel=head_weight.numel() if head_weight is not None else 0,
     )
+    facts.attention = getattr(text, "_attn_implementation", None) or "sdpa"
+    facts.shared_prompt_refusal = why_model_not_shared(model)
     facts.decoder_linear_numel = sum(
         p.numel for p in parameters if p.quantizable and p.in_layer is not None and not _is_lora_part(p.name)
     )

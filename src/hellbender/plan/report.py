@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from hellbender.plan.fit import Plan, smallest_fitting_change
 from hellbender.plan.memory import ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES, GIB
+from hellbender.plan.method import FUSED_HEAD, LOGITS, SCORE_HEAD, SUPERVISED
+from hellbender.plan.settings import PlanSettings
 
 
 def _gib(n: float) -> str:
@@ -20,10 +22,43 @@ def describe_run(plan: Plan) -> str:
     if checkpointed and s.offload:
         ckpt += " (inputs offloaded)"
     sharding = {"none": "DDP" if s.gpus > 1 else "one GPU", "fsdp2": "FSDP2"}.get(s.sharding, s.sharding.upper())
+    shape = s.method
+    if shape.name == SUPERVISED.name or shape.not_modelled:
+        batch = f"micro-batch {s.micro_batch_size} x {s.sequence_len} tokens"
+    else:
+        batch = f"{shape.name}, micro-batch {s.micro_batch_size} {shape.example}s: {_rows(s)}"
+    head = {
+        LOGITS: "fused loss" if s.fused_loss else "full-logits loss",
+        FUSED_HEAD: "TRL's fused LM head (no full logits)",
+        SCORE_HEAD: "score head",
+    }[shape.head]
     return (
-        f"{cfg.base_model}: {method}{bits}, micro-batch {s.micro_batch_size} x {s.sequence_len} tokens, {ckpt}, "
-        f"{'fused' if s.fused_loss else 'full-logits'} loss, optimizer {s.optimizer}, {s.gpus} GPU(s) ({sharding})"
+        f"{cfg.base_model}: {method}{bits}, {batch}, {ckpt}, {head}, optimizer {s.optimizer}, {s.gpus} GPU(s) "
+        f"({sharding})"
     )
+
+
+def _rows(s: PlanSettings) -> str:
+    """The rows one micro-batch runs, as the report says them."""
+    shape = s.method
+    prompt, answer = shape.prompt(s.sequence_len), shape.answer(s.sequence_len)
+    text = f"{s.rows} rows of {s.row_len:,} tokens"
+    if shape.head == FUSED_HEAD:
+        unset = "" if shape.prompt_len else "; no `max_prompt_len`, so the longest answers"
+        if shape.shared_prompt:
+            text += f" (a {prompt:,}-token prompt once + 2 answers of {answer:,} + 1{unset})"
+        else:
+            text += f" (a {prompt:,}-token prompt + an answer of {answer:,}{unset})"
+    references = {
+        "adapter off": "reference: the base with the adapter off",
+        "frozen copy": "reference: a frozen copy of the weights",
+        "precomputed": "reference log-probabilities precomputed",
+        None: "no reference model",
+    }
+    text += f", {references[shape.reference]}"
+    if shape.kl_rows:
+        text += f", {s.rows} KL rows"
+    return text
 
 
 def render(plan: Plan) -> str:
@@ -31,18 +66,28 @@ def render(plan: Plan) -> str:
     checkpointed = plan.settings.checkpointed(plan.facts.layers)
     unchecked = [b for i, b in enumerate(m.per_layer) if i >= checkpointed]
     kept = [b for i, b in enumerate(m.per_layer) if i < checkpointed]
-    lines = [describe_run(plan), "", "Predicted peak GPU memory, per GPU:"]
+    lines = [describe_run(plan)]
+    shape = plan.settings.method
+    if shape.not_modelled:
+        lines.append(
+            f"NOT MODELLED: {shape.name}. The numbers below are those of supervised training of "
+            f"{plan.settings.micro_batch_size} rows of {plan.settings.sequence_len} tokens; they leave out "
+            f"{shape.not_modelled}."
+        )
+    lines += ["", "Predicted peak GPU memory, per GPU:"]
     rows = [
         ("weights", m.weights),
         ("adapter weights", m.adapter),
         ("gradients", m.gradients),
         ("optimizer states", m.optimizer_states),
         ("DDP gradient buckets", m.ddp_buckets),
+        ("reference copy (frozen starting weights)", m.reference_copy),
         (f"activations, {len(unchecked)} layers kept whole ({_gib(unchecked[0]).strip() if unchecked else '0'} each)",
          sum(unchecked)),
         (f"activations, {len(kept)} checkpointed layer inputs", sum(kept)),
         ("recomputed layer (backward)", m.recompute),
-        ("logits and loss", m.loss),
+        (_head_label(plan), m.loss),
+        ("reference forward (no gradients)", m.reference_forward),
         ("attention workspace (backward)", m.attention_workspace),
         ("optimizer step temporaries", m.step_temporaries),
     ]  # fmt: skip
@@ -62,19 +107,34 @@ def render(plan: Plan) -> str:
     else:
         lines.append("  nothing offloaded")
     measured = "" if plan.card.measured else ", efficiency not measured on this card"
+    examples = f", {t.examples_per_second:,.2f} pairs/s" if shape.example == "pair" else ""
     lines += [
         "",
         f"Predicted step on {plan.card.name}{measured}: {t.flops / 1e12:.0f} TFLOP, {t.seconds:.2f} s, "
-        f"{t.tokens_per_second:,.0f} tokens/s per GPU",
+        f"{t.tokens_per_second:,.0f} tokens/s per GPU{examples}",
     ]
+    if set(t.parts) - {"policy forward and backward", "recomputation"}:  # what the method adds
+        lines.append("  " + ", ".join(f"{name} {value / 1e12:,.1f}" for name, value in t.parts.items() if value)
+                     + " TFLOP")  # fmt: skip
     lines += [f"note: {note}" for note in m.notes]
     lines.append("")
     lines.append(verdict(plan))
     return "\n".join(lines) + "\n"
 
 
+def _head_label(plan: Plan) -> str:
+    s = plan.settings
+    if s.method.head == FUSED_HEAD:
+        return f"fused LM head over {s.scored_tokens:,} answer tokens (no full logits)"
+    if s.method.head == SCORE_HEAD:
+        return "score head (one score per token, no vocabulary logits)"
+    return "logits and loss" if s.rows == s.micro_batch_size else f"logits and loss of {s.rows} rows"
+
+
 def verdict(plan: Plan) -> str:
     budget = f"{plan.budget / GIB:.1f} GiB ({plan.budget_source})"
+    if plan.settings.method.not_modelled:
+        budget += f", as supervised training: {plan.settings.method.name} is not modelled"
     if plan.fits:
         return f"fits: needs {plan.memory.needed / GIB:.1f} GiB of {budget}"
     text = f"does not fit: needs {plan.memory.needed / GIB:.1f} GiB of {budget}"

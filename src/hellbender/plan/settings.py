@@ -4,8 +4,13 @@ values (a smaller micro-batch, more checkpointed layers) without touching the co
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from hellbender.config import HellbenderConfig
+from hellbender.plan.method import SUPERVISED, MethodShape, method_shape
+
+if TYPE_CHECKING:
+    from hellbender.plan.model_facts import ModelFacts
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,31 @@ class PlanSettings:
     gpus: int
     sharding: str  # "none" (one GPU or DDP), "fsdp2", "zero1", "zero2", "zero3"
     offload_optimizer: bool = False  # DeepSpeed / FSDP2 keep optimizer states (and ZeRO-3 / FSDP2 the params) on host
+    method: MethodShape = SUPERVISED  # what one micro-batch runs (rows, reference forwards, the head)
+
+    @property
+    def rows(self) -> int:
+        """Rows through the policy with gradients per micro-batch."""
+        return self.method.rows(self.micro_batch_size)
+
+    @property
+    def row_len(self) -> int:
+        return self.method.row_len(self.sequence_len)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens through the policy with gradients per micro-batch."""
+        return self.method.tokens(self.micro_batch_size, self.sequence_len)
+
+    @property
+    def scored_tokens(self) -> int:
+        """Tokens the output head projects per micro-batch."""
+        return self.method.scored_tokens(self.micro_batch_size, self.sequence_len)
+
+    def context(self, window: int | None) -> float:
+        """Keys a query attends to on average in a layer with attention `window` (None: full attention)."""
+        full = self.method.mean_context(self.sequence_len)
+        return min(self.row_len, window) if window else full
 
     def checkpointed(self, layers: int) -> int:
         """How many of `layers` decoder layers are checkpointed."""
@@ -35,8 +65,8 @@ class PlanSettings:
         return replace(self, **changes)
 
 
-def plan_settings(cfg: HellbenderConfig, gpus: int = 1) -> PlanSettings:
-    """The settings `cfg` runs with on `gpus` GPUs."""
+def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None = None) -> PlanSettings:
+    """The settings `cfg` runs with on `gpus` GPUs (`facts`: of its model, where they are at hand)."""
     sharding, offload_optimizer = _sharding(cfg)
     optimizer = cfg.optimizer if cfg.optimizer != "auto" else "adamw_torch_fused"  # the planner plans for a GPU
     return PlanSettings(
@@ -54,6 +84,7 @@ def plan_settings(cfg: HellbenderConfig, gpus: int = 1) -> PlanSettings:
         gpus=gpus,
         sharding=sharding if gpus > 1 else "none",
         offload_optimizer=offload_optimizer,
+        method=method_shape(cfg, facts),
     )
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from hellbender.errors import ConfigError
+from hellbender.models.pair_layout import shared_by_default, why_model_not_shared
 
 IGNORE_INDEX = -100
 # What each token of a shared row is; padding sees only itself (a query that sees nothing gives NaN under SDPA).
@@ -333,52 +334,20 @@ def varlen_attention(model: Any) -> Callable[[SharedPromptRows], dict[str, Any]]
     return lambda rows: {"attention_mask": torch.ones_like(rows.input_ids), VARLEN_KEYWORD: VarlenParts.of(rows)}
 
 
-def why_not_shared(config: Any) -> str | None:
-    """Why the pairs of a model with this (text) config cannot be scored with their prompt once, or None."""
-    attention = getattr(config, "_attn_implementation", None)
-    if attention not in ("sdpa", "eager"):
-        return (
-            f"its attention is `{attention}`; the shared rows need SDPA (on a GPU, flash-attention varlen kernels "
-            "run them) or eager attention"
-        )
-    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if layer_types != {"full_attention"} or getattr(config, "sliding_window", None) is not None:
-        named = ", ".join(sorted(layer_types - {"full_attention"})) or "sliding-window attention"
-        return f"it has {named} layers, which the shared rows' attention does not keep"
-    if getattr(config, "output_router_logits", False):
-        return "its router's load-balancing loss counts every token of the batch, and the prompt would count once"
-    return None
-
-
-def varlen_available() -> bool:
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def use_shared_prompts(model: Any, required: bool) -> bool:
     """Score DPO pairs with their prompt once on `model` (the causal LM TRL gave its fused LM head): always when
-    `required` (`dpo_shared_prompt: true`; a ConfigError says why a model cannot), else where it pays: on CUDA with
-    SDPA in 16-bit precision, where the varlen kernel computes no masked block. A dense mask (CPU, eager attention,
-    float32) takes attention off its causal kernels and costs more than the prompt saves (measured on CPU: half the
-    pairs/s). Returns whether it is on."""
+    `required` (`dpo_shared_prompt: true`; a ConfigError says why a model cannot), else where it pays
+    (`pair_layout.shared_by_default`). Returns whether it is on."""
     config = model.config.get_text_config()
-    reason = None if config is model.config else "it is a vision-language model, whose images belong to the prompt"
-    reason = reason or why_not_shared(config)
+    reason = why_model_not_shared(model)
     if reason is not None and required:
         raise ConfigError(
             f"`dpo_shared_prompt: true`: this model's pairs cannot be scored with their prompt once, because "
             f"{reason}. Remove `dpo_shared_prompt` (pairs are then scored as two rows each)."
         )
     parameter = next(model.parameters())
-    pays = (
-        parameter.device.type == "cuda"
-        and parameter.dtype in (torch.bfloat16, torch.float16)
-        and config._attn_implementation == "sdpa"
-        and varlen_available()
-    )
+    sixteen_bit = parameter.dtype in (torch.bfloat16, torch.float16)
+    pays = shared_by_default(config._attn_implementation, parameter.device.type == "cuda", sixteen_bit)
     if reason is not None or not (required or pays):
         return False
     model.forward = SharedPromptForward(model.forward, attention_for(model, config._attn_implementation))
