@@ -27,7 +27,8 @@ The two sides, each in its own subprocess (no allocator state carries over; the 
   hellbender  the same pairs as a `chat_template.default` dataset (`field_messages: prompt`) and `rl: dpo`, trained
               by `hellbender.train.run.train`, with the recipe a user picks for speed on a GPU: Liger's RoPE, RMSNorm
               and SwiGLU kernels (its fused cross-entropy does not apply: TRL scores answers through its own fused LM
-              head) and hellbender's activation checkpointing. `--hb-set KEY=VALUE` adds or replaces keys (e.g.
+              head), hellbender's activation checkpointing, and each pair scored in one row that holds its prompt
+              once (`dpo_shared_prompt`, on by default on a GPU). `--hb-set KEY=VALUE` adds or replaces keys (e.g.
               `gradient_checkpointing_layers=28`, `gradient_checkpointing=offload`). Every key that differs from the
               baseline is printed.
 Set on both sides so that their losses can be compared step by step (none changes the work of a step): the rows are
@@ -47,8 +48,8 @@ Measurements (as bench/throughput.py, whose step recorder this script uses):
   does before training, such as `precompute_ref_log_probs` scoring every pair), shown beside pairs/s so that work
   moved before the first step is not hidden.
 - loss: the loss the Trainer logs at each step (`logging_steps` 1 on both sides), printed side by side.
-- token counts: of the prepared rows of each side (prompt, chosen, rejected), and the sequence length the policy's
-  forward sees.
+- token counts: of the prepared rows of each side (prompt, chosen, rejected), the sequence length of the batch the
+  policy's forward is given, and the rows x tokens its decoder runs (one row per pair with `dpo_shared_prompt`).
 """
 
 from __future__ import annotations
