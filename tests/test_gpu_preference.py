@@ -212,3 +212,28 @@ def test_deepspeed_zero2_trains_dpo_like_one_gpu(tmp_path, one_gpu_runs, adapter
         assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "llama"
     else:
         assert (out / "adapter_model.safetensors").is_file()
+
+
+@two_gpus
+@pytest.mark.parametrize("sharding", ["fsdp2", pytest.param("zero2", marks=needs_deepspeed)])
+def test_grpo_sharded_on_two_gpus_trains_like_one_gpu_on_the_same_completions(tmp_path, sharding):
+    """GRPO generates with the sharded model inside each step (FSDP2 gathers each layer's weights as it runs;
+    ZeRO-2 keeps them whole). Each completion is sampled from a seed of its own (tests/grpo_seeded_run.py), so one GPU
+    with micro-batch 8 and two with 4 each generate the same completions; the rewards, losses and gradient norms of
+    every step must then be the same (fp32)."""
+    from tests.test_grpo_e2e import grpo_file, per_step
+
+    trl = {"reward_funcs": ["rewards.even_share"], "num_generations": 4, "max_completion_length": 4,
+           "scale_rewards": "batch"}  # fmt: skip
+    common = dict(trl=trl, gradient_accumulation_steps=1, max_steps=3, save_steps=3)
+    keys = FSDP2 if sharding == "fsdp2" else {"deepspeed": str(EXAMPLES_DEEPSPEED / "zero2.json")}
+    seeded = REPO / "tests" / "grpo_seeded_run.py"
+    single = grpo_file(tmp_path / "single", micro_batch_size=8, **common)
+    run_torchrun(seeded, str(single), timeout=600, nproc=1, CUDA_VISIBLE_DEVICES="0")
+    sharded = grpo_file(tmp_path / "sharded", micro_batch_size=4, **keys, **common)
+    run_torchrun(seeded, str(sharded), timeout=600, nproc=2)
+    expected, got = per_step(tmp_path / "single" / "out"), per_step(tmp_path / "sharded" / "out")
+    assert sorted(got) == sorted(expected) == [1, 2, 3]
+    assert len({v[2] for v in expected.values()}) > 1  # the rewards vary: equal ones would prove nothing
+    for step, values in expected.items():
+        assert got[step] == pytest.approx(values, rel=2e-3, abs=2e-4), (step, got, expected)

@@ -130,7 +130,6 @@ def _reward_model_problems(cfg: HellbenderConfig) -> list[str]:
 
 def _sft_only_problems(cfg: HellbenderConfig) -> list[str]:
     """Keys of supervised fine-tuning that preference tuning cannot honour yet."""
-    online = cfg.rl in ONLINE_RL_METHODS
     refused = {
         "sample_packing": (
             cfg.sample_packing,
@@ -146,10 +145,8 @@ def _sft_only_problems(cfg: HellbenderConfig) -> list[str]:
             "it weights the cross-entropy of supervised fine-tuning, which DPO does not compute",
         ),
         "streaming": (cfg.uses_streaming, "preference pairs are prepared and cached before training, not streamed"),
-        # Verified on two GPUs for the offline methods (tests/test_gpu_preference.py); online RL generates inside
-        # the step, which is not verified sharded yet.
-        "deepspeed": (bool(cfg.deepspeed) and online, "online RL with DeepSpeed is not verified yet"),
-        "fsdp_version": (cfg.uses_fsdp2 and online, "online RL with FSDP is not verified yet"),
+        # Verified on two GPUs (tests/test_gpu_preference.py) for the offline methods and, with FSDP2 and ZeRO-2,
+        # for online RL, which generates with the sharded model inside the step.
     }
     method = f"`rl: {cfg.rl}`" if cfg.rl else "`reward_model: true`"
     return [
