@@ -1,6 +1,7 @@
 """Distillation with several training processes (DDP over gloo on CPU): offline targets and an online teacher give
 the same per-step losses, KD and cross-entropy parts included, as one process with the same global batch; the
-online teacher is the same model in every process, also as a FSDP2 run loads it."""
+online teacher is the same model in every process, also as a FSDP2 run loads it; distillation steps with the student
+sharded by FSDP2 and a whole teacher in each process equal one process's (tests/kd_worker.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hellbender.config import validate_config
 from hellbender.train.run import train
 from tests.conftest import write_jsonl
 from tests.helpers import base_config, trainer_state
+from tests.kd_worker import kd_steps, tiny_student_and_teacher
 from tests.test_distillation import kd_config, kd_rows
 from tests.test_distributed import run_torchrun
 
@@ -56,3 +58,10 @@ def test_two_processes_distill_like_one_process_with_the_same_global_batch(tmp_p
                 assert got[step][key] == pytest.approx(parts[key], abs=1e-4), (cfg.output_dir, step, key, got, want)
     first, second = (torch.load(tmp_path / f"teacher_logits_{rank}.pt") for rank in (0, 1))
     torch.testing.assert_close(second, first, atol=0, rtol=0)
+    # FSDP2: the student sharded over both processes, a whole teacher in each, steps like one process
+    fsdp2 = json.loads((tmp_path / "fsdp2.json").read_text())
+    assert fsdp2["sharded_student_parameters"] > 0 and fsdp2["sharded_teacher_parameters"] == 0
+    want = kd_steps(*tiny_student_and_teacher(str(tiny_model_path)))
+    assert want[0][0] > 0.01 and want[-1] != want[0]
+    for got_parts, want_parts in zip(fsdp2["parts"], want, strict=True):
+        assert got_parts == pytest.approx(want_parts, abs=1e-4), (fsdp2["parts"], want)
