@@ -353,6 +353,18 @@ def test_online_and_stored_targets_of_one_teacher_give_the_same_loss(teacher_pas
     torch.testing.assert_close(online_loss.kd, stored_loss.kd, atol=1e-5, rtol=1e-5)
     assert float(stored_loss.kd) > 0.1  # a real divergence, not two empty sums
 
+    # `hellbender evaluate`'s scores: the config's teacher (online) or the rows' targets (offline) alike
+    from hellbender.use.evaluate import token_metrics
+    from hellbender.use.evaluate_distillation import DistillationScore
+
+    collate = CausalLMCollator(tokenizer.pad_token_id)
+    scores = [
+        token_metrics(teacher.model, prepared.train, collate, 1, DistillationScore(settings, t))
+        for t in (teacher, None)
+    ]
+    assert scores[0]["kd_loss"] == pytest.approx(scores[1]["kd_loss"], rel=1e-5) and scores[1]["kd_loss"] > 0.01
+    assert scores[0]["ce_loss"] == pytest.approx(scores[1]["loss"], rel=1e-6)
+
 
 def test_a_teacher_with_another_tokenizer_is_refused_by_name(tmp_path, tiny_model_path):
     from transformers import AutoTokenizer
