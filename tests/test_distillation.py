@@ -5,6 +5,7 @@ teacher of another vocabulary are refused by name; online and stored targets of 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
@@ -352,6 +353,18 @@ def test_online_and_stored_targets_of_one_teacher_give_the_same_loss(teacher_pas
     torch.testing.assert_close(online_loss.kd, stored_loss.kd, atol=1e-5, rtol=1e-5)
     assert float(stored_loss.kd) > 0.1  # a real divergence, not two empty sums
 
+    # `hellbender evaluate`'s scores: the config's teacher (online) or the rows' targets (offline) alike
+    from hellbender.use.evaluate import token_metrics
+    from hellbender.use.evaluate_distillation import DistillationScore
+
+    collate = CausalLMCollator(tokenizer.pad_token_id)
+    scores = [
+        token_metrics(teacher.model, prepared.train, collate, 1, DistillationScore(settings, t))
+        for t in (teacher, None)
+    ]
+    assert scores[0]["kd_loss"] == pytest.approx(scores[1]["kd_loss"], rel=1e-5) and scores[1]["kd_loss"] > 0.01
+    assert scores[0]["ce_loss"] == pytest.approx(scores[1]["loss"], rel=1e-6)
+
 
 def test_a_teacher_with_another_tokenizer_is_refused_by_name(tmp_path, tiny_model_path):
     from transformers import AutoTokenizer
@@ -386,15 +399,6 @@ def test_a_short_offline_run_learns_reports_both_parts_and_resumes_exactly(teach
     report = Path(cfg.output_dir) / "report"
     assert (report / "distillation_loss.png").stat().st_size > 1000
     assert "- Distillation: KD part" in (report / "report.md").read_text()
-
-    from transformers import AutoModelForCausalLM
-
-    from hellbender.use.evaluate import token_metrics
-
-    # `hellbender evaluate` scores a distilled model on the data's own tokens, with the rows' targets left out of the forward
-    rows = prepare_datasets(cfg, load_tokenizer(cfg)).train
-    scored = token_metrics(AutoModelForCausalLM.from_pretrained(cfg.output_dir), rows, CausalLMCollator(0), 4)
-    assert scored["tokens"] > 0 and math.isfinite(scored["loss"])
 
     resumed = validate_config(kd_config(tmp_path / "resumed", written, auto_resume_from_checkpoints=True, **common))
     train(resumed, callbacks=[StopAt(3)])
@@ -442,3 +446,90 @@ def test_an_online_run_learns_from_a_teacher_that_shares_no_module_with_the_stud
             torch.testing.assert_close(value, on_disk[name])
     logs = [e for e in trainer_state(cfg.output_dir)["log_history"] if "loss" in e]
     assert logs[-1]["loss"] < logs[0]["loss"] and all("kd_loss" in e for e in logs)
+
+
+def test_evaluate_scores_both_distillation_parts_as_a_hand_computation_does(tmp_path, tiny_tokenizer):
+    """`hellbender evaluate` on an offline distillation config: its KD and cross-entropy parts over the evaluation
+    rows (packed, and batched 2 bins at a time, so padded too) equal the loss written out with `math`, document by
+    document, each on the trained model's logits of that document alone."""
+    from transformers import AutoModelForCausalLM
+
+    rows = kd_rows(tiny_tokenizer, n=7)
+    for i, row in enumerate(rows):  # targets the model does not already rank first, two of them per position
+        row[TARGET_IDS] = [[(t * 7 + i) % 50 + 3, (t * 11 + 2 * i) % 50 + 60] for t in range(len(row["logprobs"]))]
+    data = write_jsonl(tmp_path / "kd.jsonl", rows)
+    entry = {"path": str(data), "type": "axolotl.integrations.kd.chat_template"}
+    raw = kd_config(
+        tmp_path, data, kd_alpha=0.6, kd_ce_alpha=0.4, kd_temperature=2.0, max_steps=2, test_datasets=[entry],
+        eval_batch_size=2, sample_packing=True, sequence_len=256,
+    )  # fmt: skip
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump(raw))
+    assert invoke("train", config).exit_code == 0
+    result = invoke("evaluate", config)
+    assert result.exit_code == 0, result.output
+    scored = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+
+    cfg = validate_config(raw)
+    model = AutoModelForCausalLM.from_pretrained(cfg.output_dir).eval()
+    kd = ce = 0.0
+    tokens = 0
+    packed = prepare_datasets(cfg, load_tokenizer(cfg)).eval
+    assert len(packed) < 7  # several documents share a bin
+    documents = [
+        {key: row[key][start : start + n] for key in ("input_ids", "labels", TARGET_IDS, TARGET_LOGPROBS)}
+        for row in packed
+        for start, n in zip(itertools.accumulate(row["seq_lens"], initial=0), row["seq_lens"], strict=False)
+    ]
+    assert len(documents) == 7
+    for doc in documents:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([doc["input_ids"]])).logits
+        k = max(len(p) for p in doc[TARGET_IDS])
+        ids = torch.tensor([[p + [0] * (k - len(p)) for p in doc[TARGET_IDS]]])
+        logprobs = torch.tensor([[p + [0.0] * (k - len(p)) for p in doc[TARGET_LOGPROBS]]])
+        mask = torch.tensor([[[j < len(p) for j in range(k)] for p in doc[TARGET_IDS]]])
+        doc_kd, doc_ce, doc_tokens = by_hand(logits, torch.tensor([doc["labels"]]), ids, logprobs, mask, 2.0, False)
+        kd, ce, tokens = kd + doc_kd, ce + doc_ce, tokens + doc_tokens
+    assert scored["tokens"] == tokens
+    assert kd / tokens > 0.05 and ce / tokens > 0.5  # real sums over real targets
+    assert scored["kd_loss"] == pytest.approx(kd / tokens, rel=1e-5)
+    assert scored["ce_loss"] == pytest.approx(ce / tokens, rel=1e-5)
+    assert scored["loss"] == pytest.approx(ce / tokens, rel=1e-5)  # the cross-entropy on the data's own tokens
+    assert scored["distillation_loss"] == pytest.approx(0.6 * kd / tokens + 0.4 * ce / tokens, rel=1e-5)
+
+
+def test_an_online_run_killed_after_a_checkpoint_resumes_in_a_new_process_to_the_same_losses(tmp_path, tiny_model_path):
+    """Killed (SIGKILL) in step 3, after checkpoint-2, and started again as a new process: every logged step's
+    loss and both its parts equal the uninterrupted run's (packed rows, dropout: the RNG resumes too)."""
+    from hellbender.storage import latest_checkpoint
+    from hellbender.train.run import train
+    from tests.test_fault_injection import crash_run
+
+    def config(root: Path) -> dict:
+        return base_config(
+            root, kd_trainer=True, kd_teacher_model=str(tiny_model_path), kd_online_topk=8, kd_alpha=0.7,
+            kd_ce_alpha=0.3, adapter="lora", lora_target_linear=True, lora_dropout=0.1, sample_packing=True,
+            sequence_len=256, micro_batch_size=1, max_steps=4, save_steps=2, auto_resume_from_checkpoints=True,
+            memory_watchdog="off",
+        )  # fmt: skip
+
+    reference = validate_config(config(tmp_path / "whole"))
+    train(reference)
+    want = [e for e in trainer_state(reference.output_dir)["log_history"] if "loss" in e]
+    run = tmp_path / "killed"
+    path = run / "config.yml"
+    run.mkdir()
+    path.write_text(yaml.safe_dump(config(run)))
+    killed = crash_run(path, "--kill-in-step", "3", "--delay-ms", "0")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert latest_checkpoint(run / "out").name == "checkpoint-2"
+    resumed = crash_run(path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming from" in resumed.stderr and "checkpoint-2" in resumed.stderr
+    got = [e for e in trainer_state(run / "out")["log_history"] if "loss" in e]
+    assert [e["step"] for e in got] == [e["step"] for e in want] == [1, 2, 3, 4]
+    for g, w in zip(got, want, strict=True):
+        assert w["kd_loss"] > 0.01
+        for key in ("loss", "kd_loss", "ce_loss"):
+            assert g[key] == pytest.approx(w[key], abs=1e-5), (key, g, w)

@@ -319,3 +319,30 @@ def test_hybrid_sharding_two_by_two_trains_like_fsdp2_over_four_gpus(tmp_path, s
     for step, loss in expected.items():  # bf16: reduction order differs between the two meshes
         assert got[step] == pytest.approx(loss, rel=2e-2), (got, expected)
     assert (Path(hybrid["output_dir"]) / "adapter_model.safetensors").is_file()
+
+
+def test_fsdp2_distills_from_an_online_teacher_like_ddp(tmp_path, small_llama):
+    """Online distillation under FSDP2 through the Trainer: the student sharded, a whole teacher in each process
+    (loaded after accelerate's FSDP variables are set, with `cpu_ram_efficient_loading`). Per step, the loss and
+    both its parts match DDP over the same two GPUs with the same batches (bf16: reduction orders differ)."""
+    kd = dict(
+        adapter="lora", kd_trainer=True, kd_teacher_model=str(small_llama), kd_online_topk=16, kd_alpha=0.7,
+        kd_ce_alpha=0.3, max_steps=3, save_steps=10,
+    )  # fmt: skip
+    sharded = qlora_config(tmp_path / "fsdp2", small_llama, **kd)
+    sharded["fsdp_config"] = {**sharded["fsdp_config"], "cpu_ram_efficient_loading": True}
+    ddp = qlora_config(tmp_path / "ddp", small_llama, **kd)
+    del ddp["fsdp_version"], ddp["fsdp_config"]
+    torchrun(tmp_path, ddp, "kd-ddp")
+    torchrun(tmp_path, sharded, "kd-fsdp2")
+
+    def parts(output_dir: str) -> dict[int, dict[str, float]]:
+        history = json.loads((Path(output_dir) / "trainer_state.json").read_text())["log_history"]
+        return {e["step"]: {k: e[k] for k in ("loss", "kd_loss", "ce_loss")} for e in history if "loss" in e}
+
+    want, got = parts(ddp["output_dir"]), parts(sharded["output_dir"])
+    assert sorted(got) == sorted(want) == [1, 2, 3]
+    for step, expected in want.items():
+        assert expected["kd_loss"] > 0 and expected["ce_loss"] > 0
+        for key, value in expected.items():
+            assert got[step][key] == pytest.approx(value, rel=2e-2), (step, key, got, want)

@@ -5,7 +5,9 @@
 The evaluation rows are prepared exactly as for training (the same cache, the same `val_set_size` split or
 `test_datasets`), batched by the training collators, and scored over the tokens training would train (labels
 other than -100), each token weighing the same: loss is the mean next-token cross-entropy, perplexity its
-exponential, token accuracy the share of those tokens the model ranks first.
+exponential, token accuracy the share of those tokens the model ranks first. On a distillation config (`kd_trainer`)
+also the distillation loss's two parts per trained token (`kd_loss`, `ce_loss`) and their weighted sum
+(`distillation_loss`), with the rows' targets or the config's teacher (`evaluate_distillation.py`).
 """
 
 from __future__ import annotations
@@ -35,8 +37,11 @@ def trained_on_eval_data(cfg: HellbenderConfig) -> list[str]:
     return [entry.path for entry in cfg.test_datasets if rows(entry) in trained]
 
 
-def token_metrics(model: Any, rows: Any, collator: Any, batch_size: int) -> dict[str, float | int]:
-    """Summed over every trained token of `rows`: mean loss, perplexity, token accuracy, and the token count."""
+def token_metrics(
+    model: Any, rows: Any, collator: Any, batch_size: int, distillation: Any = None
+) -> dict[str, float | int]:
+    """Summed over every trained token of `rows`: mean loss, perplexity, token accuracy, and the token count; with
+    `distillation` (a `DistillationScore`), the distillation loss's two parts too."""
     import torch
     import torch.nn.functional as F
 
@@ -52,13 +57,20 @@ def token_metrics(model: Any, rows: Any, collator: Any, batch_size: int) -> dict
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
             batch = collator([rows[i] for i in range(start, min(start + batch_size, len(rows)))])
-            for key in (REAL_TOKENS_KEY, STREAM_ROW_KEY, TARGET_IDS, TARGET_LOGPROBS, TARGET_MASK):
-                batch.pop(key, None)  # the teacher's targets of distillation rows: scored here on the data's tokens
-            labels = batch.pop("labels")[:, 1:].to(target_device)
+            # the teacher's targets of distillation rows never reach the model's forward
+            stored = {key: batch.pop(key) for key in (TARGET_IDS, TARGET_LOGPROBS, TARGET_MASK) if key in batch}
+            for key in (REAL_TOKENS_KEY, STREAM_ROW_KEY):
+                batch.pop(key, None)
+            all_labels = batch.pop("labels").to(target_device)
+            labels = all_labels[:, 1:]
             inputs = {k: v.to(target_device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            teacher_inputs = dict(inputs)  # before the packed masks: the teacher builds its own
             inputs.update(packed_attention_mask(model, inputs))  # packed rows of a family that needs them
             inputs.update(packed_vision_positions(model, inputs))
-            logits = model(**inputs, use_cache=False).logits[:, :-1]
+            all_logits = model(**inputs, use_cache=False).logits
+            if distillation is not None:
+                distillation.add(all_logits, all_labels, stored, teacher_inputs)
+            logits = all_logits[:, :-1]
             trained = labels != IGNORE_INDEX
             picked, targets = logits[trained].float(), labels[trained]
             loss_sum += F.cross_entropy(picked, targets, reduction="sum").item()
@@ -72,6 +84,7 @@ def token_metrics(model: Any, rows: Any, collator: Any, batch_size: int) -> dict
         "perplexity": perplexity(loss),
         "token_accuracy": correct / tokens,
         "tokens": tokens,
+        **(distillation.metrics(tokens) if distillation is not None else {}),
     }
 
 
@@ -110,7 +123,13 @@ def evaluate(
 
         metrics = preference_metrics(cfg, model, tokenizer, prepared.eval, processor)
     else:
-        metrics = token_metrics(model, prepared.eval, build_collator(cfg, tokenizer, processor), cfg.eval_batch_size)
+        distillation = None
+        if cfg.distills:  # the distillation loss's parts, from the rows' targets or the config's teacher
+            from hellbender.use.evaluate_distillation import DistillationScore
+
+            distillation = DistillationScore.from_config(cfg, tokenizer)
+        collator = build_collator(cfg, tokenizer, processor)
+        metrics = token_metrics(model, prepared.eval, collator, cfg.eval_batch_size, distillation)
     results = {
         **metrics,
         "rows": len(prepared.eval),
