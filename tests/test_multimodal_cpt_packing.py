@@ -464,3 +464,37 @@ def test_streamed_packed_cpt_killed_and_resumed_in_a_new_process_trains_the_same
     assert sorted(got) == sorted(expected) == [1, 2, 3, 4]
     for step in expected:
         assert got[step] == pytest.approx(expected[step], abs=1e-6), (step, got, expected)
+
+
+def test_streamed_bins_resumed_at_every_bin_boundary_are_the_uninterrupted_ones(tmp_path):
+    """The bins are a function of the stream's order alone: a stream started at the row after any bin's last row (what
+    a checkpoint records) yields exactly the bins that followed it, across passes (each shuffled with its own seed)
+    and past a row dropped as too long."""
+    from itertools import islice
+
+    from hellbender.data.streaming import StreamingMultimodalDataset, StreamingPackedMultimodalDataset
+    from hellbender.models.loading import load_tokenizer_and_processor
+
+    data = cpt_rows(tmp_path, QWEN, many_images=True)  # rows of 39, 25 and 13 tokens, and one too long for a bin
+    entry = {"path": str(data), "type": "multimodal_pretrain", "image_base_dir": str(tmp_path)}
+    cfg = validate_config(
+        vlm_config(tmp_path, QWEN, datasets=[], pretraining_dataset=[entry], sample_packing=True, sequence_len=64)
+    )
+    tokenizer, processor = load_tokenizer_and_processor(cfg)
+
+    def bins(start_row: int, n: int) -> list[tuple[list[int], list[list[int]]]]:
+        rows = StreamingMultimodalDataset(cfg, tokenizer, processor, start_row)
+        packed = StreamingPackedMultimodalDataset(rows, cfg.sequence_len)
+        return [
+            ([d["stream_row"] for d in b["documents"]], [d["input_ids"] for d in b["documents"]])
+            for b in islice(packed, n)
+        ]
+
+    reference = bins(0, 12)  # eight passes of the four rows, each shuffled its own way
+    rows = [row for members, _ in reference for row in members]
+    assert rows == sorted(set(rows))  # every bin holds the rows after the previous bin's, in stream order
+    assert len(set(range(rows[-1] + 1)) - set(rows)) == (rows[-1] + 1) // 4  # each pass dropped its over-long row
+    assert any(members[0] // 4 != members[-1] // 4 for members, _ in reference)  # a bin spanning two passes
+    assert len({tuple(map(len, ids)) for _, ids in reference}) > 1
+    for k in range(1, len(reference)):
+        assert bins(reference[k - 1][0][-1] + 1, len(reference) - k) == reference[k:], k
