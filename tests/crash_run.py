@@ -1,12 +1,15 @@
 """`hellbender train CONFIG`, killed with SIGKILL at a chosen point: the process the fault-injection test runs.
 
     python tests/crash_run.py CONFIG [--events LOG] [--kill-at-event N] [--kill-in-step STEP --delay-ms MS]
+                                     [--kill-before-step STEP]
 
 - `--events LOG` appends one line per file-system write under the config's run directory (the parent of
   `output_dir`): `kind<TAB>path`, where kind is open / mkdir / rename / remove / rmdir. The uninterrupted
   reference run records them, so the test can choose kill points among them.
 - `--kill-at-event N` kills the process at the N-th such write (0-based), before it happens.
 - `--kill-in-step STEP --delay-ms MS` kills it MS milliseconds into optimizer step STEP (1-based).
+- `--kill-before-step STEP` kills it as optimizer step STEP begins (its batches already fetched), at a point that
+  does not depend on timing: everything the steps before it wrote, checkpoints included, is complete.
 
 Writes are observed through Python's audit hooks, so they include what Python code writes (json, torch.save,
 datasets' metadata, renames, directory creation and removal); bytes written by native code (safetensors, Arrow)
@@ -80,6 +83,7 @@ def main() -> None:
     parser.add_argument("--kill-at-event", type=int)
     parser.add_argument("--kill-in-step", type=int)
     parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--kill-before-step", type=int)
     options = parser.parse_args()
 
     import yaml
@@ -96,6 +100,15 @@ def main() -> None:
                     threading.Timer(options.delay_ms / 1000, die).start()
 
         callbacks.append(KillDuringStep())
+    if options.kill_before_step is not None:
+        from transformers import TrainerCallback
+
+        class KillBeforeStep(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                if state.global_step + 1 == options.kill_before_step:
+                    die()
+
+        callbacks.append(KillBeforeStep())
 
     from hellbender.cli import _run, _setup_logging
     from hellbender.config import load_config

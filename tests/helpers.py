@@ -102,26 +102,28 @@ class StepSnapshot:
 
 
 def record_training(patch) -> dict:
-    """Record, in this process, every image file opened (by the encoder or the collator), the images of each
-    streamed row collated, and the stream rows and token ids of each micro-batch trained on. `patch` is
-    `setattr` or `monkeypatch.setattr`."""
-    import hellbender.data.formats.multimodal_pretrain as encoder_module
-    import hellbender.data.multimodal_collator as collator_module
+    """Record, in this process, every image file read (header checks, decoding by the encoder or the collator), the
+    images of each streamed row collated, and the stream rows and token ids of each micro-batch trained on. `patch`
+    is `setattr` or `monkeypatch.setattr`. The files read come from the DEBUG records hellbender's image reader logs
+    (`hellbender.data.images`), so every read is seen, whichever module asked for it."""
+    import logging
+
+    import hellbender.data.images as images_module
     from hellbender.data.multimodal_collator import MultimodalCollator
     from hellbender.data.streaming import STREAM_ROW_KEY
     from hellbender.train.trainer import HellbenderTrainer
 
     record: dict = {"opened": [], "images_of_row": {}, "trained": []}
 
-    def counting(original):
-        def open_image(path, policy):
-            record["opened"].append(str(path))
-            return original(path, policy)
+    class Reads(logging.Handler):
+        def emit(self, log: logging.LogRecord) -> None:
+            record["opened"].append(str(log.args[0]))
 
-        return open_image
-
-    patch(encoder_module, "open_image", counting(encoder_module.open_image))
-    patch(collator_module, "open_image", counting(collator_module.open_image))
+    reads = images_module.logger
+    patch(reads, "handlers", [Reads()])
+    patch(reads, "propagate", False)  # recorded, not printed
+    patch(reads, "level", logging.DEBUG)
+    reads.setLevel(logging.DEBUG)  # also clears the logging module's cache of which levels are enabled
     collate = MultimodalCollator.__call__
 
     def collating(self, rows):

@@ -378,26 +378,33 @@ def test_packed_pretokenized_run_trains_every_document_once_and_caches_the_lengt
     assert measured == [0, 1]  # the second run found the lengths the first one cached
 
 
-def test_streamed_packed_cpt_resumes_with_the_same_bins_without_opening_trained_rows_images(tmp_path, monkeypatch):
-    """Streamed documents packed as they arrive: every bin holds consecutive rows; a run stopped at its step-2
-    checkpoint and resumed trains the same bins with the same losses, opening no image of a row trained before."""
+def test_streamed_packed_cpt_killed_and_resumed_in_a_new_process_trains_the_same_bins(tmp_path, monkeypatch):
+    """Streamed documents packed as they arrive: every bin holds consecutive rows. A `hellbender train` process killed
+    (SIGKILL) after its step-2 checkpoint and resumed by a new process trains the same rows in the same bins with the
+    same losses, and the new process reads no image file of a row trained before the checkpoint."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
     from PIL import Image
 
     from hellbender.models.tiny import tiny_model_dir
-    from hellbender.train.run import train
-    from tests.helpers import StopAt, logged_losses, record_training, trainer_state
+    from tests.conftest import REPO
+    from tests.helpers import cli_train, logged_losses, record_training, trainer_state
     from tests.test_multimodal_pretrain import document, image_name
 
     (tmp_path / "img").mkdir()
-    # Enough rows that the stream's read-ahead never starts a second pass (which opens row 0's image again).
+    # Enough rows that the stream's read-ahead never starts a second pass (which reads row 0's image again).
     for i in range(48):
         Image.new("RGB", (32, 32), (5 * i, 255 - 5 * i, 90)).save(tmp_path / image_name(i))
     rows = write_jsonl(tmp_path / "stream.jsonl", [document(i) for i in range(48)])
     entry = {"path": str(rows), "type": "multimodal_pretrain", "image_base_dir": str(tmp_path)}
     tiny_model_dir(QWEN)  # built first: building it inside `train` reseeds torch
 
-    def run(name: str, stop: int | None = None) -> tuple[dict, dict]:
-        cfg = vlm_config(
+    def config(name: str) -> dict:
+        return vlm_config(
             tmp_path / name,
             QWEN,
             datasets=[],
@@ -412,28 +419,82 @@ def test_streamed_packed_cpt_resumes_with_the_same_bins_without_opening_trained_
             lora_dropout=0.1,  # exercises the restored RNG state
             auto_resume_from_checkpoints=True,
         )
-        record = record_training(monkeypatch.setattr)
-        train(validate_config(cfg), callbacks=[StopAt(stop)] if stop else None)
-        monkeypatch.undo()
-        return cfg, record
 
-    reference, ref = run("ref")
+    # The uninterrupted run, through `hellbender train` in this process.
+    reference = config("ref")
+    ref = record_training(monkeypatch.setattr)
+    cli_train(tmp_path, reference, "ref.yml")
+    monkeypatch.undo()
     bins = [batch_rows for batch_rows, _ in ref["trained"]]
     assert len(bins) == 4 and all(len(b) >= 2 and b == list(range(b[0], b[-1] + 1)) for b in bins), bins
     assert [b[0] for b in bins[1:]] == [b[-1] + 1 for b in bins[:-1]]  # consecutive bins of consecutive rows
 
-    _, first = run("resumed", stop=2)
-    resumed, second = run("resumed")
-    checkpoint = trainer_state(Path(resumed["output_dir"]) / "checkpoint-2")
+    # The same run killed as step 3 begins (its batch already read), then resumed by a new process.
+    resumed = config("resumed")
+    path = tmp_path / "resumed.yml"
+    path.write_text(yaml.safe_dump(resumed))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    killed = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "crash_run.py"), str(path), "--kill-before-step", "3"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    out = Path(resumed["output_dir"])
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    checkpoint = trainer_state(out / "checkpoint-2")
     assert checkpoint["stateful_callbacks"]["StreamPosition"]["attributes"] == {"rows_consumed": bins[1][-1] + 1}
-    assert first["trained"] == ref["trained"][:2] and second["trained"] == ref["trained"][2:]
+    report = tmp_path / "resumed.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.stopped_run", str(path), "--record", str(report)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    second = json.loads(report.read_text())
+
+    # The same bins (rows, and the token ids of every packed row) after the resume as in the uninterrupted run.
+    assert second["trained"] == ref["trained"][2:]
     # Stream positions, after the stream's shuffle: the collator recorded which images each one had.
-    trained_before = {path for b in bins[:2] for row in b for path in ref["images_of_row"][str(row)]}
-    trained_after = {path for b in bins[2:] for row in b for path in ref["images_of_row"][str(row)]}
-    assert len(trained_before) == sum(map(len, bins[:2]))
+    trained_before = {p for b in bins[:2] for row in b for p in ref["images_of_row"][str(row)]}
+    trained_after = {p for b in bins[2:] for row in b for p in ref["images_of_row"][str(row)]}
+    assert len(trained_before) == sum(map(len, bins[:2])) and trained_before <= set(ref["opened"])
     assert not trained_before & set(second["opened"]), sorted(trained_before & set(second["opened"]))
-    assert trained_after <= set(second["opened"])
-    expected, got = logged_losses(reference["output_dir"]), logged_losses(resumed["output_dir"])
+    assert trained_after <= set(second["opened"])  # the record sees the reads that do happen
+    # The same losses at every step: steps 1-2 from the killed process's checkpoint, 3-4 from the new process.
+    expected, got = logged_losses(reference["output_dir"]), logged_losses(out)
     assert sorted(got) == sorted(expected) == [1, 2, 3, 4]
     for step in expected:
         assert got[step] == pytest.approx(expected[step], abs=1e-6), (step, got, expected)
+
+
+def test_streamed_bins_resumed_at_every_bin_boundary_are_the_uninterrupted_ones(tmp_path):
+    """The bins are a function of the stream's order alone: a stream started at the row after any bin's last row (what
+    a checkpoint records) yields exactly the bins that followed it, across passes (each shuffled with its own seed)
+    and past a row dropped as too long."""
+    from itertools import islice
+
+    from hellbender.data.streaming import StreamingMultimodalDataset, StreamingPackedMultimodalDataset
+    from hellbender.models.loading import load_tokenizer_and_processor
+
+    data = cpt_rows(tmp_path, QWEN, many_images=True)  # rows of 39, 25 and 13 tokens, and one too long for a bin
+    entry = {"path": str(data), "type": "multimodal_pretrain", "image_base_dir": str(tmp_path)}
+    cfg = validate_config(
+        vlm_config(tmp_path, QWEN, datasets=[], pretraining_dataset=[entry], sample_packing=True, sequence_len=64)
+    )
+    tokenizer, processor = load_tokenizer_and_processor(cfg)
+
+    def bins(start_row: int, n: int) -> list[tuple[list[int], list[list[int]]]]:
+        rows = StreamingMultimodalDataset(cfg, tokenizer, processor, start_row)
+        packed = StreamingPackedMultimodalDataset(rows, cfg.sequence_len)
+        return [
+            ([d["stream_row"] for d in b["documents"]], [d["input_ids"] for d in b["documents"]])
+            for b in islice(packed, n)
+        ]
+
+    reference = bins(0, 12)  # eight passes of the four rows, each shuffled its own way
+    rows = [row for members, _ in reference for row in members]
+    assert rows == sorted(set(rows))  # every bin holds the rows after the previous bin's, in stream order
+    assert len(set(range(rows[-1] + 1)) - set(rows)) == (rows[-1] + 1) // 4  # each pass dropped its over-long row
+    assert any(members[0] // 4 != members[-1] // 4 for members, _ in reference)  # a bin spanning two passes
+    assert len({tuple(map(len, ids)) for _, ids in reference}) > 1
+    for k in range(1, len(reference)):
+        assert bins(reference[k - 1][0][-1] + 1, len(reference) - k) == reference[k:], k

@@ -6,11 +6,16 @@ so an image replaced by an outgoing symlink after preparation is refused too. `h
 when the dataset allows remote images (`data.remote_images`), and are stored in the prepared-data directory so
 training never fetches them again. Every image is decoded once while preparing, so a missing, corrupt or
 oversized image is found before training starts.
+
+Every image file read is logged at DEBUG level on the `hellbender.data.images` logger, with the path read (resolved
+when the rows have an `image_base_dir`): a run can be audited for exactly which images it touched, e.g. that a
+resumed stream opens none of the rows trained before its checkpoint.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,7 @@ from hellbender.data.image_decoding import (  # noqa: F401 (the names rows and c
 )
 
 REMOTE_SCHEMES = ("http://", "https://")
+logger = logging.getLogger(__name__)
 
 
 def image_reference(part_or_path: Any) -> str:
@@ -93,6 +99,7 @@ def read_image_file(path: Path, policy: ImagePolicy) -> bytes:
         raise ImageProblem(f"image `{ref}` is a directory, not an image file", "image missing") from None
     except OSError as exc:
         raise os_problem(ref, exc) from None
+    logger.debug("read image file %s", real)
     try:
         with os.fdopen(fd, "rb") as f:
             return f.read()

@@ -159,8 +159,10 @@ class StreamingPackedMultimodalDataset(torch.utils.data.IterableDataset):
     """Streamed image+text rows packed as they arrive: each row joins the current bin while it fits, else starts the
     next (next fit, the rows' order kept), so a bin always begins at the row after the previous bin's last. A run
     resumed at the next unseen row (`rows_consumed`) therefore rebuilds exactly the bins the uninterrupted run had,
-    without opening the images of any row before it. A row is never split; every row already fits `sequence_len`
-    (longer ones were dropped or refused by `StreamingMultimodalDataset`)."""
+    without opening the images of any row before it. Only the bin being filled is held: a best fit over a buffer of
+    rows would put later rows into earlier bins, and no single row would then mark where a resumed run starts. A row
+    is never split; every row already fits `sequence_len` (longer ones were dropped or refused by
+    `StreamingMultimodalDataset`)."""
 
     def __init__(self, rows: StreamingMultimodalDataset, capacity: int) -> None:
         self.rows, self.capacity = rows, capacity
