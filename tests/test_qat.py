@@ -17,7 +17,7 @@ from hellbender.config.quantization import QuantizationScheme
 from hellbender.errors import ConfigError
 from hellbender.storage import FINAL_MANIFEST, write_manifest
 from tests.conftest import EXAMPLES
-from tests.helpers import assert_user_error, base_config, invoke, logged_losses
+from tests.helpers import PREFERENCE_DATA, assert_user_error, base_config, invoke, logged_losses
 
 pytestmark = pytest.mark.usefixtures("libraries_log_to_the_session_stderr")
 SCHEME = {"weight_dtype": "int4", "activation_dtype": "int8", "group_size": 32}
@@ -201,6 +201,10 @@ def test_validate_notes_a_missing_torchao_and_train_stops_on_it(tmp_path, monkey
         ({"qat": {"weight_dtype": "float8", "activation_dtype": "float8", "group_size": 64}}, ["`qat.group_size: 64`"]),
         ({"qat": SCHEME, "adapter": "lora", "lora_target_linear": True}, ["`qat:` with `adapter: lora`", "W + B·A"]),
         ({"qat": SCHEME, "quantization": SCHEME}, ["`qat:` and `quantization:` are both set"]),
+        (
+            {"qat": SCHEME, "rl": "dpo", "datasets": [{"path": PREFERENCE_DATA, "type": "chat_template.default"}]},
+            ["`qat:` with `rl: dpo` is not supported yet"],
+        ),
         ({"qat": {**SCHEME, "fake_quant_after_n_steps": 6}}, ["`qat.fake_quant_after_n_steps: 6`", "max_steps: 6"]),
         (
             {"qat": {"weight_dtype": "nvfp4", "activation_dtype": "nvfp4", "fake_quant_after_n_steps": 2}},

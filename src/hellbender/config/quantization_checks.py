@@ -43,6 +43,14 @@ def quantization_problems(cfg: HellbenderConfig) -> list[str]:
             "training trains full-precision weights against their fake-quantized copies, and bitsandbytes' quantized "
             "weights cannot train. Remove the `load_in_*` key."
         )
+    if cfg.rl or cfg.reward_model or cfg.distills:
+        method = f"`rl: {cfg.rl}`" if cfg.rl else ("`reward_model: true`" if cfg.reward_model else "`kd_trainer`")
+        problems.append(
+            f"`qat:` with {method} is not supported yet: quantization-aware training is built and tested for "
+            "supervised fine-tuning and continued pretraining, and these methods run a second model beside the "
+            "trained one (a reference copy, a teacher) whose fake quantization nothing keeps in step. Train without "
+            "`qat:` and quantize the result with `quantization:` (`hellbender quantize`)."
+        )
     if qat.fake_quant_after_n_steps is not None:
         if qat.weight_dtype in _NO_SWITCH:
             problems.append(
