@@ -256,3 +256,29 @@ def test_quantize_embedding_fake_quantizes_and_stores_both_embeddings(tmp_path, 
     ids = torch.arange(3, 35).reshape(2, 16)
     with torch.no_grad():
         assert (quantized(ids).logits - fake(ids).logits).abs().max() <= FAKE_VS_QUANTIZED_ATOL
+
+
+def test_a_resumed_run_switches_fake_quantization_by_the_step_it_resumes_at(tmp_path, tiny_model_path):
+    """The delay is decided from the step number, not from how many steps this process has run."""
+    from types import SimpleNamespace
+
+    from hellbender.models.qat import prepare_for_qat
+    from hellbender.train.qat import FakeQuantAfterSteps
+
+    cfg = validate_config(base_config(tmp_path, qat={**SCHEME, "fake_quant_after_n_steps": 3}))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    prepare_for_qat(model, cfg.qat)
+    layer = model.model.layers[1].mlp.up_proj
+    for resumed_at, expected in ((0, False), (2, False), (3, True), (5, True)):
+        callback = FakeQuantAfterSteps(cfg.qat.fake_quant_after_n_steps)  # a new process
+        callback.on_step_begin(None, SimpleNamespace(global_step=resumed_at), None, model=model)
+        assert layer.weight_fake_quantizer.enabled is expected, resumed_at
+        assert layer.activation_fake_quantizer.enabled is expected, resumed_at
+
+
+def test_quantize_refuses_an_edited_scheme_record(qat_run, tmp_path):
+    config, cfg, _ = qat_run
+    model = AutoModelForCausalLM.from_pretrained(cfg.output_dir)
+    model.config.hellbender_qat = {"weight_dtype": "int3"}
+    edited = _saved_model(model, tmp_path / "edited")
+    assert_user_error(invoke("quantize", config, "--model", edited), "records a QAT scheme", "int3")

@@ -78,7 +78,7 @@ def quantize(cfg: HellbenderConfig, model: str | Path | None = None, output: str
 
 def _scheme(cfg: HellbenderConfig, recorded: dict[str, Any] | None, path: Path) -> tuple[str, QuantizationScheme]:
     """(the key that names the scheme, the scheme) for this model."""
-    trained_with = QuantizationScheme(**recorded) if recorded is not None else None
+    trained_with = _recorded_scheme(recorded, path) if recorded is not None else None
     key = "qat" if cfg.qat is not None else "quantization"
     asked = cfg.quantize_scheme
     if asked is None:
@@ -97,6 +97,19 @@ def _scheme(cfg: HellbenderConfig, recorded: dict[str, Any] | None, path: Path) 
             f"Set `{key}:` to the trained scheme ({trained_with.settings()}), or remove it to use the recorded one."
         )
     return key, asked
+
+
+def _recorded_scheme(recorded: Any, path: Path) -> QuantizationScheme:
+    from pydantic import ValidationError
+
+    try:
+        return QuantizationScheme(**recorded)
+    except (TypeError, ValidationError):
+        raise ConfigError(
+            f"{path}/config.json records a QAT scheme (`{RECORD_KEY}`) that is not one: {recorded!r}. It was edited "
+            f"or written by another tool; restore it, or remove `{RECORD_KEY}` from config.json and name the scheme "
+            "with `quantization:`."
+        ) from None
 
 
 def _skeleton(cls: Any, path: Path) -> Any:
