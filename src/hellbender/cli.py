@@ -247,6 +247,36 @@ def merge_lora(
     _run(debug, action)
 
 
+@app.command("quantize")
+def quantize(
+    config: ConfigArg,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="The trained model: a `checkpoint-N`, a merged model or a run's output (default: `output_dir`).",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", help="Where to save the quantized model (default: `<output_dir>/quantized`)."),
+    ] = None,
+    set_: SetOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Store the trained model quantized with torchao (the `qat:` scheme it trained against, or `quantization:`)."""
+
+    def action() -> None:
+        cfg = _load_config(config, set_)
+        _setup_logging()
+        from hellbender.use.quantize import quantize as run_quantize
+
+        target = run_quantize(cfg, model, output)
+        console.print(f"[green]quantized[/]: {target}", highlight=False, soft_wrap=True)
+
+    _run(debug, action)
+
+
 @app.command("distill-logprobs")
 def distill_logprobs(
     config: ConfigArg,

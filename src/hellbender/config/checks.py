@@ -18,6 +18,7 @@ from hellbender.config.model_sources import local_source_problem
 from hellbender.config.plugins import plugin_problems
 from hellbender.config.preference_checks import preference_problems
 from hellbender.config.preference_data_checks import preference_data_problems
+from hellbender.config.quantization_checks import quantization_problems
 from hellbender.config.rl import ONLINE_RL_METHODS
 from hellbender.config.rl_checks import rl_problems
 from hellbender.config.schema import HellbenderConfig
@@ -136,6 +137,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     problems += data_order_problems(cfg)
     problems += mistral_common_problems(cfg)
     problems += model_quantization_problems(cfg)
+    problems += quantization_problems(cfg)
     problems += preference_problems(cfg)
     problems += rl_problems(cfg)
     problems += config_class_problems(cfg)

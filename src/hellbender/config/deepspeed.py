@@ -59,6 +59,7 @@ def deepspeed_problems(cfg: HellbenderConfig) -> list[str]:
         problems += _quantized_base_problems(cfg, settings)
         problems += _preference_problems(cfg, settings)
         problems += _teacher_problems(cfg, settings)
+        problems += _qat_problems(cfg, settings)
     return problems
 
 
@@ -211,6 +212,18 @@ def _preference_problems(cfg: HellbenderConfig, settings: dict[str, Any]) -> lis
             f"{method} with ZeRO-3 (`deepspeed: {cfg.deepspeed}`) is not supported yet: the reference model would be "
             "copied from weights ZeRO-3 has already partitioned. Use ZeRO-2 (`deepspeed: deepspeed_configs/zero2.json`"
             ") or FSDP2 (`fsdp_version: 2`), both verified with preference tuning on two GPUs."
+        ]
+    return []
+
+
+def _qat_problems(cfg: HellbenderConfig, settings: dict[str, Any]) -> list[str]:
+    """QAT swaps each linear layer for a fake-quantized one after loading; ZeRO-3 has by then partitioned the weights
+    the new layers would take over (each process holds an empty slice)."""
+    if cfg.qat is not None and zero_stage(settings) == 3:
+        return [
+            f"`qat:` with ZeRO-3 (`deepspeed: {cfg.deepspeed}`) is not supported yet: the fake-quantized layers would be "
+            "built from weights ZeRO-3 has already partitioned as they loaded. Use ZeRO-2 (`deepspeed: "
+            "deepspeed_configs/zero2.json`) or FSDP2 (`fsdp_version: 2`)."
         ]
     return []
 

@@ -28,6 +28,7 @@ from hellbender.config.preference import (
     DEFAULT_SIMPO_GAMMA,
     PREFERENCE_UNSET_MEANS,
 )
+from hellbender.config.quantization import QUANTIZATION_UNSET_MEANS
 from hellbender.config.rl import METHOD_DEFAULTS, ONLINE_RL_METHODS, RL_UNSET_MEANS, TRL_UNSET_MEANS
 from hellbender.config.schema import DatasetEntry, HellbenderConfig
 from hellbender.config.tracking import swanlab_asked
@@ -52,6 +53,7 @@ UNSET_MEANS: dict[str, str] = {
     **PREFERENCE_UNSET_MEANS,
     **RL_UNSET_MEANS,
     **TRL_UNSET_MEANS,
+    **QUANTIZATION_UNSET_MEANS,
     "kd_zscore_base_temp": "no logit standardisation",
     "kd_teacher_model": "no online teacher: the rows carry the teacher's top-k (`logprobs_field`)",
     "max_prompt_len": "no limit on prompts of their own (prompt and answer together must fit `sequence_len`)",

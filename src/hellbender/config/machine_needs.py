@@ -105,6 +105,11 @@ def machine_problems(cfg: HellbenderConfig, machine: Machine | None = None) -> l
         problems.append(problem)
     if problem := optimizer_package_problem(cfg.optimizer):
         problems.append(problem)
+    if cfg.qat is not None:  # `quantization:` alone changes nothing about training: `hellbender quantize` checks it
+        from hellbender.config.quantization_machine import machine_problem
+
+        if problem := machine_problem(cfg.qat, "qat"):
+            problems.append(problem)
     return problems
 
 

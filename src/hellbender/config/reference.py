@@ -22,6 +22,7 @@ from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.plugins import PluginSettings
 from hellbender.config.preference import PreferenceSettings
+from hellbender.config.quantization import QatSettings, QuantizationSettings
 from hellbender.config.rl import RlSettings, TrlSettings
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.tracking import TrackingSettings
@@ -40,6 +41,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("Preference tuning", PreferenceSettings),
     ("Online reinforcement learning", RlSettings),
     ("`trl:`", TrlSettings),
+    ("Quantization-aware training and quantization", QuantizationSettings),
+    ("`qat:` and `quantization:` (`quantization:` has every key but `fake_quant_after_n_steps`)", QatSettings),
     ("Fused kernels and compilation", KernelSettings),
     ("Several GPUs and machines", DistributedSettings),
     ("`fsdp_config:`", FsdpSettings),

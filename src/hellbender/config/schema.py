@@ -13,6 +13,7 @@ from hellbender.config.model import ModelSettings
 from hellbender.config.multimodal import MultimodalSettings
 from hellbender.config.plugins import PluginSettings
 from hellbender.config.preference import PreferenceSettings
+from hellbender.config.quantization import QuantizationSettings
 from hellbender.config.rl import RlSettings
 from hellbender.config.tracking import TrackingSettings
 from hellbender.config.training import TrainingSettings
@@ -31,6 +32,7 @@ class HellbenderConfig(
     PreferenceSettings,
     RlSettings,
     KernelSettings,
+    QuantizationSettings,
     DistributedSettings,
     PluginSettings,
     TrackingSettings,

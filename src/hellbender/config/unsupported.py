@@ -28,7 +28,6 @@ PLANNED: dict[str, tuple[str, ...]] = {
         "lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel", "fused_attn_kernel",
     ),
     "context parallelism": ("context_parallel_size", "heads_k_stride", "ring_attn_func", "sequence_parallel_degree"),
-    "quantization-aware training": ("qat",),
 }  # fmt: skip
 
 CLOUD_LAUNCHER = (

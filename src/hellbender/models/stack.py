@@ -49,6 +49,10 @@ def build_trainable_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
         logger.info("liger_rms_norm_gated: %d gated RMSNorms run the fused kernel", len(fused))
     set_seed(cfg.seed)  # the adapter's initial weights must not depend on what loading drew from the RNG
     model = apply_adapter(cfg, model)
+    if cfg.qat is not None:  # full fine-tuning only; before tiling and checkpointing wrap the layers it swaps
+        from hellbender.models.qat import prepare_for_qat
+
+        prepare_for_qat(model, cfg.qat)
     if cfg.tiled_mlp:  # after Liger and the adapter: tiles whatever forward the MLPs have by now
         logger.info("tiled_mlp: %d MLPs run in shards", tile_mlps(model, cfg.tiled_mlp_num_shards))
     if cfg.checkpoints_activations:  # hellbender's own setup, not the Trainer's nor FSDP's: activation_checkpointing.py

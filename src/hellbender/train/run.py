@@ -155,6 +155,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
             *([StreamPosition()] if streams_images else []),
             *([watchdog] if watchdog else []),
             *([SaveFirstStep()] if cfg.save_first_step else []),
+            *_qat_callbacks(cfg),
             *([EarlyStoppingCallback(cfg.early_stopping_patience)] if cfg.early_stopping_patience else []),
             CheckpointKeeper(cfg.save_total_limit, run),
             RunReport(
@@ -226,6 +227,14 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     if publisher is not None and is_main_process():
         publisher.final_model_saved(Path(cfg.output_dir), extra_files=[RESOLVED_CONFIG_NAME])
     return metrics
+
+
+def _qat_callbacks(cfg: HellbenderConfig) -> list[Any]:
+    if cfg.qat is None or cfg.qat.fake_quant_after_n_steps is None:
+        return []
+    from hellbender.train.qat import FakeQuantAfterSteps
+
+    return [FakeQuantAfterSteps(cfg.qat.fake_quant_after_n_steps)]
 
 
 def _method_arguments(cfg: HellbenderConfig) -> tuple[type, dict[str, Any] | None]:
