@@ -2,9 +2,9 @@
 
 Processor: `Qwen2_5_VLProcessor` always loads a `Qwen2VLVideoProcessor`, which needs torchvision, so
 `AutoProcessor.from_pretrained` fails on machines without it (ImportError). `load_processor` then loads the
-same directory through `ImageOnlyQwen2_5_VLProcessor` (image processor and tokenizer only; videos are refused),
-which saves the files a stock `Qwen2_5_VLProcessor` writes, so the saved directory loads anywhere. What it
-overrides and calls in transformers is `PROCESSOR_CONTRACT`, checked when it is loaded.
+same directory through `ImageOnlyQwen2_5_VLProcessor` (`fixes/image_only_processor.py`: image processor and tokenizer
+only; videos are refused), which saves the files a stock `Qwen2_5_VLProcessor` writes, so the saved directory loads
+anywhere. What it overrides and calls in transformers is `PROCESSOR_CONTRACT`, checked when it is loaded.
 
 Batches: the model builds its 3-D (M-RoPE) image positions from `mm_token_type_ids` together with
 `image_grid_thw`; without `mm_token_type_ids` it silently falls back to 1-D positions. The processor returns
@@ -16,104 +16,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from transformers import PreTrainedTokenizerBase, Qwen2_5_VLModel, Qwen2_5_VLProcessor
+from transformers import Qwen2_5_VLModel, Qwen2_5_VLProcessor
 
 from hellbender.models.fixes.contract import Contract, Requirement
+from hellbender.models.fixes.image_only_processor import image_only, processor_contract
+from hellbender.models.fixes.image_only_processor import load_processor as load_image_only
 
 MODEL_TYPES = ("qwen2_5_vl",)
 
 
-class ImageOnlyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
-    """`Qwen2_5_VLProcessor` without a video processor, for machines without torchvision."""
-
-    def __init__(self, image_processor=None, tokenizer=None, video_processor=None, chat_template=None, **kwargs):
-        # `from_pretrained` passes the saved video processor settings (a dict) here; they are kept for saving.
-        self.video_processor_config = video_processor if isinstance(video_processor, dict) else None
-        super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
-
-    @classmethod
-    def get_attributes(cls):
-        return ["image_processor", "tokenizer"]
-
-    def __call__(self, images=None, text=None, videos=None, *args, **kwargs):
-        if videos is not None:
-            raise ValueError(
-                "This Qwen2.5-VL processor was loaded without torchvision, so it has no video processor "
-                "(Qwen2VLVideoProcessor needs torchvision). Install torchvision to process videos."
-            )
-        return super().__call__(images, text, None, *args, **kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        """What a stock `Qwen2_5_VLProcessor` saves: its own class name and a video processor entry (the stock
-        class cannot load a directory without one)."""
-        output = super().to_dict()
-        output["processor_class"] = "Qwen2_5_VLProcessor"
-        output["video_processor"] = dict(self.video_processor_config or self._video_config_from_images())
-        return output
-
-    def _video_config_from_images(self) -> dict[str, Any]:
-        images = self.image_processor
-        return {
-            "video_processor_type": "Qwen2VLVideoProcessor",
-            "patch_size": images.patch_size,
-            "merge_size": images.merge_size,
-            "temporal_patch_size": images.temporal_patch_size,
-            "size": dict(images.size),
-        }
-
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        files = super().save_pretrained(save_directory, *args, **kwargs)
-        self.tokenizer._set_processor_class("Qwen2_5_VLProcessor")
-        self.tokenizer.save_pretrained(save_directory)
-        return files
-
-
-# What `ImageOnlyQwen2_5_VLProcessor` relies on in transformers, checked when the processor is built.
-PROCESSOR_CONTRACT = Contract(
-    "hellbender's Qwen2.5-VL processor without torchvision",
-    (
-        Requirement(
-            Qwen2_5_VLProcessor,
-            "__init__",
-            "called with the image processor and tokenizer, and no video processor",
-            parameters=("image_processor", "tokenizer", "video_processor", "chat_template"),
-        ),
-        Requirement(
-            Qwen2_5_VLProcessor,
-            "__call__",
-            "overridden so that videos are refused clearly",
-            parameters=("images", "text", "videos"),
-        ),
-        Requirement(
-            Qwen2_5_VLProcessor,
-            "get_attributes",
-            "overridden so that loading and saving skip the missing video processor",
-        ),
-        Requirement(Qwen2_5_VLProcessor, "to_dict", "overridden so that the saved config names `Qwen2_5_VLProcessor`"),
-        Requirement(
-            Qwen2_5_VLProcessor,
-            "save_pretrained",
-            "overridden so that the saved tokenizer config names `Qwen2_5_VLProcessor`",
-        ),
-        Requirement(
-            PreTrainedTokenizerBase,
-            "_set_processor_class",
-            "makes the saved tokenizer config name `Qwen2_5_VLProcessor`",
-        ),
-    ),
+ImageOnlyQwen2_5_VLProcessor = image_only(
+    Qwen2_5_VLProcessor, "Qwen2.5-VL", video_processor_type="Qwen2VLVideoProcessor", saves_video_size=True
 )
+PROCESSOR_CONTRACT = processor_contract(Qwen2_5_VLProcessor, "Qwen2.5-VL")
 
 
 def load_processor(path: str | Path, **kwargs: Any):
     """`AutoProcessor.from_pretrained` where torchvision is installed; the image-only processor elsewhere."""
-    from transformers.utils import is_torchvision_available
-
-    if is_torchvision_available():
-        from transformers import AutoProcessor
-
-        return AutoProcessor.from_pretrained(str(path), **kwargs)
-    PROCESSOR_CONTRACT.check()
-    return ImageOnlyQwen2_5_VLProcessor.from_pretrained(str(path), **kwargs)
+    return load_image_only(ImageOnlyQwen2_5_VLProcessor, PROCESSOR_CONTRACT, path, **kwargs)
 
 
 # What packed batches rely on in transformers: the model's own 3-D position builder, called once per document.

@@ -85,12 +85,7 @@ def build_tokenizer():
 
 def build(target: Path) -> None:
     import torch
-    from transformers import (
-        GenerationConfig,
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen2VLImageProcessorPil,
-    )
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     target = Path(target)
     tokenizer = build_tokenizer()
@@ -113,24 +108,35 @@ def build(target: Path) -> None:
         "fullatt_block_indexes": [1],
         "out_hidden_size": text_config["hidden_size"],
     }
-    config = Qwen2_5_VLConfig(
-        text_config=text_config,
-        vision_config=vision_config,
-        image_token_id=ids[IMAGE_PAD],
-        video_token_id=ids[VIDEO_PAD],
-        vision_start_token_id=ids[VISION_START],
-        vision_end_token_id=ids[VISION_END],
-        tie_word_embeddings=False,
-    )
+    config = Qwen2_5_VLConfig(**token_ids(ids), text_config=text_config, vision_config=vision_config)
     torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(config)
+    save_model_and_processor(
+        Qwen2_5_VLForConditionalGeneration(config), ImageOnlyQwen2_5_VLProcessor, tokenizer, target
+    )
+
+
+def token_ids(ids: dict[str, int]) -> dict[str, object]:
+    """The config fields of the vision tokens (Qwen2.5-VL's and Qwen3-VL's configs have the same)."""
+    return {
+        "image_token_id": ids[IMAGE_PAD],
+        "video_token_id": ids[VIDEO_PAD],
+        "vision_start_token_id": ids[VISION_START],
+        "vision_end_token_id": ids[VISION_END],
+        "tie_word_embeddings": False,
+    }
+
+
+def save_model_and_processor(model, processor_class: type, tokenizer, target: Path) -> None:
+    """Save a tiny Qwen VL model that stops at the end of a ChatML turn, with its processor (`processor_class`: the
+    family's image-only processor, which saves the stock processor's files)."""
+    from transformers import GenerationConfig, Qwen2VLImageProcessorPil
+
     # ChatML turns end with <|im_end|>, so generation stops there as well as at <|endoftext|>.
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")],
         pad_token_id=tokenizer.pad_token_id,
     )
     model.save_pretrained(target)
-
     image_processor = Qwen2VLImageProcessorPil(
         patch_size=PATCH_SIZE,
         merge_size=MERGE_SIZE,
@@ -138,7 +144,5 @@ def build(target: Path) -> None:
         min_pixels=MIN_PIXELS,
         max_pixels=MAX_PIXELS,
     )
-    processor = ImageOnlyQwen2_5_VLProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
-    )
+    processor = processor_class(image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
     processor.save_pretrained(target)

@@ -16,24 +16,19 @@ from pathlib import Path
 
 from hellbender.models.tiny import tiny_decoder_config
 from hellbender.models.tiny_vlm.qwen2_5_vl import (
-    CHAT_TEMPLATE,
-    IMAGE_PAD,
-    MAX_PIXELS,
     MERGE_SIZE,
-    MIN_PIXELS,
     PATCH_SIZE,
     TEMPORAL_PATCH_SIZE,
-    VIDEO_PAD,
-    VISION_END,
-    VISION_START,
     VISION_TOKENS,
     build_tokenizer,
+    save_model_and_processor,
+    token_ids,
 )
 
 
 def build(target: Path) -> None:
     import torch
-    from transformers import GenerationConfig, Qwen2VLImageProcessorPil, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     from hellbender.models.fixes.qwen3_vl import ImageOnlyQwen3VLProcessor
 
@@ -62,32 +57,6 @@ def build(target: Path) -> None:
         "deepstack_visual_indexes": [0],
         "out_hidden_size": text_config["hidden_size"],
     }
-    config = Qwen3VLConfig(
-        text_config=text_config,
-        vision_config=vision_config,
-        image_token_id=ids[IMAGE_PAD],
-        video_token_id=ids[VIDEO_PAD],
-        vision_start_token_id=ids[VISION_START],
-        vision_end_token_id=ids[VISION_END],
-        tie_word_embeddings=False,
-    )
+    config = Qwen3VLConfig(**token_ids(ids), text_config=text_config, vision_config=vision_config)
     torch.manual_seed(0)
-    model = Qwen3VLForConditionalGeneration(config)
-    # ChatML turns end with <|im_end|>, so generation stops there as well as at <|endoftext|>.
-    model.generation_config = GenerationConfig(
-        eos_token_id=[tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")],
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model.save_pretrained(target)
-
-    image_processor = Qwen2VLImageProcessorPil(
-        patch_size=PATCH_SIZE,
-        merge_size=MERGE_SIZE,
-        temporal_patch_size=TEMPORAL_PATCH_SIZE,
-        min_pixels=MIN_PIXELS,
-        max_pixels=MAX_PIXELS,
-    )
-    processor = ImageOnlyQwen3VLProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
-    )
-    processor.save_pretrained(target)
+    save_model_and_processor(Qwen3VLForConditionalGeneration(config), ImageOnlyQwen3VLProcessor, tokenizer, target)
