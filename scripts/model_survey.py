@@ -43,7 +43,10 @@ NOT_SURVEYED = "not surveyed yet"
 LEFT_OUT = "`lora_target_linear` leaves out"
 
 # Generic shrink: each target value applies to whichever of these names the config class has (and sets to an int).
-HIDDEN = ("hidden_size", "n_embd", "d_model", "n_embed", "dim", "embed_dim", "model_dim")
+HIDDEN = ("hidden_size", "n_embd", "d_model", "n_embed", "dim", "embed_dim", "model_dim", "backbone_hidden_size")
+# Widths that must equal a (text or own) hidden size: vision and audio adapters into the text model (Dots 3), the
+# global transformer seen from BLT's local encoder and decoder
+HIDDEN += ("adapter_in_dim", "adapter_input_size", "adapter_out_dim", "hidden_size_global")
 INTERMEDIATE = ("intermediate_size", "ffn_dim", "n_inner", "d_ff", "ffn_hidden_size", "decoder_ffn_dim", "ffn_size")
 EXPERT_INTERMEDIATE = ("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size")
 LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers", "encoder_layers")
@@ -64,10 +67,40 @@ FIXED = {  # MoE routing groups and multi-head latent attention ranks, when the 
     "qk_nope_head_dim": 8,
     "v_head_dim": 16,
     "head_dim": 16,
+    "hidden_size_per_layer_input": 16,
+    "encoder_hash_byte_group_vocab": 1024,  # BLT's hashed n-gram embeddings (500002 rows per group by default)
     "rotary_dim": 8,  # GPT-J and CodeGen rotate the first `rotary_dim` channels of each head
 }
+# FIXED sizes whose 0 turns the part off (Gemma 4 assistants have no per-layer inputs): a 0 stays 0.
+OFF_AT_ZERO = {"hidden_size_per_layer_input"}
 # Per-type keyword arguments where the generic shrink gives a config the model cannot be built from.
-OVERRIDES: dict[str, dict[str, Any]] = {}
+QWEN4_EXP_INDEXER = {
+    "indexer_n_heads": 2,
+    "indexer_kv_heads": 1,
+    "indexer_head_dim": 16,
+    "indexer_budget": 16,
+    "indexer_compress_ratio": 4,
+}
+OVERRIDES: dict[str, dict[str, Any]] = {
+    # the default leaves the sparse-attention indexer of its `indexed_attention` layers unset (read from a checkpoint)
+    "qwen4_exp_text": QWEN4_EXP_INDEXER,
+    "qwen4_exp": {"text_config": QWEN4_EXP_INDEXER},
+    # the default has no rotary settings for its layer type (a checkpoint gives one per type)
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # its mixer's heads must cover `hidden_size * expand` channels of `head_dim` each
+    "mamba2": {"num_heads": 8},
+    # the default leaves the layer pattern to a checkpoint; its model reads one type per layer
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # its attention reads `rope_theta` from the attention sub-config, whose class does not define it, and clamps
+    # q/k/v by `clip_qkv`, which fails where it is unset (DBRX's checkpoints set both)
+    "dbrx": {"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}},
+    # its causal LM class asserts the decoder switch, which the default leaves off, and its axial position
+    # embeddings must add up to the hidden size (the shape's product is the training sequence length)
+    "reformer": {"is_decoder": True, "axial_pos_embds_dim": [16, 48], "axial_pos_shape": [8, 16]},
+    # a drafter that reads every layer's K/V from its target model, without per-layer inputs; its config class's
+    # defaults (the Gemma 4 text config's) are refused by its own validation
+    "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},
+}
 # Types hellbender already builds tiny (with their own tokenizer): "module:function" saving into a directory.
 OWN_BUILDERS = {"gemma4_text": "hellbender.models.tiny_vlm.gemma4:build_text"}
 
@@ -85,11 +118,19 @@ def _int_attr(config: Any, name: str) -> int | None:
 
 def _layer_pick(config: Any, layers: int) -> list[int]:
     """Which of the default layers to keep: the first of each distinct layer type (so a hybrid model keeps its
-    attention and its recurrent layers), at least two."""
+    attention and its recurrent layers), at least two. Where the last `num_kv_shared_layers` reuse the K/V of
+    earlier layers of their type (Gemma 3n and 4), the same pick is made before and within that shared tail."""
     pattern = getattr(config, "layer_types", None)
     if not isinstance(pattern, (list, tuple)) or len(pattern) != layers:
         return [0, 1]
-    picked = sorted({str(kind): i for i, kind in reversed(list(enumerate(pattern)))}.values())
+
+    def firsts(start: int, stop: int) -> list[int]:
+        return sorted({str(pattern[i]): i for i in reversed(range(start, stop))}.values())
+
+    shared = _int_attr(config, "num_kv_shared_layers") or 0
+    if 0 < shared < layers:
+        return firsts(0, layers - shared) + firsts(layers - shared, layers)
+    picked = firsts(0, layers)
     return picked if len(picked) >= 2 else [0, 1]
 
 
@@ -117,11 +158,12 @@ def shrunk_kwargs(config: Any, vocab_size: int | None) -> dict[str, Any]:
     settings = vars(config)
     kwargs.update({name: 4 for name in EXPERTS if name in settings and isinstance(settings[name], (int, type(None)))})
     if any(name in kwargs for name in EXPERTS):
-        kwargs.update({name: 2 for name in EXPERTS_PER_TOKEN if name in settings})
+        top = {name: settings[name] for name in EXPERTS_PER_TOKEN if name in settings}  # ZAYA routes to one only
+        kwargs.update({name: min(k, 2) if isinstance(k, int) else 2 for name, k in top.items()})
         kwargs.update({name: 32 for name in EXPERT_INTERMEDIATE if settings.get(name, 0) is None})
         kwargs.update({name: 1 for name in ("n_shared_experts", "num_shared_experts") if settings.get(name, 0) is None})
     for name, value in FIXED.items():
-        if _int_attr(config, name) is not None:
+        if _int_attr(config, name) not in (None, *([0] if name in OFF_AT_ZERO else [])):
             kwargs[name] = value
     if vars(config).get("head_dim", 0) is None:  # some defaults leave it to the checkpoint
         kwargs["head_dim"] = 16
@@ -133,36 +175,94 @@ def shrunk_kwargs(config: Any, vocab_size: int | None) -> dict[str, Any]:
             continue
         picked = _layer_pick(config, layers) if layers > 2 else list(range(layers))
         kwargs[name] = len(picked)
+        shared = _int_attr(config, "num_kv_shared_layers")
+        if shared and name == "num_hidden_layers":  # all shared stays all shared; a shared tail keeps its pick
+            kwargs["num_kv_shared_layers"] = len([i for i in picked if i >= layers - shared])
         for attr, value in vars(config).items():  # per-layer lists and pattern strings keep the picked layers
             per_layer = isinstance(value, (list, tuple)) or (isinstance(value, str) and "pattern" in attr)
             if attr != name and per_layer and len(value) == layers and layers > 2:
                 kept = [value[i] for i in picked]
                 kwargs[attr] = "".join(kept) if isinstance(value, str) else kept
-    if vocab_size is not None and _int_attr(config, "vocab_size") is not None:
-        kwargs["vocab_size"] = vocab_size
+    if vocab_size is not None:  # per-layer input embeddings have a vocabulary too (Gemma 3n and 4); Inkling 2 pads
+        vocabularies = ("vocab_size", "vocab_size_per_layer_input", "unpadded_vocab_size")
+        kwargs.update({name: vocab_size for name in vocabularies if _int_attr(config, name)})
+    kwargs.update(_per_layer_config(config, kwargs))
     return kwargs
+
+
+HEAD_PARTS = ("head_dim", "qk_nope_head_dim", "qk_rope_head_dim")
+
+
+def _per_layer_config(config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A heterogeneous config's `per_layer_config` (layer index -> overrides) for the kept layers, renumbered, with
+    each override the shrink also sets replaced by its shrunk value (Gemma 4's full-attention `head_dim`)."""
+    try:
+        per_layer = config.to_dict().get("per_layer_config")
+    except Exception:
+        return {}
+    layers = next((_int_attr(config, n) for n in LAYERS if _int_attr(config, n) is not None), None)
+    if not per_layer or layers is None:
+        return {}
+    picked = _layer_pick(config, layers) if layers > 2 else list(range(layers))
+    overrides = {int(index): values for index, values in per_layer.items()}
+    shrunk = {}
+    for new, old in enumerate(picked):
+        if old not in overrides:
+            continue
+        layer = {name: kwargs.get(name, value) for name, value in overrides[old].items()}
+        # a layer whose head is its unrotated plus its rotated channels keeps that sum (Dots 3's sliding layers)
+        head, nope, rope = (overrides[old].get(n, _int_attr(config, n)) for n in HEAD_PARTS)
+        if None not in (head, nope, rope) and head == nope + rope:
+            layer["head_dim"] = sum(layer.get(n, kwargs.get(n, overrides[old].get(n))) for n in HEAD_PARTS[1:])
+        shrunk[new] = layer
+    return {"per_layer_config": shrunk}
 
 
 def tiny_config(model_type: str, tokenizer: Any) -> Any:
     """A tiny random-init config of `model_type`; composite configs shrink each sub-config the same way."""
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING
 
-    config_class = type(AutoConfig.for_model(model_type))
-    default = config_class()
+    config_class = CONFIG_MAPPING[model_type]
+    try:
+        default = config_class()
+    except Exception:  # a class whose own defaults fail its validation (Gemma 4 assistant)
+        default = config_class(**OVERRIDES.get(model_type, {}))
     kwargs = shrunk_kwargs(default, len(tokenizer))
     for name in getattr(default, "sub_configs", {}) or {}:
         sub = getattr(default, name, None)
         if sub is not None and hasattr(sub, "to_dict"):
-            text = "text" in name
+            # a text sub-config, or one with the model's own vocabulary (BLT's byte encoder, decoder and patcher)
+            text = "text" in name or (_int_attr(sub, "vocab_size") or -1) == _int_attr(default, "vocab_size")
             kwargs[name] = {**sub.to_dict(), **shrunk_kwargs(sub, len(tokenizer) if text else None)}
+            if text:  # the text model's padding embedding must lie inside the tiny vocabulary (Emu3, Mllama)
+                special = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+                kwargs[name].update({k: v for k, v in special.items() if kwargs[name].get(k) is not None})
     ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None}
     kwargs.update({k: v for k, v in ids.items() if hasattr(default, k)})
     kwargs["tie_word_embeddings"] = False
-    kwargs.update(OVERRIDES.get(model_type, {}))
+    for name, value in OVERRIDES.get(model_type, {}).items():  # a sub-config's overrides update its shrunk dict
+        kwargs[name] = {**kwargs[name], **value} if isinstance(kwargs.get(name), dict) else value
     try:
         return config_class(**kwargs)
     except Exception:  # no BOS, as hellbender's tiny models, unless the class insists on an integer (CWM)
         return config_class(**{**kwargs, "bos_token_id": tokenizer.eos_token_id})
+
+
+def type_of_causal_lm(model_type: str) -> Any:
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+
+
+def causal_lm_part(model_type: str, config: Any) -> Any:
+    """`config`, or the sub-config the type's causal-LM class is built from where the auto class cannot find it
+    (MusicGen's decoder class names `decoder_config` as its key, but the composite holds it as `decoder`)."""
+    own = type_of_causal_lm(model_type).config_class
+    if isinstance(config, own) or isinstance(getattr(config, own.base_config_key or "", None), own):
+        return config
+    subs = (getattr(config, name, None) for name in getattr(config, "sub_configs", {}) or {})
+    return next((sub for sub in subs if isinstance(sub, own)), config)
 
 
 def build(model_type: str, target: Path) -> dict[str, Any]:
@@ -180,7 +280,12 @@ def build(model_type: str, target: Path) -> dict[str, Any]:
         tokenizer = build_tiny_tokenizer()
         config = tiny_config(model_type, tokenizer)
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config)
+        part = causal_lm_part(model_type, config)
+        model = (
+            AutoModelForCausalLM.from_config(config)
+            if part is config
+            else type_of_causal_lm(model_type)._from_config(part)
+        )
         model.save_pretrained(target)
         tokenizer.save_pretrained(target)
     names = [name for name, _ in model.named_parameters()]
@@ -248,15 +353,18 @@ def adapter_facts(output_dir: Path) -> dict[str, Any]:
 
 def reload_status(model_dir: Path, output_dir: Path, mode: str) -> str:
     """Whether plain transformers (and PEFT, for an adapter) load the saved output again, as a user would."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    try:
+    from hellbender.models.architecture_class import class_for_config
+
+    try:  # the class `architectures` names where the auto class does not map the saved config (Emu3's text model)
         if mode == "full":
-            AutoModelForCausalLM.from_pretrained(output_dir)
+            class_for_config(AutoModelForCausalLM, AutoConfig.from_pretrained(output_dir)).from_pretrained(output_dir)
         else:
             from peft import PeftModel
 
-            PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), output_dir)
+            base = class_for_config(AutoModelForCausalLM, AutoConfig.from_pretrained(model_dir))
+            PeftModel.from_pretrained(base.from_pretrained(model_dir), output_dir)
     except Exception as exc:
         return describe(exc)
     return "ok"
@@ -321,10 +429,14 @@ def worker(model_type: str, work: Path, partial: Path) -> None:
         start = time.monotonic()
         del notices[:]
         try:
-            train(load_config(config))
+            metrics = train(load_config(config))
         except Exception as exc:
             facts = {"status": describe(exc), "where": raised_at(exc), "refused": _is_refusal(exc)}
         else:
+            facts = {}
+        if not facts and metrics.get("exit_code"):  # stopped with a report and no final model (a diverged step)
+            facts = {"status": f"stopped: {notices[-1] if notices else 'exit code ' + str(metrics['exit_code'])}"}
+        elif not facts:
             facts = adapter_facts(output_dir) if mode != "full" else {}
             facts.update(status="ok", reload=reload_status(model_dir, output_dir, mode))
         if left_out := [n for n in notices if n.startswith(LEFT_OUT)]:
@@ -475,7 +587,12 @@ def render(results: dict[str, Any], model_types: list[str], vlm_types: list[str]
         "weight the mixer reads directly (an adapter there would never be used), and linear subclasses that are no "
         "linear map (Llama 4 and PhiMoE routers, DeepSeek-V4's grouped output projection); naming them in "
         "`lora_target_modules` is refused (unadaptable_layers.py). An architecture without SDPA loads with `eager` "
-        "unless the config asks for `sdpa`, which is refused (models/attention_choice.py).",
+        "unless the config asks for `sdpa`, which is refused (models/attention_choice.py). Gemma 4 assistants "
+        "(draft models that run on their target model's hidden states and K/V, gemma4_assistant.py) and MusicGen's "
+        "decoders (audio codes, musicgen.py) are refused by name. For Gemma 3n, hellbender fills a packed row's "
+        "padding tail with another token: padding alone keeps all-zero states there, which give NaN gradients "
+        "(gemma3n.py). A checkpoint whose config type the auto class does not map (Emu3's and Mllama's text models) "
+        "loads through the class its `architectures` names (models/architecture_class.py).",
         "",
         f"Surveyed: {len(surveyed)} of {len(model_types)} architectures; all three modes pass for {len(ok)}. "
         f"Rows marked `{NOT_SURVEYED}` have not been run yet: their status is unknown.",

@@ -16,11 +16,15 @@ from hellbender.data.vision_tokens import vision_token_ids
 
 
 def build_collator(
-    cfg: HellbenderConfig, tokenizer: Any, processor: Any | None
+    cfg: HellbenderConfig, tokenizer: Any, processor: Any | None, packed_tail_token_id: int | None = None
 ) -> CausalLMCollator | MultimodalCollator | PackedMultimodalCollator | MistralImageCollator:
+    """`packed_tail_token_id`: what fills a packed text row after its last document, where the model needs other
+    than padding there (the training recipe asks the model's family fixes)."""
     if processor is None:
         pad_to = cfg.sequence_len if cfg.pad_to_sequence_len else None
-        return CausalLMCollator(tokenizer.pad_token_id, pad_to_multiple_of=pad_to)
+        return CausalLMCollator(
+            tokenizer.pad_token_id, pad_to_multiple_of=pad_to, packed_tail_token_id=packed_tail_token_id
+        )
     if is_mistral_common(processor.tokenizer):  # rows hold every token; only the pixels are made here
         return MistralImageCollator(processor, image_policy(cfg))
     documents = MultimodalCollator(

@@ -68,6 +68,10 @@ def teacher_target_batch(rows: list[dict[str, Any]], longest: int) -> dict[str, 
 class CausalLMCollator:
     pad_token_id: int
     pad_to_multiple_of: int | None = None
+    # The token that fills a packed row after its last document (default: padding). A block of padding alone can
+    # have all-zero hidden states, which a model that takes their root without an epsilon turns into NaN gradients
+    # (models/fixes/gemma3n.py).
+    packed_tail_token_id: int | None = None
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         longest = max(len(r["input_ids"]) for r in rows)
@@ -97,5 +101,7 @@ class CausalLMCollator:
             # Padding after the last document restarts from zero too: a block of its own, which no real token
             # attends to (its labels are ignored).
             position_ids[i, start:] = torch.arange(longest - start)
+            if self.packed_tail_token_id is not None:
+                input_ids[i, start:] = self.packed_tail_token_id
         out["position_ids"] = position_ids
         return out

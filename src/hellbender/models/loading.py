@@ -13,8 +13,11 @@ from hellbender.config.model import is_hub_kernel
 from hellbender.config.model_sources import local_source_problem
 from hellbender.config.precision import torch_dtype
 from hellbender.errors import ConfigError, EnvironmentProblem
+from hellbender.models.architecture_class import class_for_config
 from hellbender.models.attention_choice import NOT_SUPPORTED, eager_notice, falls_back_to_eager, refusal
 from hellbender.models.fixes.encoders import causal_notice, make_causal
+from hellbender.models.fixes.gemma4_assistant import refuse_assistant
+from hellbender.models.fixes.musicgen import refuse_audio_decoder
 from hellbender.models.fixes.xmod import check_language
 from hellbender.models.hub_kernels import check_hub_kernel_packing, require_kernels_package
 from hellbender.models.mistral_tokenizer import load_mistral_common_tokenizer
@@ -249,6 +252,8 @@ def model_config(cfg: HellbenderConfig, source: str | Path) -> Any:
     if not cfg.reward_model:  # a score over the whole sequence may look both ways
         make_causal(config, cfg.overrides_of_model_config)  # encoder families listed as causal LMs
     check_language(config)
+    refuse_assistant(config)  # draft models that run on their target's states, not on token ids
+    refuse_audio_decoder(config)  # causal LMs of audio codes
     if cfg.reward_model:  # the score head: one number per sequence (`num_labels` is 1)
         config.num_labels = cfg.num_labels or 1
     return config
@@ -289,7 +294,7 @@ def model_skeleton(cfg: HellbenderConfig) -> Any:
     import torch
 
     config = model_config(cfg, resolve_model_path(cfg.base_model))
-    cls = _transformers_class(cfg.model_type, "model_type")
+    cls = class_for_config(_transformers_class(cfg.model_type, "model_type"), config)
     with torch.device("meta"):
         if hasattr(cls, "from_config"):
             return cls.from_config(config, trust_remote_code=cfg.trust_remote_code)
@@ -308,6 +313,7 @@ def _random_model(cfg: HellbenderConfig, cls: Any, source: str, attention: str) 
 
     config = model_config(cfg, source)
     config._attn_implementation = attention
+    cls = class_for_config(cls, config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         build = cls.from_config if hasattr(cls, "from_config") else cls._from_config
@@ -326,10 +332,11 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
         if cfg.reinit_weights and key == "`base_model`":
             return _random_model(cfg, cls, source, attention)
         config = model_config(cfg, source)
+        model_class = class_for_config(cls, config)
         quantization = quant
         if cfg.model_quantization_config and key == "`base_model`":  # a trained model is saved dequantized
             quantization = dequantizing_config(cfg, config, source)
-        return cls.from_pretrained(
+        return model_class.from_pretrained(
             source,
             config=config,
             dtype=torch_dtype(cfg),

@@ -91,11 +91,12 @@ def meta_model(cfg: HellbenderConfig) -> Any:
 
     from hellbender.config.precision import torch_dtype
     from hellbender.models.adapters import apply_adapter
+    from hellbender.models.architecture_class import class_for_config
     from hellbender.models.loading import _transformers_class, model_config, resolve_model_path
 
     config = model_config(cfg, resolve_model_path(cfg.base_model))
     config._attn_implementation = cfg.attn_implementation or "sdpa"
-    cls = _transformers_class(cfg.model_type, "model_type")
+    cls = class_for_config(_transformers_class(cfg.model_type, "model_type"), config)
     with torch.device("meta"):
         build = cls.from_config if hasattr(cls, "from_config") else cls._from_config
         model = build(config, dtype=torch_dtype(cfg))

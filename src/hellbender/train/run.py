@@ -20,6 +20,7 @@ from hellbender.data.pretokenized_packing import packed_pretokenized_rows
 from hellbender.data.streaming import streaming_dataset
 from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.models.activation_checkpointing import layers_left_unchecked
+from hellbender.models.fixes.gemma3n import packed_tail_token_id
 from hellbender.models.loading import load_tokenizer_and_processor, model_skeleton
 from hellbender.models.stack import build_trainable_model
 from hellbender.storage import (
@@ -281,7 +282,7 @@ def _method_trainer(
             args=args,
             train_dataset=train_data,
             eval_dataset=eval_data,
-            data_collator=build_collator(cfg, tokenizer, processor),
+            data_collator=build_collator(cfg, tokenizer, processor, packed_tail_token_id(model, tokenizer)),
             processing_class=tokenizer,
             **hellbender,
         )
@@ -292,7 +293,7 @@ def _method_trainer(
         args=args,
         train_dataset=train_data,
         eval_dataset=eval_data,
-        data_collator=build_collator(cfg, tokenizer, processor),
+        data_collator=build_collator(cfg, tokenizer, processor, packed_tail_token_id(model, tokenizer)),
         processing_class=processor or tokenizer,
         **hellbender,
     )
