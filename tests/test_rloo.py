@@ -33,7 +33,7 @@ def test_rloo_takes_trls_rloo_defaults_and_leaves_grpos_keys_unset(tmp_path):
         ({"scale_rewards": False}, {}, ["`trl.scale_rewards` is a setting of GRPO", "rl: rloo"]),
         ({"num_generations": 3}, {}, ["trl.num_generations: 3", "batch here is 8"]),
         ({}, {"rl_beta": 0.1}, ["rl_beta", "the KL weight of `rl: rloo` is `trl.beta`"]),
-        ({}, {"val_set_size": 0.1}, ["val_set_size", "rl: rloo"]),
+        ({}, {"val_set_size": 4, "eval_batch_size": 2}, ["eval_batch_size: 2", "multiple of 4"]),
         ({"use_liger_loss": True}, {}, ["trl.use_liger_loss", "not offered yet"]),
     ],
 )

@@ -156,3 +156,26 @@ def _checkpoint_problem(name: str, config_file: Path) -> str | None:
             "`num_labels: 1` (as `reward_model: true` trains by default). Name a reward model with one score."
         )
     return None
+
+
+# What TRL passes every reward function itself, beside the dataset's columns (none of them is a column to check for).
+TRL_PASSED = frozenset(
+    {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments", "images"}
+)
+
+
+def required_columns(function: Callable[..., Any]) -> list[str]:
+    """The dataset columns a reward function cannot be called without: its named parameters without a default,
+    other than those TRL passes itself (`TRL_PASSED`)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        p.name
+        for p in parameters
+        if p.kind in named and p.default is inspect.Parameter.empty and p.name not in TRL_PASSED
+    ]

@@ -87,6 +87,14 @@ def rl_problems(cfg: HellbenderConfig) -> list[str]:
             f"`gradient_accumulation_steps: {_steps_for(cfg.micro_batch_size * processes, trl.num_generations)}`), "
             "or choose a `num_generations` that divides it."
         )
+    eval_batch = (cfg.eval_batch_size or cfg.micro_batch_size) * processes
+    if cfg.has_eval_data and eval_batch % trl.num_generations:
+        problems.append(
+            f"`eval_batch_size: {cfg.eval_batch_size or cfg.micro_batch_size}` must hold whole groups of "
+            f"`trl.num_generations: {trl.num_generations}` completions of each evaluation prompt; the evaluation "
+            f"batch here is {eval_batch} completions ({processes} process(es)). Set `eval_batch_size` to a multiple "
+            f"of {trl.num_generations}."
+        )
     if trl.reward_weights is not None and len(trl.reward_weights) != len(trl.reward_funcs):
         problems.append(
             f"`trl.reward_weights` has {len(trl.reward_weights)} weight(s) for {len(trl.reward_funcs)} reward "
@@ -146,31 +154,35 @@ def _differs_from_default(model: Any, key: str) -> bool:
     return value is not False and value != type(model).model_fields[key].get_default(call_default_factory=True)
 
 
+def _prompt_entries(cfg: HellbenderConfig) -> list[tuple[str, int, Any]]:
+    """(key, index, entry) of every prompt dataset: training's and evaluation's."""
+    return [(key, i, e) for key in ("datasets", "test_datasets") for i, e in enumerate(getattr(cfg, key))]
+
+
 def _data_problems(cfg: HellbenderConfig) -> list[str]:
     """GRPO and RLOO read prompt rows (`prompt` and any columns the reward functions read), declared without a
     `type`."""
     method = f"`rl: {cfg.rl}`"
     problems = [
-        f"`datasets[{i}]` (`{e.path}`) has `type: {e.type}`, and {method} reads prompt rows: a `prompt` column "
+        f"`{key}[{i}]` (`{e.path}`) has `type: {e.type}`, and {method} reads prompt rows: a `prompt` column "
         "(text, or a list of chat messages) and any other columns the reward functions read. Remove `type` and give "
         "the rows that shape, or name a transform `module.function` that maps each row to one (docs/rl.md)."
-        for i, e in enumerate(cfg.datasets)
+        for key, i, e in _prompt_entries(cfg)
         # the resolved config names rows used as they are `pretokenized`
         if e.type not in (None, "pretokenized") and not is_transform_type(e.type)
     ]
     directory = cfg.trl.reward_funcs_dir if cfg.trl is not None and cfg.trl.reward_funcs_dir else "."
-    for i, e in enumerate(cfg.datasets):
+    for key, i, e in _prompt_entries(cfg):
         if is_transform_type(e.type):
             try:
-                load_user_function(e.type, directory, f"datasets[{i}].type", TRANSFORM_CALL)
+                load_user_function(e.type, directory, f"{key}[{i}].type", TRANSFORM_CALL)
             except ConfigError as exc:
                 problems.append(str(exc))
-    for key, why in (
-        ("test_datasets", "evaluation of online RL runs is not offered yet"),
-        ("pretraining_dataset", "online RL trains on prompts, not on streamed text"),
-    ):
-        if getattr(cfg, key):
-            problems.append(f"`{key}` cannot be used with {method}: {why}. Remove `{key}`.")
+    if cfg.pretraining_dataset:
+        problems.append(
+            f"`pretraining_dataset` cannot be used with {method}: online RL trains on prompts, not on streamed text. "
+            "Remove `pretraining_dataset`."
+        )
     for key, why in (
         ("cache_images", "the prompts' images are opened per batch, and no prepared data holds them"),
         ("vision_tokens_to_mask", "only generated completions are trained, and they hold no image tokens"),
@@ -184,22 +196,17 @@ def _data_problems(cfg: HellbenderConfig) -> list[str]:
                 f"reads its prompt rows as they are (they are not tokenized, cut or reordered beforehand). Remove `{key}`."
             )
     allowed = ENTRY_KEYS + (IMAGE_ENTRY_KEYS if cfg.is_multimodal else ())
-    for i, entry in enumerate(cfg.datasets):
+    for key, i, entry in _prompt_entries(cfg):
         extra = [k for k in type(entry).model_fields if k not in allowed and _differs_from_default(entry, k)]
         if extra:
             problems.append(
-                f"`datasets[{i}]` sets {', '.join(f'`{k}`' for k in extra)}, which {method} does not read: its rows "
+                f"`{key}[{i}]` sets {', '.join(f'`{k}`' for k in extra)}, which {method} does not read: its rows "
                 "are used as they are (`prompt` and the reward functions' columns). Remove them."
             )
     if cfg.shuffle_merged_datasets is False:
         problems.append(
             f"`shuffle_merged_datasets: false` cannot be honoured with {method}: TRL's sampler draws the prompts in "
             "a seeded random order. Remove `shuffle_merged_datasets`."
-        )
-    if cfg.val_set_size:
-        problems.append(
-            f"`val_set_size: {cfg.val_set_size}` cannot be used with {method}: evaluation of online RL runs is not "
-            "offered yet. Remove `val_set_size`."
         )
     if cfg.streaming:
         problems.append(f"`streaming: true` cannot be used with {method}: its prompt rows are read whole. Remove it.")

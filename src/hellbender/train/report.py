@@ -39,7 +39,7 @@ from hellbender.train.plots import (
     train_logs,
 )
 from hellbender.train.preference_outcome import is_preference_log, preference_lines
-from hellbender.train.rl_outcome import is_rl_log, reward_lines, reward_notes
+from hellbender.train.rl_outcome import eval_reward_lines, is_rl_log, reward_lines, reward_notes
 
 logger = logging.getLogger("hellbender")
 REPORT_DIR = "report"
@@ -135,8 +135,11 @@ class RunReport(TrainerCallback):
         outcome = self._outcome(train, evals, summary, cross_entropy)
         if is_preference_log(history):  # after the losses: what says whether the preference was learned
             outcome[2:2] = preference_lines(history)
-        elif is_rl_log(history):  # its loss is no progress measure (it stays near 0): the rewards take its line
-            outcome[0 : 1 if evals else 2] = reward_lines(history)  # and online RL has no evaluation yet
+        elif is_rl_log(history):  # its losses are no progress measure (they stay near 0): the rewards take their lines
+            evaluated = [i for i, line in enumerate(outcome) if line.startswith("- Evaluation loss")]
+            if evaluated:
+                outcome[evaluated[0] : evaluated[0] + 1] = eval_reward_lines(evals) if evals else []
+            outcome[0:1] = reward_lines(history)
         lines += ["## Outcome", "", *outcome, ""]
         notes = self._notes(train, evals, online=is_rl_log(history))
         if notes:
@@ -297,7 +300,7 @@ class RunReport(TrainerCallback):
                     f"The training loss did not fall: {_num(early)} over the first quarter of the logs, {_num(late)} "
                     "over the last. Check the learning rate and the data."
                 )
-        if len(evals) >= 3:
+        if len(evals) >= 3 and not online:  # online RL's evaluation loss stays near 0 (its rewards are reported)
             best = min(evals, key=lambda e: e["eval_loss"])
             last = evals[-1]
             if last["step"] > best["step"] and last["eval_loss"] > 1.02 * best["eval_loss"]:

@@ -91,3 +91,29 @@ def reward_notes(history: list[dict[str, Any]]) -> list[str]:
             "grades more finely, a higher `trl.temperature` or more `trl.num_generations` gives them a signal."
         )
     return notes
+
+
+def eval_reward_lines(evals: list[dict[str, Any]]) -> list[str]:
+    """The report's lines of an online RL run's evaluations (completions generated for the evaluation prompts, scored
+    by the same reward functions), in place of the evaluation loss's: a group's advantages sum to about zero, so that
+    loss says nothing."""
+    logged = _logged(evals, f"eval_{REWARD}")
+    if not logged:
+        return []
+    key = f"eval_{REWARD}"
+    last, best = logged[-1], max(logged, key=lambda e: e[key])
+    lines = [
+        f"- Evaluation reward (completions generated for the evaluation prompts): {last[key]:.4g} at step "
+        f"{last['step']}; highest {best[key]:.4g} at step {best['step']}"
+    ]
+    prefix = f"eval_{FUNCTION_PREFIX}"
+    for name_key in sorted(k for k in last if k.startswith(prefix) and k.endswith("/mean")):
+        lines.append(f"  - `{name_key[len(prefix) : -len('/mean')]}`: {last[name_key]:.4g}")
+    details = []
+    if last.get(f"eval_{REWARD}_std") is not None:
+        details.append(f"spread {last[f'eval_{REWARD}_std']:.4g}")
+    if last.get("eval_completions/mean_length") is not None:
+        details.append(f"mean completion length {last['eval_completions/mean_length']:.4g} tokens")
+    if details:
+        lines[0] += f" ({', '.join(details)} at the last)"
+    return lines

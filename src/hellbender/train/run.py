@@ -305,9 +305,10 @@ def _training_data(
     """(training data, evaluation data or None, the prepared data's statistics or None) for the routes: online RL's
     prompt rows, streamed, used as is, prepared."""
     if cfg.rl in ONLINE_RL_METHODS:
-        from hellbender.data.grpo_rows import grpo_rows
+        from hellbender.data.grpo_rows import grpo_split
 
-        return grpo_rows(cfg, tokenizer), None, None
+        train_rows, eval_rows = grpo_split(cfg, tokenizer)
+        return train_rows, eval_rows, None
     if cfg.uses_streaming or cfg.skip_prepare_dataset:
         # Only evaluation data is prepared; `prepare_datasets` leaves these training rows alone.
         prepared_eval = prepare_datasets(cfg, tokenizer, processor) if cfg.test_datasets else None

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hellbender.config import HellbenderConfig
+from hellbender.config.rl import ONLINE_RL_METHODS
 from hellbender.errors import ConfigError
 from hellbender.metrics import perplexity
 from hellbender.storage import write_file_atomically
@@ -103,7 +104,10 @@ def evaluate(
             "of `datasets` as in training) or `test_datasets`, then run `hellbender evaluate` again."
         )
     trained = find_trained(cfg, checkpoint, "--checkpoint")  # before the data work, so a bad path fails at once
+    target = Path(output).expanduser() if output is not None else Path(cfg.output_dir) / RESULTS_NAME
     tokenizer, processor = load_tokenizer_and_processor(cfg)
+    if cfg.rl in ONLINE_RL_METHODS:  # generated completions, scored by the reward functions
+        return _evaluate_online(cfg, trained, tokenizer, processor, target)
     prepared = prepare_datasets(cfg, tokenizer, processor)
     if prepared.eval is None or len(prepared.eval) == 0:
         raise ConfigError(
@@ -139,8 +143,38 @@ def evaluate(
         "adapter": trained.is_adapter,
         "step": trained.step,
     }
-    target = Path(output).expanduser() if output is not None else Path(cfg.output_dir) / RESULTS_NAME
+    return _written(results, target)
+
+
+def _written(results: dict[str, Any], target: Path) -> dict[str, Any]:
     target.parent.mkdir(parents=True, exist_ok=True)
     write_file_atomically(target, json.dumps(results, indent=1) + "\n")
     logger.info("Wrote %s", target)
     return results
+
+
+def _evaluate_online(cfg: HellbenderConfig, trained: Any, tokenizer: Any, processor: Any, target: Path) -> dict:
+    """`evaluate` for online RL: the evaluation prompts are read as training reads them (`grpo_split`)."""
+    from hellbender.data.grpo_rows import grpo_split
+    from hellbender.use.evaluate_online import completions_path, online_metrics
+
+    eval_rows = grpo_split(cfg, tokenizer)[1]
+    also_trained = trained_on_eval_data(cfg)
+    if also_trained:
+        logger.warning(
+            "The evaluation prompts were also training prompts (%s in both `datasets` and `test_datasets`): the "
+            "rewards say how the model does on prompts it trained on, not on unseen ones.",
+            ", ".join(f"`{path}`" for path in also_trained),
+        )
+    model = load_trained(cfg, trained, tokenizer)
+    metrics = online_metrics(cfg, model, processor or tokenizer, eval_rows, completions_path(target))
+    results = {
+        **metrics,
+        "eval_data": "test_datasets" if cfg.test_datasets else f"val_set_size: {cfg.val_set_size:g} of datasets",
+        "eval_rows_also_trained": bool(also_trained),
+        "seed": cfg.seed,
+        "model": str(trained.path),
+        "adapter": trained.is_adapter,
+        "step": trained.step,
+    }
+    return _written(results, target)
