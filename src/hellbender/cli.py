@@ -442,7 +442,8 @@ def evaluate(
     debug: DebugOpt = False,
 ) -> None:
     """Score the trained model on the config's evaluation data: loss, perplexity, token accuracy (JSON); after
-    preference tuning or a reward model: preference accuracy, mean reward margin and the method's loss."""
+    preference tuning or a reward model: preference accuracy, mean reward margin and the method's loss; after online
+    RL: the mean reward of completions generated for the evaluation prompts."""
 
     def action() -> None:
         from hellbender.train.distributed import one_gpu_for_one_process

@@ -1,6 +1,7 @@
 """`hellbender evaluate`: loss, perplexity and token accuracy of the trained model on the config's evaluation data
 (for preference tuning and reward models: preference accuracy, mean reward margin and the method's loss,
-`evaluate_preference.py`).
+`evaluate_preference.py`; for online RL: the rewards of completions generated for the evaluation prompts,
+`evaluate_online.py`).
 
 The evaluation rows are prepared exactly as for training (the same cache, the same `val_set_size` split or
 `test_datasets`), batched by the training collators, and scored over the tokens training would train (labels
