@@ -108,6 +108,23 @@ def test_a_transform_is_called_with_the_config_and_the_entrys_index(tmp_path):
     assert rows[9]["prompt"] == "hellbender/tiny-llama entry 1: What is 1 + 1?"
 
 
+def test_a_test_datasets_transform_is_its_own_entrys(tmp_path):
+    """The evaluation prompts of `test_datasets` go through their own entry's transform, not `datasets`' entry of the
+    same index."""
+    from hellbender.data.grpo_rows import grpo_split
+
+    raw_dir(tmp_path)
+    entry = {"path": str(tmp_path / "raw.jsonl")}
+    cfg = grpo_config(
+        tmp_path,
+        datasets=[{**entry, "type": "transforms.everything_replaced"}],
+        test_datasets=[{**entry, "type": "transforms.text_prompt"}],
+    )
+    train, held = grpo_split(cfg)
+    assert train[1]["prompt"] == "WHAT IS 1 + 1?"
+    assert held[1]["prompt"] == "hellbender/tiny-llama entry 0: What is 1 + 1?"
+
+
 @pytest.mark.parametrize(
     ("transform", "error", "needles"),
     [

@@ -52,7 +52,7 @@ def _joined_entries(cfg: HellbenderConfig, entries: list[DatasetEntry], key: str
         rows = load_rows(entry, where=where)
         transformed = is_transform_type(entry.type)
         if transformed:
-            rows = transformed_rows(cfg, i, rows, tokenizer)
+            rows = transformed_rows(cfg, i, rows, tokenizer, key)
         if "prompt" not in rows.column_names:
             made = f" after its transform `{entry.type}`" if transformed else ""
             fix = "Make the transform return a `prompt`." if transformed else "Rename the column, or add it."

@@ -17,10 +17,11 @@ from hellbender.errors import ConfigError, DataError
 MAP_KEYWORDS = ("remove_columns",)
 
 
-def transformed_rows(cfg: HellbenderConfig, index: int, rows: Any, tokenizer: Any) -> Any:
-    """The rows of `datasets[index]` after its `type: module.function` transform."""
-    entry = cfg.datasets[index]
-    key = f"datasets[{index}].type"
+def transformed_rows(cfg: HellbenderConfig, index: int, rows: Any, tokenizer: Any, entries: str = "datasets") -> Any:
+    """The rows of `<entries>[index]` (`datasets`, or `test_datasets`) after its `type: module.function` transform;
+    as in Axolotl, the function is given the entry's index in its own list."""
+    entry = getattr(cfg, entries)[index]
+    key = f"{entries}[{index}].type"
     directory = cfg.trl.reward_funcs_dir if cfg.trl is not None and cfg.trl.reward_funcs_dir else "."
     factory = load_user_function(str(entry.type), directory, key, TRANSFORM_CALL)
     try:
@@ -46,7 +47,7 @@ def transformed_rows(cfg: HellbenderConfig, index: int, rows: Any, tokenizer: An
         transform = partial(transform, tokenizer=tokenizer)
     removed = options.get("remove_columns") or []
     removed = list(rows.column_names) if removed == "__all__" else [c for c in removed if c in rows.column_names]
-    where = f"`datasets[{index}]` (`{entry.path}`)"
+    where = f"`{entries}[{index}]` (`{entry.path}`)"
 
     def one_row(row: dict[str, Any], position: int) -> dict[str, Any]:
         try:
