@@ -7,7 +7,11 @@ gradients; each checkpointed layer runs its forward again. Attention adds 4 T c 
 causal context, half the sequence or the window; d = heads x head_dim) and twice that backward. Frozen linear
 layers outside the decoder (a vision tower) run forward only. Preference methods add their forwards without
 gradients and score answers with TRL's fused LM head (`step_flops_parts`; the rows are `method.py`'s). The optimizer
-step is bound by memory bandwidth: it reads and writes weights, gradients and states about once each."""
+step is bound by memory bandwidth: it reads and writes weights, gradients and states about once each.
+
+Under the compute lies the host's floor: the kernels the step launches (`launches.py`'s counts) times
+`cards.LAUNCH_SECONDS`. The host queues kernels ahead of the GPU, so the step takes the longer of the two, not their
+sum (docs/plan.md shows the measurements that decide it)."""
 
 from __future__ import annotations
 

@@ -211,17 +211,22 @@ def describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
     if experts:
         count = experts
         facts.active_expert_share = min(1.0, top_k / count) if top_k else 1.0
-        facts.expert_numel = sum(p.numel for p in parameters if _is_expert(p.name) and not _is_lora_part(p.name))
+        stacked = {name for name, p in model.named_parameters() if p.dim() == 3}
+        facts.expert_numel = sum(p.numel for p in parameters if p.name in stacked)
         facts.expert_lora_numel = sum(p.numel for p in parameters if _is_expert(p.name) and _is_lora_part(p.name))
         if facts.expert_lora_numel:
             # PEFT's LoRA on a stacked parameter adds B A to the whole stack in every forward; the merged copy is
             # what the experts' matmuls save for backward.
             facts.expert_lora_rank = cfg.lora_r or 0
-            facts.merged_expert_bytes = sum(p.nbytes for p in parameters if _is_expert(p.name)
-                                            and not _is_lora_part(p.name)) // max(1, len(layers))  # fmt: skip
+            facts.merged_expert_bytes = sum(p.nbytes for p in parameters if p.name in stacked) // max(1, len(layers))
         facts.notes.append(
             f"mixture of experts: {top_k or count} of {count} experts per token (their FLOPs and activations), all "
             "experts' weights in memory; routing is planned as balanced (no expert takes more than its share)"
+        )
+    elif top_k:
+        facts.not_modelled.append(
+            "the mixture of experts' routing: this model's experts are not stacked tensors, so every expert's FLOPs "
+            "and activations are planned as if each token ran them all (an upper bound)"
         )
     facts.kv_shared_layers = [i for i, layer in enumerate(layers) if _reads_shared_kv(layer)]
     facts.vision_linear_numel = sum(p.numel for p in parameters if p.quantizable and p.in_layer is None
