@@ -154,5 +154,6 @@ def test_a_vision_tower_is_reported_as_not_modelled_per_image(tmp_path):
     assert plan.facts.vision_linear_numel > 0
     text = render(plan)
     assert "NOT MODELLED: the vision tower's work per image" in text
+    assert text.rstrip().endswith(", without what is NOT MODELLED above")
     text_only = plan_for(validate_config(base_config(tmp_path, base_model="hellbender/tiny-gemma4")))
     assert "NOT MODELLED" not in render(text_only)

@@ -141,6 +141,8 @@ def verdict(plan: Plan) -> str:
     budget = f"{plan.budget / GIB:.1f} GiB ({plan.budget_source})"
     if plan.settings.method.not_modelled:
         budget += f", as supervised training: {plan.settings.method.name} is not modelled"
+    if plan.facts.not_modelled:
+        budget += ", without what is NOT MODELLED above"
     if plan.fits:
         return f"fits: needs {plan.memory.needed / GIB:.1f} GiB of {budget}"
     text = f"does not fit: needs {plan.memory.needed / GIB:.1f} GiB of {budget}"
