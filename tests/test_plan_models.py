@@ -134,6 +134,7 @@ def test_lora_on_experts_saves_the_merged_expert_weights_of_each_layer(tmp_path)
         pytest.skip("this PEFT does not put LoRA on stacked experts")
     per_layer = sum(p.nbytes for p in facts.parameters if ".experts." in p.name and ".lora_" not in p.name) // 2
     assert facts.merged_expert_bytes == per_layer
+    assert facts.lora_inputs and not any("experts" in i.group for i in facts.lora_inputs)  # merged, not per token
     plan = plan_for(cfg)
     without = plan_for(cfg)
     without.facts.merged_expert_bytes = 0

@@ -299,8 +299,8 @@ def _lora_inputs(layer: Any) -> list[LoraInput]:
     groups: dict[str, list[tuple[int, int]]] = {}
     for name, module in layer.named_modules():
         lora_a = getattr(module, "lora_A", None)
-        if lora_a is None or not len(lora_a):
-            continue
+        if lora_a is None or not len(lora_a) or getattr(module, "parameter_name", None):
+            continue  # LoRA on a stacked parameter (experts) is merged into the weight: no per-token tensors
         adapter = next(iter(lora_a.values()))
         leaf = name.rsplit(".", 1)[-1]
         group = _SHARED_INPUTS.get(leaf, name)
