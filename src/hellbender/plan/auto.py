@@ -13,7 +13,7 @@ from hellbender.errors import ConfigError
 logger = logging.getLogger("hellbender")
 _MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 # Settings predicted within this share of the fastest count as equally fast: the larger micro-batch then wins (a
-# larger batch uses the GPU better, which the FLOPs model does not see), then no offloading, then fewer
+# larger batch uses the GPU better than the FLOPs and launch counts show), then no offloading, then fewer
 # checkpointed layers.
 _TIE = 0.01
 

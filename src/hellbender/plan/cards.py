@@ -27,6 +27,12 @@ class Card:
     host_link_gb_s: float  # pinned host <-> GPU copies, one direction (PCIe)
     efficiency: float
     measured: bool
+    launch_seconds: float = 0.0  # the host's time per GPU kernel launched (launches.py); 0: LAUNCH_SECONDS
+
+
+# The host's time per kernel launched, fitted in docs/plan.md to launch-bound steps measured on H200 machines
+# (W3's VLM steps and W6's decoding steps). It is the host's cost, not the card's: the other cards assume it.
+LAUNCH_SECONDS = 47e-6
 
 
 CARDS: tuple[Card, ...] = (

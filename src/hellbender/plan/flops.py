@@ -7,13 +7,30 @@ gradients; each checkpointed layer runs its forward again. Attention adds 4 T c 
 causal context, half the sequence or the window; d = heads x head_dim) and twice that backward. Frozen linear
 layers outside the decoder (a vision tower) run forward only. Preference methods add their forwards without
 gradients and score answers with TRL's fused LM head (`step_flops_parts`; the rows are `method.py`'s). The optimizer
-step is bound by memory bandwidth: it reads and writes weights, gradients and states about once each."""
+step is bound by memory bandwidth: it reads and writes weights, gradients and states about once each.
+
+Under the compute lies the host's floor: the kernels the step launches (`launches.py`'s counts) times
+`cards.LAUNCH_SECONDS`. The host queues kernels ahead of the GPU, so the step takes the longer of the two, not their
+sum (docs/plan.md shows the measurements that decide it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import ceil
 
-from hellbender.plan.cards import Card
+from hellbender.plan.cards import LAUNCH_SECONDS, Card
+from hellbender.plan.launches import (
+    CLIP_OPS,
+    FUSED_OPS,
+    HEAD_AND_LOSS,
+    MULTI_TENSOR,
+    PER_EXPERT,
+    PER_TENSOR_OPS,
+    TENSORS_PER_CHUNK,
+    UNFUSED_NORM,
+    UNFUSED_ROPE,
+    KernelCounts,
+)
 from hellbender.plan.memory import MemoryPlan
 from hellbender.plan.method import FUSED_HEAD
 from hellbender.plan.model_facts import ModelFacts
@@ -35,6 +52,13 @@ class StepTime:
     transfer_seconds: float  # offloaded layer inputs over the host link (overlapped with compute)
     examples_per_second: float = 0.0  # per GPU: rows, or pairs for pair methods
     parts: dict[str, float] = field(default_factory=dict)  # FLOPs per step by what runs them
+    compute_seconds: float = 0.0  # the FLOPs at the card's efficiency
+    kernels: float = 0.0  # GPU kernels launched per step
+    launch_seconds: float = 0.0  # the host's time to launch them (the floor under the step)
+
+    @property
+    def launch_bound(self) -> bool:
+        return self.launch_seconds > max(self.compute_seconds, self.transfer_seconds)
 
 
 def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: int = 1) -> dict[str, float]:
@@ -44,9 +68,13 @@ def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: 
     TRL's fused LM head, the N answer tokens: forward 2 N H, backward 2 N H to recompute each tile, 2 N H for the
     hidden states' gradient and 2 N H more for a trained head's."""
     tokens, scored = s.tokens, s.scored_tokens
-    decoder, head, lora = facts.decoder_linear_numel, facts.head_numel, facts.lora_numel
-    trained_linear = sum(p.numel for p in facts.trainable if p.rows or ".lora_" in p.name)
-    trained_body = trained_linear - (head if facts.head_trainable else 0)
+    share = facts.active_expert_share  # a token runs only its top-k experts
+    idle_lora = facts.expert_lora_numel  # merged into the experts' weights, not run per token (merge below)
+    decoder = facts.decoder_linear_numel + facts.expert_numel * share
+    head, lora = facts.head_numel, facts.lora_numel - idle_lora
+    trained_linear = sum(p.numel for p in facts.trainable if p.rows or ".lora_" in p.name) - idle_lora
+    trained_experts = sum(p.numel for p in facts.trainable if ".experts." in p.name and ".lora_" not in p.name)
+    trained_body = trained_linear + trained_experts * share - (head if facts.head_trainable else 0)
     body_forward = 2 * tokens * (decoder + lora)
     body_backward = 2 * tokens * (decoder + lora) + 2 * tokens * trained_body
     if s.method.head == FUSED_HEAD:
@@ -61,12 +89,14 @@ def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: 
         window = facts.sliding_windows[index] if index < len(facts.sliding_windows) else None
         attention_forward += 4 * tokens * s.context(window) * d
     checkpointed = s.checkpointed(facts.layers)
-    share = checkpointed / facts.layers if facts.layers else 0.0
+    recomputed = checkpointed / facts.layers if facts.layers else 0.0
     vision = 2 * tokens * facts.other_linear_numel if facts.other_linear_numel else 0.0
+    # PEFT merges LoRA into stacked experts each forward: (experts, out, r) x (experts, r, in), and twice that back.
+    merge = 2 * facts.expert_lora_rank * facts.expert_numel if facts.expert_lora_numel else 0.0
     parts = {
         "policy forward and backward": body_forward + body_backward + head_forward + head_backward
-        + 3 * attention_forward + vision,
-        "recomputation": share * (2 * tokens * (decoder + lora) + attention_forward),
+        + 3 * attention_forward + vision + 3 * merge,
+        "recomputation": recomputed * (2 * tokens * (decoder + lora) + attention_forward + merge),
     }  # fmt: skip
     # The reference runs the base weights only: the adapter is switched off, or the frozen copy has none.
     reference = 2 * tokens * decoder + head_forward + attention_forward + vision
@@ -95,7 +125,49 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     transfer = 2 * offloaded * gradient_accumulation / (card.host_link_gb_s * 1e9)
     # trained weights, their gradients and the states, each read and written about once
     optimizer = 3 * (2 * memory.gradients + memory.optimizer_states) / (card.hbm_tb_s * 1e12)
-    seconds = max(compute, transfer) + optimizer
+    kernels = micro_batch_kernels(facts.kernels, s, facts.layers) * gradient_accumulation
+    kernels += optimizer_kernels(facts.kernels, s.optimizer, s.clips_gradients)
+    launch = kernels * (card.launch_seconds or LAUNCH_SECONDS)
+    # The host queues kernels ahead of the GPU: the step takes the longer of the two, not their sum.
+    seconds = max(compute, transfer, launch) + optimizer
     tokens = s.tokens * gradient_accumulation
     examples = s.micro_batch_size * gradient_accumulation
-    return StepTime(flops, seconds, tokens / seconds, transfer, examples / seconds, parts)
+    return StepTime(flops, seconds, tokens / seconds, transfer, examples / seconds, parts, compute, kernels, launch)
+
+
+def _layer_forwards(k: KernelCounts, s: PlanSettings) -> list[int]:
+    norm = 1 if s.liger_rms_norm else UNFUSED_NORM
+    rope = 1 if s.liger_rope else UNFUSED_ROPE
+    glu = -1 if s.liger_glu else 0  # the activation and the product in one kernel
+    dequant = 1 if s.quantized_bits else 0
+    return [
+        layer.fixed + layer.norms * norm + rope + glu + layer.dequantized * dequant + layer.experts * PER_EXPERT
+        for layer in k.layers
+    ]
+
+
+def micro_batch_kernels(k: KernelCounts, s: PlanSettings, layers: int) -> float:
+    """Kernels one micro-batch launches: forward, the recomputation of checkpointed layers and backward."""
+    forward = _layer_forwards(k, s)
+    checkpointed = s.checkpointed(layers)
+    passes = s.method.reference_forwards + (1 if s.method.policy_forwards_without_grad else 0)
+    trained = sum(forward) + k.outside_trained + HEAD_AND_LOSS
+    return (
+        3 * trained  # forward and backward (twice the forward's kernels)
+        + sum(forward[:checkpointed])
+        + (1 + passes) * k.outside_frozen
+        + passes * (sum(forward) + HEAD_AND_LOSS)
+    )
+
+
+def optimizer_kernels(k: KernelCounts, optimizer: str, clipping: bool) -> float:
+    chunks = ceil(k.trainable_tensors / TENSORS_PER_CHUNK)
+    clip = CLIP_OPS * chunks if clipping else 0
+    if optimizer in MULTI_TENSOR:
+        return FUSED_OPS * chunks + clip
+    return PER_TENSOR_OPS * k.trainable_tensors + clip
+
+
+def forward_kernels(k: KernelCounts, s: PlanSettings) -> float:
+    """Kernels of one forward without gradients (one decoding step: the calibration against W6, docs/plan.md)."""
+    return sum(_layer_forwards(k, s)) + k.outside_trained + k.outside_frozen + HEAD_AND_LOSS

@@ -137,13 +137,20 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         if index < checkpointed:
             per_layer.append(0 if s.offload else kept_input)
         else:
-            per_layer.append(int(full_layer + attention_scores_bytes(facts, s, element, index)))
+            shared = element * 2 * facts.kv_dim * tokens if index in facts.kv_shared_layers else 0
+            per_layer.append(
+                int(full_layer - shared + facts.merged_expert_bytes + attention_scores_bytes(facts, s, element, index))
+            )
     if checkpointed and s.offload:
         on_host = checkpointed * kept_input
         host_parts["offloaded layer inputs (pinned slabs)"] = math.ceil(on_host / SLAB_BYTES) * SLAB_BYTES
         per_layer[0] = 2 * kept_input  # the input being copied out and the one fetched ahead in backward
     activations = sum(per_layer)
-    recompute = int(full_layer + attention_scores_bytes(facts, s, element, 0)) if checkpointed else 0
+    recompute = (
+        int(full_layer + facts.merged_expert_bytes + attention_scores_bytes(facts, s, element, 0))
+        if checkpointed
+        else 0
+    )
     loss = int(loss_bytes(facts, s, element))
     q, k = facts.q_dim, facts.kv_dim
     if (

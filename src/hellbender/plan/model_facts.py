@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hellbender.config import HellbenderConfig
+from hellbender.plan.launches import KernelCounts, count_kernels
 
 # Linear layers whose inputs are one tensor in a Llama-style decoder layer: LoRA modules that read the same input
 # are grouped, since autograd saves one tensor for all of them.
@@ -75,6 +76,16 @@ class ModelFacts:
     largest_layer_bytes: int = 0  # the decoder layer with the most parameter bytes (FSDP2 / ZeRO-3 gather it whole)
     attention: str = "sdpa"  # the attention implementation the model runs
     shared_prompt_refusal: str | None = None  # why DPO pairs could not share their prompt in one row (None: they can)
+    kernels: KernelCounts = field(default_factory=KernelCounts)  # GPU kernels a forward launches (launches.py)
+    expert_numel: int = 0  # stacked experts' weights in the decoder layers (all of them are in memory)
+    expert_lora_numel: int = 0  # LoRA's adapters on those experts (one per expert)
+    expert_lora_rank: int = 0
+    merged_expert_bytes: int = 0  # per decoder layer: the experts' weights PEFT merges with their adapters each forward
+    active_expert_share: float = 1.0  # top-k of the experts: the share of the experts' weights a token runs
+    kv_shared_layers: list[int] = field(default_factory=list)  # layers reading an earlier layer's keys and values
+    vision_linear_numel: int = 0  # linear weights of a vision (or audio) tower and its projector
+    not_modelled: list[str] = field(default_factory=list)  # what the plan leaves out for this model, said in the report
+    notes: list[str] = field(default_factory=list)  # how this model's special parts are planned
 
     @property
     def trainable(self) -> list[Parameter]:
@@ -156,9 +167,15 @@ def describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
     # wider heads than its sliding ones; its config refuses a global `head_dim`).
     q_dim = _mean_width(layers, ("q_proj",), "out_features") or heads * head_dim
     kv_dim = _mean_width(layers, ("k_proj",), "out_features") or kv_heads * head_dim
-    intermediate = _mean_width(layers, ("down_proj",), "in_features") or _setting(
-        text, "intermediate_size", 4 * text.hidden_size
-    )
+    dense_inner = _mean_width(layers, ("down_proj",), "in_features")
+    experts = _stacked_experts(layers)
+    top_k = _setting(text, "num_experts_per_tok", None) or _setting(text, "top_k", None)
+    if experts and top_k:
+        # Each token runs its top-k experts: their inner tensors are saved, beside a shared expert's (dense_inner).
+        expert_inner = _setting(text, "moe_intermediate_size", None) or _setting(text, "intermediate_size", 0)
+        intermediate = dense_inner + top_k * expert_inner
+    else:
+        intermediate = dense_inner or _setting(text, "intermediate_size", 4 * text.hidden_size)
     windows = _sliding_windows(text, len(layers))
     facts = ModelFacts(
         parameters=parameters,
@@ -190,7 +207,56 @@ def describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
     facts.largest_layer_bytes = max(per_layer, default=0)
     if layers:
         facts.lora_inputs = _lora_inputs(layers[0])
+    facts.kernels = count_kernels(model, list(layers))
+    if experts:
+        count = experts
+        facts.active_expert_share = min(1.0, top_k / count) if top_k else 1.0
+        stacked = {name for name, p in model.named_parameters() if p.dim() == 3}
+        facts.expert_numel = sum(p.numel for p in parameters if p.name in stacked)
+        facts.expert_lora_numel = sum(p.numel for p in parameters if _is_expert(p.name) and _is_lora_part(p.name))
+        if facts.expert_lora_numel:
+            # PEFT's LoRA on a stacked parameter adds B A to the whole stack in every forward; the merged copy is
+            # what the experts' matmuls save for backward.
+            facts.expert_lora_rank = cfg.lora_r or 0
+            facts.merged_expert_bytes = sum(p.nbytes for p in parameters if p.name in stacked) // max(1, len(layers))
+        facts.notes.append(
+            f"mixture of experts: {top_k or count} of {count} experts per token (their FLOPs and activations), all "
+            "experts' weights in memory; routing is planned as balanced (no expert takes more than its share)"
+        )
+    elif top_k:
+        facts.not_modelled.append(
+            "the mixture of experts' routing: this model's experts are not stacked tensors, so every expert's FLOPs "
+            "and activations are planned as if each token ran them all (an upper bound)"
+        )
+    facts.kv_shared_layers = [i for i, layer in enumerate(layers) if _reads_shared_kv(layer)]
+    facts.vision_linear_numel = sum(p.numel for p in parameters if p.quantizable and p.in_layer is None
+                                    and any(part in p.name for part in _VISION_PARTS))  # fmt: skip
+    if facts.vision_linear_numel:
+        facts.not_modelled.append(
+            "the vision tower's work per image (images per row and their patches are not in the config): its "
+            "weights count in full, its activations not, its FLOPs as if every token went through its linear "
+            "layers (an upper bound) and its kernels once per micro-batch"
+        )
     return facts
+
+
+def _stacked_experts(layers: list[Any]) -> int:
+    """How many experts a decoder layer holds as stacked 3-D weights (transformers 5's MoE blocks), 0 if none."""
+    for layer in layers[:1] or []:
+        for p in layer.parameters():
+            if p.dim() == 3 and p.shape[0] > 1:
+                return p.shape[0]
+    return 0
+
+
+def _is_expert(name: str) -> bool:
+    return ".experts." in name
+
+
+def _reads_shared_kv(layer: Any) -> bool:
+    """Gemma 4's KV-shared layers compute no keys or values of their own: they reuse an earlier layer's."""
+    attention = getattr(layer, "self_attn", None)
+    return bool(getattr(attention, "is_kv_shared_layer", False))
 
 
 def _is_lora_part(name: str) -> bool:
@@ -233,8 +299,8 @@ def _lora_inputs(layer: Any) -> list[LoraInput]:
     groups: dict[str, list[tuple[int, int]]] = {}
     for name, module in layer.named_modules():
         lora_a = getattr(module, "lora_A", None)
-        if lora_a is None or not len(lora_a):
-            continue
+        if lora_a is None or not len(lora_a) or getattr(module, "parameter_name", None):
+            continue  # LoRA on a stacked parameter (experts) is merged into the weight: no per-token tensors
         adapter = next(iter(lora_a.values()))
         leaf = name.rsplit(".", 1)[-1]
         group = _SHARED_INPUTS.get(leaf, name)

@@ -74,6 +74,7 @@ def render(plan: Plan) -> str:
             f"{plan.settings.micro_batch_size} rows of {plan.settings.sequence_len} tokens; they leave out "
             f"{shape.not_modelled}."
         )
+    lines += [f"NOT MODELLED: {part}." for part in plan.facts.not_modelled]
     lines += ["", "Predicted peak GPU memory, per GPU:"]
     rows = [
         ("weights", m.weights),
@@ -116,7 +117,12 @@ def render(plan: Plan) -> str:
     if set(t.parts) - {"policy forward and backward", "recomputation"}:  # what the method adds
         lines.append("  " + ", ".join(f"{name} {value / 1e12:,.1f}" for name, value in t.parts.items() if value)
                      + " TFLOP")  # fmt: skip
-    lines += [f"note: {note}" for note in m.notes]
+    if t.launch_bound:
+        lines.append(
+            f"  bound by kernel launches: {t.kernels:,.0f} kernels take the host {t.launch_seconds:.3f} s, the GPU's "
+            f"work {t.compute_seconds:.3f} s"
+        )
+    lines += [f"note: {note}" for note in m.notes + plan.facts.notes]
     lines.append("")
     lines.append(verdict(plan))
     return "\n".join(lines) + "\n"
@@ -135,6 +141,8 @@ def verdict(plan: Plan) -> str:
     budget = f"{plan.budget / GIB:.1f} GiB ({plan.budget_source})"
     if plan.settings.method.not_modelled:
         budget += f", as supervised training: {plan.settings.method.name} is not modelled"
+    if plan.facts.not_modelled:
+        budget += ", without what is NOT MODELLED above"
     if plan.fits:
         return f"fits: needs {plan.memory.needed / GIB:.1f} GiB of {budget}"
     text = f"does not fit: needs {plan.memory.needed / GIB:.1f} GiB of {budget}"

@@ -30,6 +30,8 @@ class PlanSettings:
     sharding: str  # "none" (one GPU or DDP), "fsdp2", "zero1", "zero2", "zero3"
     offload_optimizer: bool = False  # DeepSpeed / FSDP2 keep optimizer states (and ZeRO-3 / FSDP2 the params) on host
     method: MethodShape = SUPERVISED  # what one micro-batch runs (rows, reference forwards, the head)
+    liger_rope: bool = False
+    clips_gradients: bool = True  # `max_grad_norm` > 0: a norm over every gradient before the optimizer step
 
     @property
     def rows(self) -> int:
@@ -85,6 +87,8 @@ def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None
         sharding=sharding if gpus > 1 else "none",
         offload_optimizer=offload_optimizer,
         method=method_shape(cfg, facts),
+        liger_rope=cfg.liger_rope,
+        clips_gradients=bool(cfg.max_grad_norm),
     )
 
 

@@ -1,0 +1,172 @@
+"""The planner's step time floor (kernel launches) and the model families beyond the Llama shape: Gemma 4's shared
+keys and values, mixture-of-experts layers and vision towers, planned from tiny configs on the meta device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hellbender.config import validate_config
+from hellbender.plan.budget import plan_for
+from hellbender.plan.flops import forward_kernels, micro_batch_kernels, step_flops_parts
+from hellbender.plan.model_facts import describe, meta_model
+from hellbender.plan.report import render
+from hellbender.plan.settings import plan_settings
+from tests.helpers import base_config, vlm_config
+
+pytestmark = pytest.mark.usefixtures("libraries_log_to_the_session_stderr")
+
+# The Llama-3.2-1B shape of W2 (docs/benchmarks.md), on the meta device only.
+ONE_B = dict(
+    hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+    vocab_size=128256,
+)  # fmt: skip
+
+
+def test_a_tiny_models_step_is_bound_by_kernel_launches_and_a_1b_models_by_its_flops(tmp_path):
+    tiny = plan_for(validate_config(base_config(tmp_path, adapter="lora", lora_target_linear=True)), gpu="H100")
+    assert tiny.time.launch_bound
+    assert tiny.time.seconds >= tiny.time.launch_seconds > 100 * tiny.time.compute_seconds
+    assert tiny.time.tokens_per_second < 1_000_000  # FLOPs alone predicted hundreds of millions
+    assert "bound by kernel launches" in render(tiny)
+
+    raw = base_config(tmp_path, adapter=None, sequence_len=2048, micro_batch_size=4, gradient_checkpointing=True,
+                      bf16=True, overrides_of_model_config=ONE_B)  # fmt: skip
+    one_b = plan_for(validate_config(raw), gpu="H100")
+    assert not one_b.time.launch_bound
+    assert one_b.time.seconds == pytest.approx(one_b.time.compute_seconds, rel=0.1)  # + the optimizer's traffic
+
+
+def test_the_kernel_count_follows_layers_recomputation_lora_and_fused_kernels(tmp_path):
+    def kernels(**overrides) -> float:
+        cfg = validate_config(base_config(tmp_path, **overrides))
+        facts = describe(cfg, meta_model(cfg))
+        return micro_batch_kernels(facts.kernels, plan_settings(cfg, facts=facts), facts.layers)
+
+    full = kernels(adapter=None, gradient_checkpointing=False)
+    assert kernels(adapter=None, gradient_checkpointing=True) > full  # checkpointed layers run forward again
+    assert kernels(adapter=None, gradient_checkpointing=False, overrides_of_model_config={"num_hidden_layers": 4}) > (
+        1.5 * full
+    )
+    lora = kernels(adapter="lora", lora_target_linear=True, gradient_checkpointing=False)
+    assert lora > full  # each wrapped projection adds A, B and its glue
+    # Liger's kernels replace the unfused norm, rotary and gated-product ops
+    cfg = validate_config(base_config(tmp_path, adapter=None, gradient_checkpointing=False))
+    facts = describe(cfg, meta_model(cfg))
+    liger = plan_settings(cfg, facts=facts).but(liger_rms_norm=True, liger_rope=True, liger_glu=True)
+    assert micro_batch_kernels(facts.kernels, liger, facts.layers) < full
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"adapter": None},
+        {"adapter": "lora", "lora_target_linear": True, "lora_dropout": 0.0},
+        {"base_model": "hellbender/tiny-gemma4", "adapter": "lora", "lora_target_linear": True, "lora_dropout": 0.0},
+    ],
+    ids=["llama-full", "llama-lora", "gemma4-lora"],
+)
+def test_the_kernel_count_is_near_the_ops_a_real_step_dispatches(tmp_path, overrides):
+    """The structural count against the aten ops (views aside) that a real CPU forward, and forward and backward, of
+    the tiny model dispatch: each is about one kernel on a GPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hellbender.models.loading import load_tokenizer
+    from hellbender.models.stack import build_trainable_model
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not getattr(func, "is_view", False):
+                Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    cfg = validate_config(base_config(tmp_path, gradient_checkpointing=False, **overrides))
+    model = build_trainable_model(cfg, load_tokenizer(cfg))
+    ids = torch.randint(5, 200, (1, 16))
+    with torch.no_grad(), Count():
+        model(input_ids=ids)
+    forward, Count.ops = Count.ops, 0
+    with Count():
+        model(input_ids=ids, labels=ids).loss.backward()
+    facts = describe(cfg, meta_model(cfg))
+    s = plan_settings(cfg, facts=facts)
+    assert 0.7 * forward < forward_kernels(facts.kernels, s) < 1.3 * forward
+    assert 0.7 * Count.ops < micro_batch_kernels(facts.kernels, s, facts.layers) < 1.3 * Count.ops
+
+
+def _moe_config(tmp_path: Path, **overrides) -> dict:
+    from transformers import Qwen3MoeConfig
+
+    model_dir = tmp_path / "tiny-moe"
+    Qwen3MoeConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+    ).save_pretrained(model_dir)  # fmt: skip
+    return base_config(tmp_path, base_model=str(model_dir), tokenizer_config="hellbender/tiny-llama", **overrides)
+
+
+def test_a_mixture_of_experts_runs_the_top_k_experts_flops_and_holds_every_experts_weights(tmp_path):
+    cfg = validate_config(_moe_config(tmp_path, adapter=None, gradient_checkpointing=False))
+    plan = plan_for(cfg)
+    facts, s = plan.facts, plan.settings
+    experts = [p for p in facts.parameters if ".experts." in p.name]
+    assert experts and facts.expert_numel == sum(p.numel for p in experts)
+    assert facts.active_expert_share == pytest.approx(2 / 8)
+    assert plan.memory.weights == sum(p.nbytes for p in facts.parameters)  # all experts in memory
+    dense = step_flops_parts(facts, s)["policy forward and backward"]
+    # a quarter of the experts' weights: forward 2 T E/4 and the input gradient as much (the weight gradients, read
+    # from the trained parameters, stay)
+    no_experts = dense - 4 * s.tokens * facts.expert_numel / 4
+    facts.expert_numel = 0
+    assert step_flops_parts(facts, s)["policy forward and backward"] == pytest.approx(no_experts)
+    assert facts.intermediate == 2 * 32  # the top-2 experts' inner tensors are what a token saves
+    assert "2 of 8 experts per token" in render(plan) and facts.kernels.layers[0].experts == 8
+
+
+def test_lora_on_experts_saves_the_merged_expert_weights_of_each_layer(tmp_path):
+    cfg = validate_config(_moe_config(tmp_path, adapter="lora", lora_target_linear=True, gradient_checkpointing=False))
+    facts = describe(cfg, meta_model(cfg))
+    if not facts.expert_lora_numel:
+        pytest.skip("this PEFT does not put LoRA on stacked experts")
+    per_layer = sum(p.nbytes for p in facts.parameters if ".experts." in p.name and ".lora_" not in p.name) // 2
+    assert facts.merged_expert_bytes == per_layer
+    assert facts.lora_inputs and not any("experts" in i.group for i in facts.lora_inputs)  # merged, not per token
+    plan = plan_for(cfg)
+    without = plan_for(cfg)
+    without.facts.merged_expert_bytes = 0
+    from hellbender.plan.fit import plan_with
+
+    bare = plan_with(cfg, without.facts, plan.settings, plan.card, plan.budget, plan.budget_source)
+    assert sum(plan.memory.per_layer) - sum(bare.memory.per_layer) == 2 * per_layer
+
+
+def test_gemma4_kv_shared_layers_save_no_keys_or_values_of_their_own(tmp_path):
+    cfg = validate_config(base_config(tmp_path, base_model="hellbender/tiny-gemma4", gradient_checkpointing=False))
+    model = meta_model(cfg)
+    facts = describe(cfg, model)
+    shared = model.config.get_text_config().num_kv_shared_layers
+    assert shared and facts.kv_shared_layers == list(range(facts.layers - shared, facts.layers))
+    assert all(
+        not any(p.in_layer == i and "k_proj" in p.name for p in facts.parameters) for i in facts.kv_shared_layers
+    )
+    plan = plan_for(cfg)
+    first_shared = facts.kv_shared_layers[0]
+    # the same layer type (and width) earlier in the model, with its own keys and values
+    twin = next(i for i in range(first_shared) if facts.sliding_windows[i] == facts.sliding_windows[first_shared])
+    saved = 4 * 2 * facts.kv_dim * plan.settings.tokens  # float32 run: k and v per token
+    assert plan.memory.per_layer[twin] - plan.memory.per_layer[first_shared] == saved
+
+
+def test_a_vision_tower_is_reported_as_not_modelled_per_image(tmp_path):
+    cfg = validate_config(vlm_config(tmp_path, "hellbender/tiny-gemma4-vlm", adapter="lora", lora_target_linear=True))
+    plan = plan_for(cfg)
+    assert plan.facts.vision_linear_numel > 0
+    text = render(plan)
+    assert "NOT MODELLED: the vision tower's work per image" in text
+    assert text.rstrip().endswith(", without what is NOT MODELLED above")
+    text_only = plan_for(validate_config(base_config(tmp_path, base_model="hellbender/tiny-gemma4")))
+    assert "NOT MODELLED" not in render(text_only)
