@@ -561,7 +561,7 @@ def build_qwen_family(model_type: str, target: Path) -> None:
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from hellbender.models.fixes.image_only_processor import image_only
+    from hellbender.models.fixes import qwen2_vl, qwen3_vl
     from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
 
     tokenizer = tiny_qwen.build_tokenizer()
@@ -588,11 +588,12 @@ def build_qwen_family(model_type: str, target: Path) -> None:
     config = tiny_config(model_type, tokenizer, extra)
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(config)
-    import transformers
-
-    stock = getattr(transformers, stock_name)
-    video = stock_name.replace("Processor", "VideoProcessor")
-    processor_class = image_only(stock, model_type, video, saves_video_size=stock_name == "Qwen2VLProcessor")
+    # hellbender's image-only classes (no torchvision here), which save the stock class's files
+    image_only = {
+        "Qwen2VLProcessor": qwen2_vl.ImageOnlyQwen2VLProcessor,
+        "Qwen3VLProcessor": qwen3_vl.ImageOnlyQwen3VLProcessor,
+    }
+    processor_class = image_only[stock_name]
     tiny_qwen.save_model_and_processor(model, processor_class, tokenizer, target)
 
 

@@ -36,10 +36,10 @@ def unsupported_reason(source: str) -> str | None:
 
 def processor_loader(source: str) -> Callable[..., Any] | None:
     """A family-specific way to load the processor, or None for `from_pretrained` of the configured class."""
-    from hellbender.models.fixes import gemma4, qwen2_5_vl, qwen3_vl
+    from hellbender.models.fixes import gemma4, qwen2_5_vl, qwen2_vl, qwen3_vl
 
     model_type = model_type_of(source)
-    for family in (gemma4, qwen2_5_vl, qwen3_vl):
+    for family in (gemma4, qwen2_5_vl, qwen2_vl, qwen3_vl):
         if model_type in family.MODEL_TYPES:
             return family.load_processor
     return None
