@@ -443,7 +443,8 @@ def worker(model_type: str, work: Path, partial: Path, section: str = "causal_lm
         try:
             metrics = train(load_config(config))
         except Exception as exc:
-            status = describe(exc).replace(str(model_dir), "<model dir>")  # the same text on every run
+            # the same text on every run and checkout
+            status = describe(exc).replace(str(model_dir), "<model dir>").replace(f"{ROOT}/", "")
             facts = {"status": status, "where": raised_at(exc), "refused": _is_refusal(exc)}
         else:
             facts = {}
@@ -597,6 +598,129 @@ def build_qwen_family(model_type: str, target: Path) -> None:
     tiny_qwen.save_model_and_processor(model, processor_class, tokenizer, target)
 
 
+def _chatml_template(image: str) -> str:
+    """The tiny Qwen-VL ChatML template with an image part written as `image` (what the family's processor expands)."""
+    from hellbender.models.tiny_vlm.qwen2_5_vl import CHAT_TEMPLATE
+
+    template = CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", image)
+    return template.replace("<|vision_start|><|video_pad|><|vision_end|>", "")
+
+
+def _save_generic(model_type: str, target: Path, tokenizer: Any, processor: Any, extra: dict[str, Any]) -> None:
+    """The type's config with the generic shrink and `extra`, random weights, saved with `processor`."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    torch.manual_seed(0)
+    AutoModelForImageTextToText.from_config(tiny_config(model_type, tokenizer, extra)).save_pretrained(target)
+    processor.save_pretrained(target)
+
+
+def build_gemma3(target: Path, model_type: str = "gemma3") -> None:
+    """Gemma 3: a SigLIP tower (32 x 32 images, 8 px patches) pooled to 2 x 2 = 4 soft tokens per image, with
+    `Gemma3Processor` expanding each `<start_of_image>` into them."""
+    from transformers import Gemma3ImageProcessorPil, Gemma3Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+    template = _chatml_template(named["boi_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
+    processor = Gemma3Processor(image_processor, tokenizer, chat_template=template, image_seq_length=4)
+    ids = {f"{name[:3]}_token_index": tokenizer.convert_tokens_to_ids(token) for name, token in named.items()}
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "mm_tokens_per_image": 4,
+        "boi_token_index": ids["boi_token_index"],
+        "eoi_token_index": ids["eoi_token_index"],
+        "image_token_index": ids["ima_token_index"],
+    }
+    if model_type == "t5gemma2":  # an encoder-decoder whose encoder is Gemma 3's image-text composite
+        extra = {"encoder": _shrunk_composite(model_type, "encoder", tokenizer, extra), **_slice(extra, "_index")}
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
+def _slice(values: dict[str, Any], suffix: str) -> dict[str, Any]:
+    return {name: value for name, value in values.items() if name.endswith(suffix)}
+
+
+def _shrunk_composite(model_type: str, name: str, tokenizer: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    """The composite sub-config `name` of `model_type`'s default config, each of its own sub-configs shrunk (the
+    generic shrink goes one level down only), with `extra` on top."""
+    from transformers import CONFIG_MAPPING
+
+    composite = getattr(CONFIG_MAPPING[model_type](), name)
+    shrunk = composite.to_dict()
+    for sub_name in composite.sub_configs:
+        sub = getattr(composite, sub_name)
+        vocab = len(tokenizer) if "text" in sub_name else None
+        shrunk[sub_name] = {**sub.to_dict(), **shrunk_kwargs(sub, vocab), **extra.get(sub_name, {})}
+    special = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None}
+    shrunk["text_config"].update(special)
+    return {**shrunk, **{k: v for k, v in extra.items() if k not in composite.sub_configs}}
+
+
+def build_llava_next(target: Path) -> None:
+    """LLaVA-NeXT: the tiny LLaVA's tokenizer and template, any-resolution tiles of 32 x 32 (a base view and the
+    tiles of the best-fitting grid) through a CLIP tower."""
+    from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor
+
+    from hellbender.models.tiny_vlm.llava import (
+        IMAGE_SIZE,
+        IMAGE_TOKEN,
+        LLAVA_CHAT_TEMPLATE,
+        PATCH_SIZE,
+        build_tokenizer,
+    )
+
+    tokenizer = build_tokenizer()
+    pinpoints = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
+    image_processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=pinpoints,
+    )
+    processor = LlavaNextProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        chat_template=LLAVA_CHAT_TEMPLATE,
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,
+    )
+    extra = {
+        "vision_config": {"image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE},
+        "image_grid_pinpoints": pinpoints,
+        "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -2,
+    }
+    _save_generic("llava_next", target, tokenizer, processor, extra)
+
+
+def build_paligemma(target: Path) -> None:
+    """PaliGemma: a SigLIP tower (32 x 32 images, 8 px patches: 16 `<image>` tokens) into a Gemma."""
+    from transformers import PaliGemmaProcessor, SiglipImageProcessorPil
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<image>")
+    # its processor starts each prompt with BOS (after the image tokens), which the tiny tokenizer lacks otherwise
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<image>", bos_token="<bos>")
+    image_processor = SiglipImageProcessorPil(size={"height": 32, "width": 32})
+    image_processor.image_seq_length = 16
+    processor = PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8, "projection_dim": 64},
+        "text_config": {"hidden_size": 64},
+        "projection_dim": 64,
+        "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),
+    }
+    _save_generic("paligemma", target, tokenizer, processor, extra)
+
+
 # model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
 # families built here from their pieces
 VLM_BUILDERS: dict[str, Any] = {
@@ -606,6 +730,11 @@ VLM_BUILDERS: dict[str, Any] = {
     "qwen2_5_vl": "hellbender.models.tiny_vlm.qwen2_5_vl:build",
     "qwen3_vl": "hellbender.models.tiny_vlm.qwen3_vl:build",
     "vipllava": build_vipllava,
+    "gemma3": build_gemma3,
+    "llava_next": build_llava_next,
+    "paligemma": build_paligemma,
+    "shieldgemma2": lambda target: build_gemma3(target, "shieldgemma2"),
+    "t5gemma2": lambda target: build_gemma3(target, "t5gemma2"),
     **{t: lambda target, t=t: build_qwen_family(t, target) for t in QWEN_PROCESSOR_FAMILIES},
 }
 
@@ -628,9 +757,17 @@ def vlm_not_surveyed_reason(model_type: str) -> str | None:
         return "transformers maps no processor class to this type, so no offline processor can be built for it"
     import transformers
 
-    backends = getattr(getattr(transformers, processor, None), "_backends", ())
-    if "torchvision" in backends and not importlib.util.find_spec("torchvision"):
+    cls = getattr(transformers, processor, None)
+    backends = getattr(cls, "_backends", ())
+    torchvision = importlib.util.find_spec("torchvision") is not None
+    if "torchvision" in backends and not torchvision:
         return f"transformers' `{processor}` requires torchvision, which this machine lacks (it does not import next to torch here)"
+    attributes = cls.get_attributes() if hasattr(cls, "get_attributes") else ()
+    if "video_processor" in attributes and not torchvision:
+        return (
+            f"`{processor}` always loads a video processor, which needs torchvision (missing here); hellbender's "
+            "image-only processor loaders serve only Gemma 4 and the model types of the Qwen-VL processors"
+        )
     return (
         f"no offline tiny `{processor}` in the survey yet (it needs the family's image tokens in the tokenizer and "
         "image processor settings sized to a tiny vision tower)"
@@ -875,9 +1012,13 @@ def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_type
         "the language model's linear layers (2 steps) and full fine-tuning (1 step); each output is then loaded again "
         "with plain transformers (and PEFT). The families hellbender ships as tiny VLMs (`hellbender/tiny-gemma4-vlm`, "
         "`tiny-idefics3`, `tiny-llava`, `tiny-qwen2.5-vl`, `tiny-qwen3-vl`) use those builders; VipLLaVA reuses the "
-        "tiny LLaVA's processor, and the other families of the Qwen-VL processors the tiny Qwen-VL tokenizer, chat "
-        "template and image processor, with their own configs shrunk generically. `trains`: both modes pass and reload; "
-        "`refused`: hellbender stops at start with an error naming the family and the reason (quoted in the note); "
+        "tiny LLaVA's processor (LLaVA-NeXT with any-resolution tiles), the other families of the Qwen-VL processors "
+        "the tiny Qwen-VL tokenizer, chat template and image processor, and Gemma 3, ShieldGemma 2, T5Gemma 2 and "
+        "PaliGemma small SigLIP processors on the tiny tokenizer with their image tokens; their configs get the "
+        "generic shrink with tiny vision settings. `trains`: both modes pass and reload; "
+        "`refused`: hellbender stops at start with an error naming the family and the reason (quoted in the note: "
+        "Mllama feeds images through cross-attention layers, and image-text encoder-decoders such as T5Gemma 2 need "
+        "decoder inputs that a chat row does not give; models/fixes/__init__.py); "
         "`fails`: any other error; `not built`: the survey could not build the tiny model; `not surveyed`: no "
         "offline processor is built for the family yet (the note says why), so its status is unknown.",
         "",

@@ -30,8 +30,32 @@ UNSUPPORTED_VISION_FAMILIES = {
 }
 
 
+# Image-text encoder-decoders (T5Gemma 2): the decoder generates from what the encoder read, so the prompt and the
+# answer are two sequences; hellbender trains decoder-only models on whole chat rows, labels inside the prompt's row.
+ENCODER_DECODER_REASON = (
+    "it is an encoder-decoder model (the encoder reads the prompt and image, the decoder writes the answer), and "
+    "hellbender trains decoder-only models on whole chat rows; its forward pass gets no decoder inputs"
+)
+
+
+def is_encoder_decoder(source: str) -> bool:
+    """The config's own `is_encoder_decoder` (a directory's config.json; hub ids through transformers)."""
+    config = Path(source) / "config.json"
+    if config.is_file():
+        return bool(json.loads(config.read_text()).get("is_encoder_decoder"))
+    try:
+        from transformers import AutoConfig
+
+        return bool(AutoConfig.from_pretrained(source).is_encoder_decoder)
+    except (OSError, ValueError):
+        return False
+
+
 def unsupported_reason(source: str) -> str | None:
-    return UNSUPPORTED_VISION_FAMILIES.get(model_type_of(source) or "")
+    model_type = model_type_of(source) or ""
+    if model_type in UNSUPPORTED_VISION_FAMILIES:
+        return UNSUPPORTED_VISION_FAMILIES[model_type]
+    return f"{model_type or 'this model'}: {ENCODER_DECODER_REASON}" if is_encoder_decoder(source) else None
 
 
 def processor_loader(source: str) -> Callable[..., Any] | None:
