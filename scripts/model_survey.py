@@ -721,6 +721,62 @@ def build_paligemma(target: Path) -> None:
     _save_generic("paligemma", target, tokenizer, processor, extra)
 
 
+def build_idefics2(target: Path) -> None:
+    """Idefics2: the tiny Idefics3's tokenizer and template; one 32 x 32 view per image (no splitting), resampled by
+    the perceiver to 4 latents, so each `<image>` becomes 4 image tokens between `<fake_token_around_image>`."""
+    from transformers import Idefics2ImageProcessorPil, Idefics2Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm.idefics3 import (
+        CHAT_TEMPLATE,
+        END_OF_UTTERANCE,
+        FAKE_IMAGE_TOKEN,
+        IMAGE_TOKEN,
+        PATCH_SIZE,
+    )
+
+    # the processor reads the image boundary token from the tokenizer when the tokenizer names its image token
+    named = {"image_token": IMAGE_TOKEN, "image_boundary_token": FAKE_IMAGE_TOKEN}
+    tokenizer = build_tiny_tokenizer(extra_special_tokens=(END_OF_UTTERANCE,), chat_template=CHAT_TEMPLATE, **named)
+    tokenizer.eos_token = END_OF_UTTERANCE
+    image_processor = Idefics2ImageProcessorPil(
+        do_image_splitting=False, size={"shortest_edge": 32, "longest_edge": 32}
+    )
+    processor = Idefics2Processor(image_processor, tokenizer, image_seq_len=4, chat_template=CHAT_TEMPLATE)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": PATCH_SIZE},
+        "perceiver_config": {"resampler_n_latents": 4, "resampler_depth": 1, "resampler_n_heads": 2,
+                             "resampler_head_dim": 16, "num_key_value_heads": 1},
+        "image_token_id": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+    }  # fmt: skip
+    _save_generic("idefics2", target, tokenizer, processor, extra)
+
+
+def build_granite_docling(target: Path) -> None:
+    """Granite Docling: Idefics3's prompt layout (the tiny Idefics3's tokenizer and template), 32 x 32 tiles."""
+    from transformers import GraniteDoclingImageProcessorPil, GraniteDoclingProcessor
+
+    from hellbender.models.tiny_vlm import idefics3 as tiny
+
+    tokenizer = tiny.build_tokenizer()
+    # pages are cut into tiles of the vision tower's size (at most 2 x 2 here) plus a thumbnail
+    tile = {"height": tiny.VISION_IMAGE_SIZE, "width": tiny.VISION_IMAGE_SIZE}
+    image_processor = GraniteDoclingImageProcessorPil(size=tile, max_patches=4)
+    processor = GraniteDoclingProcessor(
+        image_processor, tokenizer, image_seq_len=tiny.IMAGE_SEQ_LEN, chat_template=tiny.CHAT_TEMPLATE
+    )
+    extra = {
+        "vision_config": {
+            "image_size": tiny.VISION_IMAGE_SIZE,
+            "patch_size": tiny.PATCH_SIZE,
+            "out_hidden_size": 64,
+            "scale_factor": tiny.SCALE_FACTOR,  # the vision config's, which the connector reads
+        },
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny.IMAGE_TOKEN),
+    }
+    _save_generic("granite_docling", target, tokenizer, processor, extra)
+
+
 # model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
 # families built here from their pieces
 VLM_BUILDERS: dict[str, Any] = {
@@ -733,6 +789,8 @@ VLM_BUILDERS: dict[str, Any] = {
     "gemma3": build_gemma3,
     "llava_next": build_llava_next,
     "paligemma": build_paligemma,
+    "idefics2": build_idefics2,
+    "granite_docling": build_granite_docling,
     "shieldgemma2": lambda target: build_gemma3(target, "shieldgemma2"),
     "t5gemma2": lambda target: build_gemma3(target, "t5gemma2"),
     **{t: lambda target, t=t: build_qwen_family(t, target) for t in QWEN_PROCESSOR_FAMILIES},
@@ -1013,7 +1071,8 @@ def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_type
         "with plain transformers (and PEFT). The families hellbender ships as tiny VLMs (`hellbender/tiny-gemma4-vlm`, "
         "`tiny-idefics3`, `tiny-llava`, `tiny-qwen2.5-vl`, `tiny-qwen3-vl`) use those builders; VipLLaVA reuses the "
         "tiny LLaVA's processor (LLaVA-NeXT with any-resolution tiles), the other families of the Qwen-VL processors "
-        "the tiny Qwen-VL tokenizer, chat template and image processor, and Gemma 3, ShieldGemma 2, T5Gemma 2 and "
+        "the tiny Qwen-VL tokenizer, chat template and image processor, Idefics2 and Granite Docling the tiny "
+        "Idefics3's tokenizer and template, and Gemma 3, ShieldGemma 2, T5Gemma 2 and "
         "PaliGemma small SigLIP processors on the tiny tokenizer with their image tokens; their configs get the "
         "generic shrink with tiny vision settings. `trains`: both modes pass and reload; "
         "`refused`: hellbender stops at start with an error naming the family and the reason (quoted in the note: "
