@@ -820,6 +820,12 @@ def vlm_not_surveyed_reason(model_type: str) -> str | None:
     torchvision = importlib.util.find_spec("torchvision") is not None
     if "torchvision" in backends and not torchvision:
         return f"transformers' `{processor}` requires torchvision, which this machine lacks (it does not import next to torch here)"
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    image_processors = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+    if isinstance(image_processors, dict) and "pil" not in image_processors and not torchvision:
+        only = image_processors.get("torchvision")
+        return f"its image processor `{only}` exists only as a torchvision class, and this machine lacks torchvision"
     attributes = cls.get_attributes() if hasattr(cls, "get_attributes") else ()
     if "video_processor" in attributes and not torchvision:
         return (
