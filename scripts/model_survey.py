@@ -627,7 +627,15 @@ def build_gemma3(target: Path, model_type: str = "gemma3") -> None:
     template = _chatml_template(named["boi_token"])
     tokenizer = build_tiny_tokenizer(chat_template=template, **named)
     image_processor = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
-    processor = Gemma3Processor(image_processor, tokenizer, chat_template=template, image_seq_length=4)
+    if model_type == "shieldgemma2":  # its own processor: it writes a policy prompt per image (one policy here)
+        from transformers import ShieldGemma2Processor
+
+        policies = {"tiny": "No tiny squares."}
+        processor = ShieldGemma2Processor(
+            image_processor, tokenizer, chat_template=template, image_seq_length=4, policy_definitions=policies
+        )
+    else:
+        processor = Gemma3Processor(image_processor, tokenizer, chat_template=template, image_seq_length=4)
     ids = {f"{name[:3]}_token_index": tokenizer.convert_tokens_to_ids(token) for name, token in named.items()}
     extra = {
         "vision_config": {"image_size": 32, "patch_size": 8},
@@ -777,6 +785,50 @@ def build_granite_docling(target: Path) -> None:
     _save_generic("granite_docling", target, tokenizer, processor, extra)
 
 
+def build_lighton_ocr(target: Path) -> None:
+    """LightOnOCR: a Pixtral tower (8 px patches) merged 2 x 2 into a Qwen3; a 32 x 32 image gives 4 image tokens."""
+    from transformers import LightOnOcrProcessor, PixtralImageProcessorPil
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"image_token": "<|image_pad|>", "image_break_token": "<|vision_pad|>", "image_end_token": "<|vision_end|>"}
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    # the image processor rounds sizes to whole merged patches (patch 8 x merge 2)
+    image_processor = PixtralImageProcessorPil(size={"longest_edge": 32}, patch_size=16)
+    processor = LightOnOcrProcessor(
+        image_processor, tokenizer, patch_size=8, spatial_merge_size=2, chat_template=template
+    )
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8, "head_dim": 16},
+        "spatial_merge_size": 2,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+    }
+    _save_generic("lighton_ocr", target, tokenizer, processor, extra)
+
+
+def build_aya_vision(target: Path) -> None:
+    """Aya Vision: a SigLIP tower (32 x 32 tiles, 8 px patches) pixel-shuffled 2 x 2, so each tile gives 4
+    `<|IMG_PATCH|>` tokens between the processor's image markers; a 32 x 32 image is one tile."""
+    from transformers import AyaVisionProcessor, GotOcr2ImageProcessorPil
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ("<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
+    template = _chatml_template("<image>")
+    tokenizer = build_tiny_tokenizer(extra_special_tokens=markers, chat_template=template, image_token="<image>")
+    image_processor = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=False)
+    processor = AyaVisionProcessor(
+        image_processor, tokenizer, patch_size=8, img_size=32, downsample_factor=2, chat_template=template
+    )
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "downsample_factor": 2,
+        "image_token_index": tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
+    }
+    _save_generic("aya_vision", target, tokenizer, processor, extra)
+
+
 # model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
 # families built here from their pieces
 VLM_BUILDERS: dict[str, Any] = {
@@ -790,6 +842,8 @@ VLM_BUILDERS: dict[str, Any] = {
     "llava_next": build_llava_next,
     "paligemma": build_paligemma,
     "idefics2": build_idefics2,
+    "lighton_ocr": build_lighton_ocr,
+    "aya_vision": build_aya_vision,
     "granite_docling": build_granite_docling,
     "shieldgemma2": lambda target: build_gemma3(target, "shieldgemma2"),
     "t5gemma2": lambda target: build_gemma3(target, "t5gemma2"),
@@ -1078,12 +1132,14 @@ def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_type
         "`tiny-idefics3`, `tiny-llava`, `tiny-qwen2.5-vl`, `tiny-qwen3-vl`) use those builders; VipLLaVA reuses the "
         "tiny LLaVA's processor (LLaVA-NeXT with any-resolution tiles), the other families of the Qwen-VL processors "
         "the tiny Qwen-VL tokenizer, chat template and image processor, Idefics2 and Granite Docling the tiny "
-        "Idefics3's tokenizer and template, and Gemma 3, ShieldGemma 2, T5Gemma 2 and "
+        "Idefics3's tokenizer and template, LightOnOCR and Aya Vision small Pixtral and GOT-OCR2 image processors, "
+        "and Gemma 3, ShieldGemma 2, T5Gemma 2 and "
         "PaliGemma small SigLIP processors on the tiny tokenizer with their image tokens; their configs get the "
         "generic shrink with tiny vision settings. `trains`: both modes pass and reload; "
         "`refused`: hellbender stops at start with an error naming the family and the reason (quoted in the note: "
-        "Mllama feeds images through cross-attention layers, and image-text encoder-decoders such as T5Gemma 2 need "
-        "decoder inputs that a chat row does not give; models/fixes/__init__.py); "
+        "Mllama feeds images through cross-attention layers, ShieldGemma 2's processor replaces the text with policy "
+        "prompts, and image-text encoder-decoders such as T5Gemma 2 need decoder inputs that a chat row does not "
+        "give; models/fixes/__init__.py); "
         "`fails`: any other error; `not built`: the survey could not build the tiny model; `not surveyed`: no "
         "offline processor is built for the family yet (the note says why), so its status is unknown.",
         "",

@@ -24,9 +24,12 @@ def model_type_of(source: str) -> str | None:
 
 
 # Vision-language families whose images do not enter as tokens in the text, which everything hellbender does
-# for images (counting placeholders, expanding them, masking them) relies on.
+# for images (counting placeholders, expanding them, masking them) relies on, or whose processor does not keep the
+# row's text.
 UNSUPPORTED_VISION_FAMILIES = {
     "mllama": "Mllama (Llama 3.2 Vision) feeds images through cross-attention layers, not image tokens in the text",
+    "shieldgemma2": "ShieldGemma 2 is an image-safety classifier whose processor replaces each row's text with its own "
+    "policy prompts, so chat rows cannot be trained through it",
 }
 
 
