@@ -852,10 +852,21 @@ VLM_BUILDERS: dict[str, Any] = {
 
 
 def refused_vision_families() -> dict[str, str]:
-    """Model types hellbender refuses as vision-language models before loading their processor, with the reason."""
-    from hellbender.models.fixes import UNSUPPORTED_VISION_FAMILIES
+    """Model types hellbender refuses as vision-language models before loading their processor, with the reason:
+    the families it names, and the mapping's encoder-decoders (by their default config)."""
+    from transformers import CONFIG_MAPPING
 
-    return dict(UNSUPPORTED_VISION_FAMILIES)
+    from hellbender.models.fixes import ENCODER_DECODER_REASON, UNSUPPORTED_VISION_FAMILIES
+
+    refused = dict(UNSUPPORTED_VISION_FAMILIES)
+    for model_type in image_text_to_text_types():
+        try:
+            encoder_decoder = model_type not in refused and CONFIG_MAPPING[model_type]().is_encoder_decoder
+        except Exception:  # a class whose defaults fail its own validation
+            encoder_decoder = False
+        if encoder_decoder:
+            refused[model_type] = f"{model_type}: {ENCODER_DECODER_REASON}"
+    return refused
 
 
 def vlm_not_surveyed_reason(model_type: str) -> str | None:
@@ -894,8 +905,8 @@ def vlm_not_surveyed_reason(model_type: str) -> str | None:
 
 def vlm_build(model_type: str, target: Path) -> dict[str, Any]:
     """Save a tiny `model_type` vision-language model with its processor into `target`. A family hellbender refuses
-    gets the generic shrink and hellbender's tiny tokenizer (the refusal comes before any processor is loaded)."""
-    import torch
+    without a builder here gets its default config and hellbender's tiny tokenizer only: the refusal reads the config
+    and comes before any processor or weights are loaded."""
     from transformers import AutoModelForImageTextToText
 
     if model_type in VLM_BUILDERS:
@@ -905,14 +916,15 @@ def vlm_build(model_type: str, target: Path) -> dict[str, Any]:
             builder = getattr(importlib.import_module(module), function)
         builder(target)
         model = AutoModelForImageTextToText.from_pretrained(target)
-    else:
+    else:  # a refused family: its config (what the refusal reads) and a tokenizer, no weights
+        from transformers import CONFIG_MAPPING
+
         from hellbender.models.tiny import build_tiny_tokenizer
 
         tokenizer = build_tiny_tokenizer()
-        torch.manual_seed(0)
-        model = AutoModelForImageTextToText.from_config(tiny_config(model_type, tokenizer))
-        model.save_pretrained(target)
+        CONFIG_MAPPING[model_type]().save_pretrained(target)
         tokenizer.save_pretrained(target)
+        return {"class": "config only"}
     return {"class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters())}
 
 
@@ -1139,7 +1151,7 @@ def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_type
         "`refused`: hellbender stops at start with an error naming the family and the reason (quoted in the note: "
         "Mllama feeds images through cross-attention layers, ShieldGemma 2's processor replaces the text with policy "
         "prompts, and image-text encoder-decoders such as T5Gemma 2 need decoder inputs that a chat row does not "
-        "give; models/fixes/__init__.py); "
+        "give; models/fixes/__init__.py; a refused family without a builder here is saved as its default config only); "
         "`fails`: any other error; `not built`: the survey could not build the tiny model; `not surveyed`: no "
         "offline processor is built for the family yet (the note says why), so its status is unknown.",
         "",

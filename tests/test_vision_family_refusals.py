@@ -19,6 +19,8 @@ from tests.helpers import base_config
         ({"model_type": "mllama"}, "Mllama (Llama 3.2 Vision) feeds images through cross-attention"),
         ({"model_type": "t5gemma2", "is_encoder_decoder": True}, "t5gemma2: it is an encoder-decoder model"),
         ({"model_type": "shieldgemma2"}, "ShieldGemma 2 is an image-safety classifier"),
+        ({"model_type": "git"}, "GIT puts the image features in front of the text"),
+        ({"model_type": "florence2", "is_encoder_decoder": True}, "florence2: it is an encoder-decoder model"),
     ],
 )
 def test_an_unsupported_vision_family_is_refused_by_name(tmp_path, config, expected) -> None:

@@ -30,14 +30,21 @@ UNSUPPORTED_VISION_FAMILIES = {
     "mllama": "Mllama (Llama 3.2 Vision) feeds images through cross-attention layers, not image tokens in the text",
     "shieldgemma2": "ShieldGemma 2 is an image-safety classifier whose processor replaces each row's text with its own "
     "policy prompts, so chat rows cannot be trained through it",
+    "blip": "BLIP's text decoder reads the image through cross-attention, not image tokens in the text",
+    "idefics": "IDEFICS (version 1) reads images through gated cross-attention layers, not image tokens in the text "
+    "(Idefics2 and Idefics3 are supported)",
+    "git": "GIT puts the image features in front of the text instead of image tokens in it, so its outputs do not "
+    "line up with the row's tokens",
+    "evolla": "Evolla reads protein sequences, not images",
+    "pi0": "PI0 is a robot policy that predicts actions by flow matching, not text",
 }
 
 
 # Image-text encoder-decoders (T5Gemma 2): the decoder generates from what the encoder read, so the prompt and the
 # answer are two sequences; hellbender trains decoder-only models on whole chat rows, labels inside the prompt's row.
 ENCODER_DECODER_REASON = (
-    "it is an encoder-decoder model (the encoder reads the prompt and image, the decoder writes the answer), and "
-    "hellbender trains decoder-only models on whole chat rows; its forward pass gets no decoder inputs"
+    "it is an encoder-decoder model, and hellbender trains decoder-only models on whole chat rows (its decoder would "
+    "get no inputs)"
 )
 
 
