@@ -829,6 +829,33 @@ def build_aya_vision(target: Path) -> None:
     _save_generic("aya_vision", target, tokenizer, processor, extra)
 
 
+def build_blip2(target: Path, model_type: str = "blip-2") -> None:
+    """BLIP-2 / InstructBLIP: a tiny vision tower and Q-Former whose 4 query outputs fill 4 `<image>` tokens that the
+    processor puts before each text (the text itself has no image placeholder, which is why hellbender refuses them;
+    built whole so the survey shows that refusal on a real model)."""
+    import transformers
+    from transformers import BlipImageProcessorPil
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<image>")
+    image_processor = BlipImageProcessorPil(size={"height": 32, "width": 32})
+    if model_type == "instructblip":  # its Q-Former reads the text too, through a tokenizer of its own
+        processor = transformers.InstructBlipProcessor(
+            image_processor, tokenizer, build_tiny_tokenizer(), num_query_tokens=4, chat_template=template
+        )
+    else:
+        processor = transformers.Blip2Processor(image_processor, tokenizer, num_query_tokens=4, chat_template=template)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "qformer_config": {"encoder_hidden_size": 64, "vocab_size": len(tokenizer)},
+        "num_query_tokens": 4,
+        "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),
+    }
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
 # model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
 # families built here from their pieces
 VLM_BUILDERS: dict[str, Any] = {
@@ -844,6 +871,8 @@ VLM_BUILDERS: dict[str, Any] = {
     "idefics2": build_idefics2,
     "lighton_ocr": build_lighton_ocr,
     "aya_vision": build_aya_vision,
+    "blip-2": build_blip2,
+    "instructblip": lambda target: build_blip2(target, "instructblip"),
     "granite_docling": build_granite_docling,
     "shieldgemma2": lambda target: build_gemma3(target, "shieldgemma2"),
     "t5gemma2": lambda target: build_gemma3(target, "t5gemma2"),

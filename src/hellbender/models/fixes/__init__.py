@@ -36,6 +36,15 @@ UNSUPPORTED_VISION_FAMILIES = {
     "git": "GIT puts the image features in front of the text instead of image tokens in it, so its outputs do not "
     "line up with the row's tokens",
     "evolla": "Evolla reads protein sequences, not images",
+    **{
+        family: f"{name}'s processor puts the Q-Former's query tokens in front of each text instead of expanding an "
+        "image placeholder the chat template writes, so a chat row's images cannot be placed"
+        for family, name in (
+            ("blip-2", "BLIP-2"),
+            ("instructblip", "InstructBLIP"),
+            ("instructblipvideo", "InstructBLIP Video"),
+        )
+    },
     "pi0": "PI0 is a robot policy that predicts actions by flow matching, not text",
 }
 
