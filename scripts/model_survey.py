@@ -856,6 +856,49 @@ def build_blip2(target: Path, model_type: str = "blip-2") -> None:
     _save_generic(model_type, target, tokenizer, processor, extra)
 
 
+def build_paddleocr_vl(target: Path) -> None:
+    """PaddleOCR-VL: the tiny Qwen-VL tokenizer and template, its own image processor at the tiny Qwen-VL sizes (a
+    32 x 32 image becomes 4 x 4 patches of 4 px, merged 2 x 2 into 4 `<|image_pad|>` tokens)."""
+    from transformers import PaddleOCRVLImageProcessorPil, PaddleOCRVLProcessor
+
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer = tiny_qwen.build_tokenizer()
+    image_processor = PaddleOCRVLImageProcessorPil(
+        patch_size=tiny_qwen.PATCH_SIZE,
+        merge_size=tiny_qwen.MERGE_SIZE,
+        temporal_patch_size=1,
+        min_pixels=tiny_qwen.MIN_PIXELS,
+        max_pixels=tiny_qwen.MAX_PIXELS,
+    )
+    processor = PaddleOCRVLProcessor(image_processor, tokenizer, chat_template=tiny_qwen.CHAT_TEMPLATE)
+    extra = {
+        "vision_config": {"patch_size": tiny_qwen.PATCH_SIZE, "spatial_merge_size": tiny_qwen.MERGE_SIZE},
+        "text_config": {
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [2, 3, 3]}
+        },
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.IMAGE_PAD),
+    }
+    _save_generic("paddleocr_vl", target, tokenizer, processor, extra)
+
+
+def build_deepseek_vl(target: Path) -> None:
+    """DeepSeek-VL: a SigLIP tower (32 x 32 images, 8 px patches) giving 16 `<image_placeholder>` tokens."""
+    from transformers import DeepseekVLImageProcessorPil, DeepseekVLProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<image_placeholder>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<image_placeholder>")
+    image_processor = DeepseekVLImageProcessorPil(size={"height": 32, "width": 32})
+    processor = DeepseekVLProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=16)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "image_token_id": tokenizer.convert_tokens_to_ids("<image_placeholder>"),
+    }
+    _save_generic("deepseek_vl", target, tokenizer, processor, extra)
+
+
 # model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
 # families built here from their pieces
 VLM_BUILDERS: dict[str, Any] = {
@@ -871,6 +914,8 @@ VLM_BUILDERS: dict[str, Any] = {
     "idefics2": build_idefics2,
     "lighton_ocr": build_lighton_ocr,
     "aya_vision": build_aya_vision,
+    "paddleocr_vl": build_paddleocr_vl,
+    "deepseek_vl": build_deepseek_vl,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
     "granite_docling": build_granite_docling,
@@ -1170,13 +1215,11 @@ def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_type
         "the bundled coloured-squares chat rows with an image in each user turn, activation checkpointing): LoRA on "
         "the language model's linear layers (2 steps) and full fine-tuning (1 step); each output is then loaded again "
         "with plain transformers (and PEFT). The families hellbender ships as tiny VLMs (`hellbender/tiny-gemma4-vlm`, "
-        "`tiny-idefics3`, `tiny-llava`, `tiny-qwen2.5-vl`, `tiny-qwen3-vl`) use those builders; VipLLaVA reuses the "
-        "tiny LLaVA's processor (LLaVA-NeXT with any-resolution tiles), the other families of the Qwen-VL processors "
-        "the tiny Qwen-VL tokenizer, chat template and image processor, Idefics2 and Granite Docling the tiny "
-        "Idefics3's tokenizer and template, LightOnOCR and Aya Vision small Pixtral and GOT-OCR2 image processors, "
-        "and Gemma 3, ShieldGemma 2, T5Gemma 2 and "
-        "PaliGemma small SigLIP processors on the tiny tokenizer with their image tokens; their configs get the "
-        "generic shrink with tiny vision settings. `trains`: both modes pass and reload; "
+        "`tiny-idefics3`, `tiny-llava`, `tiny-qwen2.5-vl`, `tiny-qwen3-vl`) use those builders; the other families "
+        "reuse their pieces where they share a processor or a token layout (the tiny LLaVA's, Idefics3's or "
+        "Qwen-VL's tokenizer, template and image processor sizes) or get a small processor of their own on the "
+        "tiny tokenizer with the family's image tokens, and their configs get the generic shrink with tiny vision "
+        "settings (`VLM_BUILDERS` in the script). `trains`: both modes pass and reload; "
         "`refused`: hellbender stops at start with an error naming the family and the reason (quoted in the note: "
         "Mllama feeds images through cross-attention layers, ShieldGemma 2's processor replaces the text with policy "
         "prompts, and image-text encoder-decoders such as T5Gemma 2 need decoder inputs that a chat row does not "
