@@ -899,6 +899,35 @@ def build_deepseek_vl(target: Path) -> None:
     _save_generic("deepseek_vl", target, tokenizer, processor, extra)
 
 
+def build_hunyuan_vl(target: Path) -> None:
+    """HunYuan-VL: Qwen-VL-like patches (4 px, merged 2 x 2) with a row break after each row of merged patches and
+    start / end tokens around each image, on the tiny tokenizer."""
+    from transformers import HunYuanVLImageProcessorPil, HunYuanVLProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    named = {"image_token": "<|image_pad|>", "image_start_token": "<|image_start|>", "image_end_token": "<|image_end|>"}
+    template = _chatml_template("<|image_start|><|image_pad|><|image_end|>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = HunYuanVLImageProcessorPil(
+        patch_size=tiny_qwen.PATCH_SIZE,
+        merge_size=tiny_qwen.MERGE_SIZE,
+        size={"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS},
+    )
+    processor = HunYuanVLProcessor(image_processor, tokenizer, chat_template=template)
+    ids = {f"{name}_id": tokenizer.convert_tokens_to_ids(token) for name, token in named.items()}
+    extra = {
+        "vision_config": {"patch_size": tiny_qwen.PATCH_SIZE, "spatial_merge_size": tiny_qwen.MERGE_SIZE},
+        # a checkpoint gives the multimodal RoPE axes (sequence, width, height, image), summing to head_dim / 2
+        "text_config": {
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 2, 2, 2]}
+        },
+        **ids,
+    }
+    _save_generic("hunyuan_vl", target, tokenizer, processor, extra)
+
+
 # model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
 # families built here from their pieces
 VLM_BUILDERS: dict[str, Any] = {
@@ -916,6 +945,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "aya_vision": build_aya_vision,
     "paddleocr_vl": build_paddleocr_vl,
     "deepseek_vl": build_deepseek_vl,
+    "hunyuan_vl": build_hunyuan_vl,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
     "granite_docling": build_granite_docling,
