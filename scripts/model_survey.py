@@ -16,6 +16,14 @@ skipped unless `--redo`), so it can run in pieces:
     python scripts/model_survey.py --types llama,qwen3_moe       # survey these (all unrecorded types without it)
     python scripts/model_survey.py --render                      # only rewrite docs/models.md from the JSON
 
+The image-text-to-text section (`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`, `--vlm`) builds each family tiny with a
+processor that works offline (hellbender's tiny VLM builders, or their pieces where a family shares a processor
+class) and trains it through hellbender's multimodal path on the bundled coloured-squares image chat rows: LoRA on the
+language model (2 steps) and full fine-tuning (1 step). A family without such a processor is recorded as
+`not surveyed: <why>`; one hellbender refuses by name gets the generic shrink and shows the refusal:
+
+    python scripts/model_survey.py --vlm --types llava,mllama    # survey these (all unrecorded VLM types without it)
+
 Runs offline on CPU; one core is enough (`OMP_NUM_THREADS=1 taskset -c 1 python ...`).
 """
 
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -218,8 +227,9 @@ def _per_layer_config(config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {"per_layer_config": shrunk}
 
 
-def tiny_config(model_type: str, tokenizer: Any) -> Any:
-    """A tiny random-init config of `model_type`; composite configs shrink each sub-config the same way."""
+def tiny_config(model_type: str, tokenizer: Any, extra: dict[str, Any] | None = None) -> Any:
+    """A tiny random-init config of `model_type`; composite configs shrink each sub-config the same way. `extra`
+    overrides what the shrink gives, as `OVERRIDES` does (a sub-config's dict updates its shrunk dict)."""
     from transformers import CONFIG_MAPPING
 
     config_class = CONFIG_MAPPING[model_type]
@@ -240,8 +250,9 @@ def tiny_config(model_type: str, tokenizer: Any) -> Any:
     ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None}
     kwargs.update({k: v for k, v in ids.items() if hasattr(default, k)})
     kwargs["tie_word_embeddings"] = False
-    for name, value in OVERRIDES.get(model_type, {}).items():  # a sub-config's overrides update its shrunk dict
-        kwargs[name] = {**kwargs[name], **value} if isinstance(kwargs.get(name), dict) else value
+    for overrides in (OVERRIDES.get(model_type, {}), extra or {}):  # a sub-config's overrides update its dict
+        for name, value in overrides.items():
+            kwargs[name] = {**kwargs[name], **value} if isinstance(kwargs.get(name), dict) else value
     try:
         return config_class(**kwargs)
     except Exception:  # no BOS, as hellbender's tiny models, unless the class insists on an integer (CWM)
@@ -395,9 +406,9 @@ def raised_at(exc: BaseException) -> str:
     return f"{where(frames[-1])} (from {where(ours[-1])})"
 
 
-def worker(model_type: str, work: Path, partial: Path) -> None:
+def worker(model_type: str, work: Path, partial: Path, section: str = "causal_lm") -> None:
     """Build and train one type, appending one JSON line per finished stage to `partial` (so a timeout still
-    tells which stage it stopped in)."""
+    tells which stage it stopped in). `section` is `causal_lm` or `image_text_to_text` (the VLM section below)."""
     import logging
 
     logging.disable(logging.INFO)  # the libraries' chatter; hellbender's notices are warnings, collected below
@@ -413,54 +424,58 @@ def worker(model_type: str, work: Path, partial: Path) -> None:
         with partial.open("a") as f:
             f.write(json.dumps({"stage": stage, **facts}) + "\n")
 
+    vlm = section == VLM_SECTION
     model_dir = work / "model"
     try:
-        record("build", status="ok", **build(model_type, model_dir))
+        record("build", status="ok", **(vlm_build if vlm else build)(model_type, model_dir))
     except Exception as exc:  # any failure is the finding
         record("build", status=describe(exc), where=raised_at(exc))
         return
     from hellbender.config import load_config
     from hellbender.train.run import train
 
-    for mode in MODES:
+    for mode in VLM_MODES if vlm else MODES:
         output_dir = work / f"out-{mode}"
         config = work / f"{mode}.yml"
-        config.write_text(run_config(model_dir, mode, output_dir))
+        config.write_text((vlm_run_config if vlm else run_config)(model_dir, mode, output_dir))
         start = time.monotonic()
         del notices[:]
         try:
             metrics = train(load_config(config))
         except Exception as exc:
-            facts = {"status": describe(exc), "where": raised_at(exc), "refused": _is_refusal(exc)}
+            # the same text on every run and checkout
+            status = describe(exc).replace(str(model_dir), "<model dir>").replace(f"{ROOT}/", "")
+            facts = {"status": status, "where": raised_at(exc), "refused": _is_refusal(exc)}
         else:
             facts = {}
         if not facts and metrics.get("exit_code"):  # stopped with a report and no final model (a diverged step)
             facts = {"status": f"stopped: {notices[-1] if notices else 'exit code ' + str(metrics['exit_code'])}"}
         elif not facts:
             facts = adapter_facts(output_dir) if mode != "full" else {}
-            facts.update(status="ok", reload=reload_status(model_dir, output_dir, mode))
+            facts.update(status="ok", reload=(vlm_reload_status if vlm else reload_status)(model_dir, output_dir, mode))
         if left_out := [n for n in notices if n.startswith(LEFT_OUT)]:
             facts["left_out"] = left_out[0]
         record(mode, seconds=round(time.monotonic() - start, 1), **facts)
 
 
-def _child(model_type: str, work: Path, partial: Path) -> None:
+def _child(model_type: str, work: Path, partial: Path, section: str) -> None:
     """The forked process surveying one type: its own directory, its output in a log file there."""
     os.chdir(work)
     log = os.open(work / "output.log", os.O_WRONLY | os.O_CREAT)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    worker(model_type, work, partial)
+    worker(model_type, work, partial, section)
 
 
-def survey(model_type: str, timeout: float) -> dict[str, Any]:
+def survey(model_type: str, timeout: float, section: str = "causal_lm") -> dict[str, Any]:
     """Survey one type in a forked process (the libraries are imported once, in the parent; each type gets a
     fresh copy of their state, and a crash or a hang stops only its own process)."""
     import multiprocessing
 
     work = Path(tempfile.mkdtemp(prefix=f"{model_type}-", dir=os.environ.get("SURVEY_TMP")))
     partial = work / "stages.jsonl"
-    process = multiprocessing.get_context("fork").Process(target=_child, args=(model_type, work, partial))
+    args = (model_type, work, partial, section)
+    process = multiprocessing.get_context("fork").Process(target=_child, args=args)
     process.start()
     process.join(timeout)
     timed_out = process.is_alive()
@@ -470,7 +485,7 @@ def survey(model_type: str, timeout: float) -> dict[str, Any]:
     stages = [json.loads(line) for line in partial.read_text().splitlines()] if partial.exists() else []
     result: dict[str, Any] = {stage.pop("stage"): stage for stage in stages}
     missing = "timeout" if timed_out else f"process died: exit code {process.exitcode}"
-    for stage in ("build", *MODES):
+    for stage in ("build", *(VLM_MODES if section == VLM_SECTION else MODES)):
         if stage not in result:
             result[stage] = {"status": missing if stage == "build" or result["build"]["status"] == "ok" else "-"}
             missing = "not run (an earlier stage stopped the process)"
@@ -487,6 +502,579 @@ def _import_once() -> None:
 
     import hellbender.config  # noqa: F401
     import hellbender.train.run  # noqa: F401
+
+
+# ---- the image-text-to-text section ----
+
+VLM_SECTION = "image_text_to_text"
+VLM_RESULTS_KEY = "_image_text_to_text"  # where docs/models.json keeps this section's results
+VLM_MODES = ("lora", "full")
+SHAPES_DATA = ROOT / "examples" / "data" / "shapes.jsonl"
+NOT_SURVEYED_PREFIX = "not surveyed: "
+# The tiny LLaVA's pieces (tokenizer with `<image>`, `LlavaProcessor` giving 16 image tokens per 32 x 32 image) also
+# serve the families whose hub checkpoints use `LlavaProcessor` with a CLIP tower.
+LLAVA_BUILDER = "hellbender.models.tiny_vlm.llava"
+
+
+def _tiny_clip_vision(**extra: Any) -> Any:
+    from transformers import CLIPVisionConfig
+
+    from hellbender.models.tiny_vlm.llava import IMAGE_SIZE, PATCH_SIZE
+
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, projection_dim=32)
+    return CLIPVisionConfig(**{**sizes, "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE, **extra})
+
+
+def build_vipllava(target: Path) -> None:
+    """VipLLaVA: LLaVA's processor, a CLIP tower read at several layers (concatenated, normed, projected)."""
+    import torch
+    from transformers import LlamaConfig, VipLlavaConfig, VipLlavaForConditionalGeneration
+
+    from hellbender.models.tiny import tiny_decoder_config
+    from hellbender.models.tiny_vlm.llava import IMAGE_SEQ_LENGTH, IMAGE_TOKEN, build_processor, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = VipLlavaConfig(
+        vision_config=_tiny_clip_vision(num_hidden_layers=3),
+        text_config=LlamaConfig(**tiny_decoder_config(tokenizer)),
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        image_seq_length=IMAGE_SEQ_LENGTH,
+        vision_feature_layers=[-3, -2],
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    VipLlavaForConditionalGeneration(config).save_pretrained(target)
+    build_processor(tokenizer).save_pretrained(target)
+
+
+# Families on the Qwen2-VL / Qwen3-VL processors: the tiny Qwen-VL tokenizer, template and image processor fit them;
+# their configs get the generic shrink with the tiny Qwen-VL vision settings. type -> the stock processor class.
+QWEN_PROCESSOR_FAMILIES = {
+    "qwen2_vl": "Qwen2VLProcessor",
+    "qwen3_vl_moe": "Qwen3VLProcessor",
+    "qwen3_5": "Qwen3VLProcessor",
+    "qwen3_5_moe": "Qwen3VLProcessor",
+    "qwen4_exp": "Qwen3VLProcessor",
+}
+
+
+def build_qwen_family(model_type: str, target: Path) -> None:
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from hellbender.models.fixes import qwen2_vl, qwen3_vl
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer = tiny_qwen.build_tokenizer()
+    ids = dict(
+        zip(tiny_qwen.VISION_TOKENS, tokenizer.convert_tokens_to_ids(list(tiny_qwen.VISION_TOKENS)), strict=True)
+    )
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": tiny_qwen.PATCH_SIZE,
+        "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
+        "out_hidden_size": 64,
+    }
+    stock_name = QWEN_PROCESSOR_FAMILIES[model_type]
+    if stock_name == "Qwen3VLProcessor":
+        vision.update(num_position_embeddings=16, deepstack_visual_indexes=[0])
+    else:  # Qwen2-VL's vision config calls its width `embed_dim` and the text width `hidden_size`
+        vision.update(embed_dim=32, hidden_size=64, mlp_ratio=2)
+    rope = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [2, 3, 3]}
+    extra = {"vision_config": vision, "text_config": {"rope_parameters": rope}, **tiny_qwen.token_ids(ids)}
+    config = tiny_config(model_type, tokenizer, extra)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config)
+    # hellbender's image-only classes (no torchvision here), which save the stock class's files
+    image_only = {
+        "Qwen2VLProcessor": qwen2_vl.ImageOnlyQwen2VLProcessor,
+        "Qwen3VLProcessor": qwen3_vl.ImageOnlyQwen3VLProcessor,
+    }
+    processor_class = image_only[stock_name]
+    tiny_qwen.save_model_and_processor(model, processor_class, tokenizer, target)
+
+
+def _chatml_template(image: str) -> str:
+    """The tiny Qwen-VL ChatML template with an image part written as `image` (what the family's processor expands)."""
+    from hellbender.models.tiny_vlm.qwen2_5_vl import CHAT_TEMPLATE
+
+    template = CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", image)
+    return template.replace("<|vision_start|><|video_pad|><|vision_end|>", "")
+
+
+def _save_generic(model_type: str, target: Path, tokenizer: Any, processor: Any, extra: dict[str, Any]) -> None:
+    """The type's config with the generic shrink and `extra`, random weights, saved with `processor`."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    torch.manual_seed(0)
+    AutoModelForImageTextToText.from_config(tiny_config(model_type, tokenizer, extra)).save_pretrained(target)
+    processor.save_pretrained(target)
+
+
+def build_gemma3(target: Path, model_type: str = "gemma3") -> None:
+    """Gemma 3: a SigLIP tower (32 x 32 images, 8 px patches) pooled to 2 x 2 = 4 soft tokens per image, with
+    `Gemma3Processor` expanding each `<start_of_image>` into them."""
+    from transformers import Gemma3ImageProcessorPil, Gemma3Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+    template = _chatml_template(named["boi_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
+    if model_type == "shieldgemma2":  # its own processor: it writes a policy prompt per image (one policy here)
+        from transformers import ShieldGemma2Processor
+
+        policies = {"tiny": "No tiny squares."}
+        processor = ShieldGemma2Processor(
+            image_processor, tokenizer, chat_template=template, image_seq_length=4, policy_definitions=policies
+        )
+    else:
+        processor = Gemma3Processor(image_processor, tokenizer, chat_template=template, image_seq_length=4)
+    ids = {f"{name[:3]}_token_index": tokenizer.convert_tokens_to_ids(token) for name, token in named.items()}
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "mm_tokens_per_image": 4,
+        "boi_token_index": ids["boi_token_index"],
+        "eoi_token_index": ids["eoi_token_index"],
+        "image_token_index": ids["ima_token_index"],
+    }
+    if model_type == "t5gemma2":  # an encoder-decoder whose encoder is Gemma 3's image-text composite
+        extra = {"encoder": _shrunk_composite(model_type, "encoder", tokenizer, extra), **_slice(extra, "_index")}
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
+def _slice(values: dict[str, Any], suffix: str) -> dict[str, Any]:
+    return {name: value for name, value in values.items() if name.endswith(suffix)}
+
+
+def _shrunk_composite(model_type: str, name: str, tokenizer: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    """The composite sub-config `name` of `model_type`'s default config, each of its own sub-configs shrunk (the
+    generic shrink goes one level down only), with `extra` on top."""
+    from transformers import CONFIG_MAPPING
+
+    composite = getattr(CONFIG_MAPPING[model_type](), name)
+    shrunk = composite.to_dict()
+    for sub_name in composite.sub_configs:
+        sub = getattr(composite, sub_name)
+        vocab = len(tokenizer) if "text" in sub_name else None
+        shrunk[sub_name] = {**sub.to_dict(), **shrunk_kwargs(sub, vocab), **extra.get(sub_name, {})}
+    special = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None}
+    shrunk["text_config"].update(special)
+    return {**shrunk, **{k: v for k, v in extra.items() if k not in composite.sub_configs}}
+
+
+def build_llava_next(target: Path) -> None:
+    """LLaVA-NeXT: the tiny LLaVA's tokenizer and template, any-resolution tiles of 32 x 32 (a base view and the
+    tiles of the best-fitting grid) through a CLIP tower."""
+    from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor
+
+    from hellbender.models.tiny_vlm.llava import (
+        IMAGE_SIZE,
+        IMAGE_TOKEN,
+        LLAVA_CHAT_TEMPLATE,
+        PATCH_SIZE,
+        build_tokenizer,
+    )
+
+    tokenizer = build_tokenizer()
+    pinpoints = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
+    image_processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=pinpoints,
+    )
+    processor = LlavaNextProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        chat_template=LLAVA_CHAT_TEMPLATE,
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,
+    )
+    extra = {
+        "vision_config": {"image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE},
+        "image_grid_pinpoints": pinpoints,
+        "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -2,
+    }
+    _save_generic("llava_next", target, tokenizer, processor, extra)
+
+
+def build_paligemma(target: Path) -> None:
+    """PaliGemma: a SigLIP tower (32 x 32 images, 8 px patches: 16 `<image>` tokens) into a Gemma."""
+    from transformers import PaliGemmaProcessor, SiglipImageProcessorPil
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<image>")
+    # its processor starts each prompt with BOS (after the image tokens), which the tiny tokenizer lacks otherwise
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<image>", bos_token="<bos>")
+    image_processor = SiglipImageProcessorPil(size={"height": 32, "width": 32})
+    image_processor.image_seq_length = 16
+    processor = PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8, "projection_dim": 64},
+        "text_config": {"hidden_size": 64},
+        "projection_dim": 64,
+        "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),
+    }
+    _save_generic("paligemma", target, tokenizer, processor, extra)
+
+
+def build_idefics2(target: Path) -> None:
+    """Idefics2: the tiny Idefics3's tokenizer and template; one 32 x 32 view per image (no splitting), resampled by
+    the perceiver to 4 latents, so each `<image>` becomes 4 image tokens between `<fake_token_around_image>`."""
+    from transformers import Idefics2ImageProcessorPil, Idefics2Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm.idefics3 import (
+        CHAT_TEMPLATE,
+        END_OF_UTTERANCE,
+        FAKE_IMAGE_TOKEN,
+        IMAGE_TOKEN,
+        PATCH_SIZE,
+    )
+
+    # the processor reads the image boundary token from the tokenizer when the tokenizer names its image token
+    named = {"image_token": IMAGE_TOKEN, "image_boundary_token": FAKE_IMAGE_TOKEN}
+    tokenizer = build_tiny_tokenizer(extra_special_tokens=(END_OF_UTTERANCE,), chat_template=CHAT_TEMPLATE, **named)
+    tokenizer.eos_token = END_OF_UTTERANCE
+    image_processor = Idefics2ImageProcessorPil(
+        do_image_splitting=False, size={"shortest_edge": 32, "longest_edge": 32}
+    )
+    processor = Idefics2Processor(image_processor, tokenizer, image_seq_len=4, chat_template=CHAT_TEMPLATE)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": PATCH_SIZE},
+        "perceiver_config": {"resampler_n_latents": 4, "resampler_depth": 1, "resampler_n_heads": 2,
+                             "resampler_head_dim": 16, "num_key_value_heads": 1},
+        "image_token_id": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+    }  # fmt: skip
+    _save_generic("idefics2", target, tokenizer, processor, extra)
+
+
+def build_granite_docling(target: Path) -> None:
+    """Granite Docling: Idefics3's prompt layout (the tiny Idefics3's tokenizer and template), 32 x 32 tiles."""
+    from transformers import GraniteDoclingImageProcessorPil, GraniteDoclingProcessor
+
+    from hellbender.models.tiny_vlm import idefics3 as tiny
+
+    tokenizer = tiny.build_tokenizer()
+    # pages are cut into tiles of the vision tower's size (at most 2 x 2 here) plus a thumbnail
+    tile = {"height": tiny.VISION_IMAGE_SIZE, "width": tiny.VISION_IMAGE_SIZE}
+    image_processor = GraniteDoclingImageProcessorPil(size=tile, max_patches=4)
+    processor = GraniteDoclingProcessor(
+        image_processor, tokenizer, image_seq_len=tiny.IMAGE_SEQ_LEN, chat_template=tiny.CHAT_TEMPLATE
+    )
+    extra = {
+        "vision_config": {
+            "image_size": tiny.VISION_IMAGE_SIZE,
+            "patch_size": tiny.PATCH_SIZE,
+            "out_hidden_size": 64,
+            "scale_factor": tiny.SCALE_FACTOR,  # the vision config's, which the connector reads
+        },
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny.IMAGE_TOKEN),
+    }
+    _save_generic("granite_docling", target, tokenizer, processor, extra)
+
+
+def build_lighton_ocr(target: Path) -> None:
+    """LightOnOCR: a Pixtral tower (8 px patches) merged 2 x 2 into a Qwen3; a 32 x 32 image gives 4 image tokens."""
+    from transformers import LightOnOcrProcessor, PixtralImageProcessorPil
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"image_token": "<|image_pad|>", "image_break_token": "<|vision_pad|>", "image_end_token": "<|vision_end|>"}
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    # the image processor rounds sizes to whole merged patches (patch 8 x merge 2)
+    image_processor = PixtralImageProcessorPil(size={"longest_edge": 32}, patch_size=16)
+    processor = LightOnOcrProcessor(
+        image_processor, tokenizer, patch_size=8, spatial_merge_size=2, chat_template=template
+    )
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8, "head_dim": 16},
+        "spatial_merge_size": 2,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+    }
+    _save_generic("lighton_ocr", target, tokenizer, processor, extra)
+
+
+def build_aya_vision(target: Path) -> None:
+    """Aya Vision: a SigLIP tower (32 x 32 tiles, 8 px patches) pixel-shuffled 2 x 2, so each tile gives 4
+    `<|IMG_PATCH|>` tokens between the processor's image markers; a 32 x 32 image is one tile."""
+    from transformers import AyaVisionProcessor, GotOcr2ImageProcessorPil
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ("<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>")
+    template = _chatml_template("<image>")
+    tokenizer = build_tiny_tokenizer(extra_special_tokens=markers, chat_template=template, image_token="<image>")
+    image_processor = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=False)
+    processor = AyaVisionProcessor(
+        image_processor, tokenizer, patch_size=8, img_size=32, downsample_factor=2, chat_template=template
+    )
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "downsample_factor": 2,
+        "image_token_index": tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
+    }
+    _save_generic("aya_vision", target, tokenizer, processor, extra)
+
+
+def build_blip2(target: Path, model_type: str = "blip-2") -> None:
+    """BLIP-2 / InstructBLIP: a tiny vision tower and Q-Former whose 4 query outputs fill 4 `<image>` tokens that the
+    processor puts before each text (the text itself has no image placeholder, which is why hellbender refuses them;
+    built whole so the survey shows that refusal on a real model)."""
+    import transformers
+    from transformers import BlipImageProcessorPil
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<image>")
+    image_processor = BlipImageProcessorPil(size={"height": 32, "width": 32})
+    if model_type == "instructblip":  # its Q-Former reads the text too, through a tokenizer of its own
+        processor = transformers.InstructBlipProcessor(
+            image_processor, tokenizer, build_tiny_tokenizer(), num_query_tokens=4, chat_template=template
+        )
+    else:
+        processor = transformers.Blip2Processor(image_processor, tokenizer, num_query_tokens=4, chat_template=template)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "qformer_config": {"encoder_hidden_size": 64, "vocab_size": len(tokenizer)},
+        "num_query_tokens": 4,
+        "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),
+    }
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
+def build_paddleocr_vl(target: Path) -> None:
+    """PaddleOCR-VL: the tiny Qwen-VL tokenizer and template, its own image processor at the tiny Qwen-VL sizes (a
+    32 x 32 image becomes 4 x 4 patches of 4 px, merged 2 x 2 into 4 `<|image_pad|>` tokens)."""
+    from transformers import PaddleOCRVLImageProcessorPil, PaddleOCRVLProcessor
+
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer = tiny_qwen.build_tokenizer()
+    image_processor = PaddleOCRVLImageProcessorPil(
+        patch_size=tiny_qwen.PATCH_SIZE,
+        merge_size=tiny_qwen.MERGE_SIZE,
+        temporal_patch_size=1,
+        min_pixels=tiny_qwen.MIN_PIXELS,
+        max_pixels=tiny_qwen.MAX_PIXELS,
+    )
+    processor = PaddleOCRVLProcessor(image_processor, tokenizer, chat_template=tiny_qwen.CHAT_TEMPLATE)
+    extra = {
+        "vision_config": {"patch_size": tiny_qwen.PATCH_SIZE, "spatial_merge_size": tiny_qwen.MERGE_SIZE},
+        "text_config": {
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [2, 3, 3]}
+        },
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.IMAGE_PAD),
+    }
+    _save_generic("paddleocr_vl", target, tokenizer, processor, extra)
+
+
+def build_deepseek_vl(target: Path) -> None:
+    """DeepSeek-VL: a SigLIP tower (32 x 32 images, 8 px patches) giving 16 `<image_placeholder>` tokens."""
+    from transformers import DeepseekVLImageProcessorPil, DeepseekVLProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<image_placeholder>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<image_placeholder>")
+    image_processor = DeepseekVLImageProcessorPil(size={"height": 32, "width": 32})
+    processor = DeepseekVLProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=16)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "image_token_id": tokenizer.convert_tokens_to_ids("<image_placeholder>"),
+    }
+    _save_generic("deepseek_vl", target, tokenizer, processor, extra)
+
+
+def build_hunyuan_vl(target: Path) -> None:
+    """HunYuan-VL: Qwen-VL-like patches (4 px, merged 2 x 2) with a row break after each row of merged patches and
+    start / end tokens around each image, on the tiny tokenizer."""
+    from transformers import HunYuanVLImageProcessorPil, HunYuanVLProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    named = {"image_token": "<|image_pad|>", "image_start_token": "<|image_start|>", "image_end_token": "<|image_end|>"}
+    template = _chatml_template("<|image_start|><|image_pad|><|image_end|>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = HunYuanVLImageProcessorPil(
+        patch_size=tiny_qwen.PATCH_SIZE,
+        merge_size=tiny_qwen.MERGE_SIZE,
+        size={"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS},
+    )
+    processor = HunYuanVLProcessor(image_processor, tokenizer, chat_template=template)
+    ids = {f"{name}_id": tokenizer.convert_tokens_to_ids(token) for name, token in named.items()}
+    extra = {
+        "vision_config": {"patch_size": tiny_qwen.PATCH_SIZE, "spatial_merge_size": tiny_qwen.MERGE_SIZE},
+        # a checkpoint gives the multimodal RoPE axes (sequence, width, height, image), summing to head_dim / 2
+        "text_config": {
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 2, 2, 2]}
+        },
+        **ids,
+    }
+    _save_generic("hunyuan_vl", target, tokenizer, processor, extra)
+
+
+# model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
+# families built here from their pieces
+VLM_BUILDERS: dict[str, Any] = {
+    "gemma4": "hellbender.models.tiny_vlm.gemma4:build",
+    "idefics3": "hellbender.models.tiny_vlm.idefics3:build",
+    "llava": f"{LLAVA_BUILDER}:build",
+    "qwen2_5_vl": "hellbender.models.tiny_vlm.qwen2_5_vl:build",
+    "qwen3_vl": "hellbender.models.tiny_vlm.qwen3_vl:build",
+    "vipllava": build_vipllava,
+    "gemma3": build_gemma3,
+    "llava_next": build_llava_next,
+    "paligemma": build_paligemma,
+    "idefics2": build_idefics2,
+    "lighton_ocr": build_lighton_ocr,
+    "aya_vision": build_aya_vision,
+    "paddleocr_vl": build_paddleocr_vl,
+    "deepseek_vl": build_deepseek_vl,
+    "hunyuan_vl": build_hunyuan_vl,
+    "blip-2": build_blip2,
+    "instructblip": lambda target: build_blip2(target, "instructblip"),
+    "granite_docling": build_granite_docling,
+    "shieldgemma2": lambda target: build_gemma3(target, "shieldgemma2"),
+    "t5gemma2": lambda target: build_gemma3(target, "t5gemma2"),
+    **{t: lambda target, t=t: build_qwen_family(t, target) for t in QWEN_PROCESSOR_FAMILIES},
+}
+
+
+def refused_vision_families() -> dict[str, str]:
+    """Model types hellbender refuses as vision-language models before loading their processor, with the reason:
+    the families it names, and the mapping's encoder-decoders (by their default config)."""
+    from transformers import CONFIG_MAPPING
+
+    from hellbender.models.fixes import ENCODER_DECODER_REASON, UNSUPPORTED_VISION_FAMILIES
+
+    refused = dict(UNSUPPORTED_VISION_FAMILIES)
+    for model_type in image_text_to_text_types():
+        try:
+            encoder_decoder = model_type not in refused and CONFIG_MAPPING[model_type]().is_encoder_decoder
+        except Exception:  # a class whose defaults fail its own validation
+            encoder_decoder = False
+        if encoder_decoder:
+            refused[model_type] = f"{model_type}: {ENCODER_DECODER_REASON}"
+    return refused
+
+
+def vlm_not_surveyed_reason(model_type: str) -> str | None:
+    """Why the survey cannot build `model_type` tiny with an offline processor (None where it can)."""
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    if model_type in VLM_BUILDERS or model_type in refused_vision_families():
+        return None
+    processor = PROCESSOR_MAPPING_NAMES.get(model_type)
+    if processor is None:
+        return "transformers maps no processor class to this type, so no offline processor can be built for it"
+    import transformers
+
+    cls = getattr(transformers, processor, None)
+    backends = getattr(cls, "_backends", ())
+    torchvision = importlib.util.find_spec("torchvision") is not None
+    if "torchvision" in backends and not torchvision:
+        return f"transformers' `{processor}` requires torchvision, which this machine lacks (it does not import next to torch here)"
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    image_processors = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+    if isinstance(image_processors, dict) and "pil" not in image_processors and not torchvision:
+        only = image_processors.get("torchvision")
+        return f"its image processor `{only}` exists only as a torchvision class, and this machine lacks torchvision"
+    attributes = cls.get_attributes() if hasattr(cls, "get_attributes") else ()
+    if "video_processor" in attributes and not torchvision:
+        return (
+            f"`{processor}` always loads a video processor, which needs torchvision (missing here); hellbender's "
+            "image-only processor loaders serve only Gemma 4 and the model types of the Qwen-VL processors"
+        )
+    return (
+        f"no offline tiny `{processor}` in the survey yet (it needs the family's image tokens in the tokenizer and "
+        "image processor settings sized to a tiny vision tower)"
+    )
+
+
+def vlm_build(model_type: str, target: Path) -> dict[str, Any]:
+    """Save a tiny `model_type` vision-language model with its processor into `target`. A family hellbender refuses
+    without a builder here gets its default config and hellbender's tiny tokenizer only: the refusal reads the config
+    and comes before any processor or weights are loaded."""
+    from transformers import AutoModelForImageTextToText
+
+    if model_type in VLM_BUILDERS:
+        builder = VLM_BUILDERS[model_type]
+        if isinstance(builder, str):
+            module, function = builder.split(":")
+            builder = getattr(importlib.import_module(module), function)
+        builder(target)
+        model = AutoModelForImageTextToText.from_pretrained(target)
+    else:  # a refused family: its config (what the refusal reads) and a tokenizer, no weights
+        from transformers import CONFIG_MAPPING
+
+        from hellbender.models.tiny import build_tiny_tokenizer
+
+        tokenizer = build_tiny_tokenizer()
+        CONFIG_MAPPING[model_type]().save_pretrained(target)
+        tokenizer.save_pretrained(target)
+        return {"class": "config only"}
+    return {"class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def vlm_run_config(model_dir: Path, mode: str, output_dir: Path) -> str:
+    """Image+text chat rows (the bundled coloured squares) through hellbender's multimodal path."""
+    lines = [
+        f"base_model: {model_dir}",
+        "processor_type: AutoProcessor",
+        "datasets:",
+        f"  - path: {SHAPES_DATA}",
+        "    type: chat_template",
+        f"dataset_prepared_path: {model_dir.parent / 'prepared'}",
+        "sequence_len: 256",
+        "micro_batch_size: 2",
+        f"max_steps: {1 if mode == 'full' else 2}",
+        "learning_rate: 1.0e-4",
+        "gradient_checkpointing: true",
+        f"output_dir: {output_dir}",
+    ]
+    if mode != "full":  # on a vision-language model `lora_target_linear` adapts the language model's layers
+        lines += ["adapter: lora", "lora_r: 4", "lora_alpha: 8", "lora_target_linear: true"]
+    return "\n".join(lines) + "\n"
+
+
+def vlm_reload_status(model_dir: Path, output_dir: Path, mode: str) -> str:
+    """Whether plain transformers (and PEFT, for an adapter) load the saved output again."""
+    from transformers import AutoModelForImageTextToText
+
+    try:
+        if mode == "full":
+            AutoModelForImageTextToText.from_pretrained(output_dir)
+        else:
+            from peft import PeftModel
+
+            PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(model_dir), output_dir)
+    except Exception as exc:
+        return describe(exc)
+    return "ok"
+
+
+def survey_vlm(model_type: str, timeout: float) -> dict[str, Any]:
+    """One image-text-to-text type's entry: its reason where it cannot be built here, else a forked survey."""
+    reason = vlm_not_surveyed_reason(model_type)
+    if reason is not None:
+        return {"build": {"status": NOT_SURVEYED_PREFIX + reason}}
+    return survey(model_type, timeout, VLM_SECTION)
 
 
 # ---- the document ----
@@ -605,22 +1193,82 @@ def render(results: dict[str, Any], model_types: list[str], vlm_types: list[str]
         cells = [_cell(entry, mode) for mode in MODES]
         lines.append(f"| {model_type} | {' | '.join(cells)} | {_note(model_type, entry)} |")
     if vlm_types:
-        lines += [
-            "",
-            "## Image-text-to-text architectures",
-            "",
-            "Not surveyed yet: a tiny vision-language model also needs a processor (image processor, image tokens, "
-            "chat template) per family, which this script does not build yet. hellbender's own tiny VLMs "
-            "(`hellbender/tiny-llava`, `tiny-idefics3`, `tiny-qwen2.5-vl`, `tiny-qwen3-vl`, `tiny-gemma4-vlm`) are trained "
-            "by its tests.",
-            "",
-            "| architecture | status |",
-            "|---|---|",
-        ]
-        for model_type in vlm_types:
-            also = " (its causal-LM class is in the table above)" if model_type in model_types else ""
-            lines.append(f"| {model_type} | {NOT_SURVEYED}{also} |")
+        lines += render_vlm_section(results.get(VLM_RESULTS_KEY, {}), vlm_types, model_types)
     return "\n".join(lines) + "\n"
+
+
+def vlm_status(entry: dict[str, Any] | None) -> str:
+    """One image-text-to-text type's overall status: trains / refused / fails / not built / not surveyed."""
+    build = (entry or {}).get("build", {}).get("status", NOT_SURVEYED)
+    if entry is None or build.startswith(NOT_SURVEYED_PREFIX):
+        return "not surveyed"
+    if build != "ok":
+        return "not built"
+    stages = [entry.get(m, {}) for m in VLM_MODES]
+    if any(stage.get("refused") for stage in stages):
+        return "refused"
+    if all(stage.get("status") == "ok" and stage.get("reload", "ok") == "ok" for stage in stages):
+        return "trains"
+    return "fails"
+
+
+VLM_STATUSES = ("trains", "refused", "fails", "not built", "not surveyed")
+
+
+def _vlm_note(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return NOT_SURVEYED
+    build = entry.get("build", {}).get("status", "")
+    if build.startswith(NOT_SURVEYED_PREFIX):
+        return build[len(NOT_SURVEYED_PREFIX) :]
+    if build != "ok":
+        return f"tiny model not built: `{_quote(build)}`"
+    notes, seen = [], set()
+    for mode in VLM_MODES:
+        for status in (entry.get(mode, {}).get("status", ""), entry.get(mode, {}).get("reload", "ok")):
+            if status not in ("ok", "-", "") and status not in seen:
+                seen.add(status)
+                notes.append(f"{mode}: `{_quote(status)}`")
+    return "; ".join(notes)
+
+
+def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_types: list[str]) -> list[str]:
+    """The image-text-to-text table: one row per type of the installed mapping, with its overall status."""
+    statuses = [vlm_status(results.get(t)) for t in vlm_types]
+    counts = ", ".join(f"{statuses.count(s)} {s}" for s in VLM_STATUSES)
+    lines = [
+        "",
+        "## Image-text-to-text architectures",
+        "",
+        "Each architecture of the installed transformers' image-text-to-text mapping, built tiny with a processor "
+        "that works offline, and trained on CPU through hellbender's multimodal path (`processor_type: AutoProcessor`, "
+        "the bundled coloured-squares chat rows with an image in each user turn, activation checkpointing): LoRA on "
+        "the language model's linear layers (2 steps) and full fine-tuning (1 step); each output is then loaded again "
+        "with plain transformers (and PEFT). The families hellbender ships as tiny VLMs (`hellbender/tiny-gemma4-vlm`, "
+        "`tiny-idefics3`, `tiny-llava`, `tiny-qwen2.5-vl`, `tiny-qwen3-vl`) use those builders; the other families "
+        "reuse their pieces where they share a processor or a token layout (the tiny LLaVA's, Idefics3's or "
+        "Qwen-VL's tokenizer, template and image processor sizes) or get a small processor of their own on the "
+        "tiny tokenizer with the family's image tokens, and their configs get the generic shrink with tiny vision "
+        "settings (`VLM_BUILDERS` in the script). `trains`: both modes pass and reload; "
+        "`refused`: hellbender stops at start with an error naming the family and the reason (quoted in the note: "
+        "Mllama feeds images through cross-attention layers, ShieldGemma 2's processor replaces the text with policy "
+        "prompts, and image-text encoder-decoders such as T5Gemma 2 need decoder inputs that a chat row does not "
+        "give; models/fixes/__init__.py; a refused family without a builder here is saved as its default config only); "
+        "`fails`: any other error; `not built`: the survey could not build the tiny model; `not surveyed`: no "
+        "offline processor is built for the family yet (the note says why), so its status is unknown.",
+        "",
+        f"{len(vlm_types)} architectures: {counts}.",
+        "",
+        "| architecture | status | LoRA | full FT | note |",
+        "|---|---|---|---|---|",
+    ]
+    for model_type, status in zip(vlm_types, statuses, strict=True):
+        entry = results.get(model_type)
+        surveyed = status not in ("not surveyed",)
+        cells = [_cell(entry, mode) if surveyed else "-" for mode in VLM_MODES]
+        also = " (its causal-LM class is in the table above)" if model_type in model_types else ""
+        lines.append(f"| {model_type} | {status} | {' | '.join(cells)} | {_vlm_note(entry)}{also} |")
+    return lines
 
 
 def failure_groups(results: dict[str, Any]) -> dict[str, list[str]]:
@@ -660,6 +1308,28 @@ def write_results(results: dict[str, Any]) -> None:
     RESULTS.write_text(json.dumps(dict(sorted(results.items())), indent=1) + "\n")
 
 
+def survey_vlm_types(args: argparse.Namespace, parser: argparse.ArgumentParser, results: dict, vlm_types: list) -> None:
+    import transformers
+
+    wanted = args.types.split(",") if args.types else vlm_types
+    unknown = sorted(set(wanted) - set(vlm_types))
+    if unknown:
+        parser.error(f"not image-text-to-text model types of this transformers: {', '.join(unknown)}")
+    section = results.setdefault(VLM_RESULTS_KEY, {})
+    for model_type in wanted:
+        if model_type in section and not args.redo:
+            continue
+        start = time.monotonic()
+        section[model_type] = survey_vlm(model_type, args.timeout)
+        results[VLM_RESULTS_KEY] = dict(sorted(section.items()))
+        results["_transformers"] = transformers.__version__
+        write_results(results)
+        entry = section[model_type]
+        summary = "  ".join(f"{m}={entry[m]['status'][:70]}" for m in ("build", *VLM_MODES) if m in entry)
+        print(f"{model_type} ({time.monotonic() - start:.0f}s): {summary}", flush=True)
+        section = results[VLM_RESULTS_KEY]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", help="comma-separated model types (default: every unrecorded one)")
@@ -667,6 +1337,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per type (all three modes)")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/models.md from docs/models.json")
     parser.add_argument("--failures", action="store_true", help="print the recorded failures grouped by cause")
+    parser.add_argument(
+        "--vlm", action="store_true", help="survey image-text-to-text types (`--types` then names those)"
+    )
     args = parser.parse_args()
     if str(ROOT / "src") not in sys.path:  # the notes name hellbender's own family rules
         sys.path.insert(0, str(ROOT / "src"))
@@ -680,7 +1353,11 @@ def main() -> None:
         _import_once()
         import transformers
 
-        wanted = args.types.split(",") if args.types else model_types
+        if args.vlm:
+            survey_vlm_types(args, parser, results, image_text_to_text_types())
+            wanted = []
+        else:
+            wanted = args.types.split(",") if args.types else model_types
         unknown = sorted(set(wanted) - set(model_types))
         if unknown:
             parser.error(f"not causal-LM model types of this transformers: {', '.join(unknown)}")

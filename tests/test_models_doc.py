@@ -119,3 +119,45 @@ def test_notes_name_the_causal_switch_the_eager_fallback_and_left_out_layers() -
     assert "| bert | ok | ok | ok | attends both ways as built; hellbender sets `is_decoder: true`" in doc
     assert "| gpt_neo | ok (eager) | ok (eager) | ok (eager) | no SDPA path in transformers" in doc
     assert "| mamba | ok (2 modules) | ok | ok | `'lora_target_linear' leaves out 2 layer(s)` |" in doc
+
+
+def test_the_image_text_to_text_section_counts_each_status_and_gives_the_reason() -> None:
+    ok = {"status": "ok", "lora_modules": 14}
+    refusal = {"status": "ConfigError: `<model dir>` is not supported yet", "refused": True}
+    results = {
+        survey.VLM_RESULTS_KEY: {
+            "llava": {"build": {"status": "ok"}, "lora": ok, "full": {"status": "ok"}},
+            "mllama": {"build": {"status": "ok"}, "lora": refusal, "full": refusal},
+            "qwen2_vl": {"build": {"status": "ok"}, "lora": ok, "full": {"status": "ok", "reload": "KeyError: 'x'"}},
+            "aria": {"build": {"status": survey.NOT_SURVEYED_PREFIX + "no offline tiny `AriaProcessor`"}},
+        }
+    }
+    doc = survey.render(results, ["llama"], ["aria", "blip", "llava", "mllama", "qwen2_vl"])
+    assert "5 architectures: 1 trains, 1 refused, 1 fails, 0 not built, 2 not surveyed." in doc
+    assert "| llava | trains | ok (14 modules) | ok |  |" in doc
+    assert "| mllama | refused | refused | refused | lora: `ConfigError: '<model dir>' is not supported yet` |" in doc
+    assert "| qwen2_vl | fails | ok (14 modules) | ok, reload fails | full: `KeyError: 'x'` |" in doc
+    assert "| aria | not surveyed | - | - | no offline tiny `AriaProcessor` |" in doc
+    assert f"| blip | not surveyed | - | - | {survey.NOT_SURVEYED} |" in doc
+
+
+def test_every_vision_family_hellbender_refuses_shows_the_refusal_with_its_reason() -> None:
+    section = survey.load_results()[survey.VLM_RESULTS_KEY]
+    refused = {t: r for t, r in survey.refused_vision_families().items() if t in survey.image_text_to_text_types()}
+    assert refused, "hellbender refuses no family of the mapping: check `UNSUPPORTED_VISION_FAMILIES`"
+    for model_type, reason in refused.items():
+        assert survey.vlm_status(section.get(model_type)) == "refused", model_type
+        assert reason in section[model_type]["lora"]["status"], model_type
+
+
+def test_every_family_the_survey_builds_is_recorded_and_only_those_read_not_surveyed() -> None:
+    """A family with a tiny builder in the survey has a recorded run; every other type of the mapping is recorded
+    with the reason it is not surveyed (so a new transformers type or a new builder shows up here)."""
+    section = survey.load_results()[survey.VLM_RESULTS_KEY]
+    assert sorted(section) == survey.image_text_to_text_types(), "run `scripts/model_survey.py --vlm`"
+    for model_type, entry in section.items():
+        reason = survey.vlm_not_surveyed_reason(model_type)
+        if reason is None:
+            assert survey.vlm_status(entry) != "not surveyed", f"{model_type}: run `model_survey.py --vlm --redo`"
+        else:
+            assert entry["build"]["status"] == survey.NOT_SURVEYED_PREFIX + reason, model_type

@@ -388,6 +388,22 @@ def test_collator_reproduces_prepared_labels_for_image_and_text_only_rows(tmp_pa
             assert torch.equal(batch["mm_token_type_ids"].bool(), batch["input_ids"] == processor.image_token_id)
 
 
+def test_collator_pads_on_the_right_whatever_the_processor_pads_by_default(tmp_path, data, loaded):
+    """Aya Vision's processor (and others) pads on the left unless a call says otherwise; the prepared ids and labels
+    start at the left of each row, so the collator asks for right padding in every call."""
+    rows = write_jsonl(data / "rows.jsonl", [row("red.png"), row(question="Only text, and longer than the other?")])
+    cfg = make_cfg(tmp_path, rows, shuffle_merged_datasets=False)
+    prepared = list(prepare(loaded, cfg).train)
+    processor = copy.deepcopy(loaded[QWEN][1])
+    processor.tokenizer.padding_side = "left"  # what such a processor's defaults do to every call
+    batch = MultimodalCollator(processor, image_policy(cfg))(prepared)
+    lengths = [len(r["input_ids"]) for r in prepared]
+    assert lengths[0] != lengths[1]
+    for i, r in enumerate(prepared):
+        assert batch["input_ids"][i, : lengths[i]].tolist() == r["input_ids"]
+        assert batch["attention_mask"][i].tolist() == [1] * lengths[i] + [0] * (max(lengths) - lengths[i])
+
+
 def test_collator_refuses_an_image_replaced_by_one_of_another_size(tmp_path, data, loaded):
     rows = write_jsonl(data / "rows.jsonl", [row("red.png"), row("green.png")])
     cfg = make_cfg(tmp_path, rows, shuffle_merged_datasets=False, max_image_pixels=1_000_000)

@@ -38,6 +38,9 @@ class MultimodalCollator:
             text=texts,
             images=images if has_images else None,
             padding=True,
+            # labels are placed from the left; some processors pad on the left by default (Aya Vision, Cohere 2
+            # Vision, InternVL), which a per-call setting overrides and the tokenizer's own setting does not
+            padding_side="right",
             add_special_tokens=False,
             return_tensors="pt",
         )

@@ -24,22 +24,65 @@ def model_type_of(source: str) -> str | None:
 
 
 # Vision-language families whose images do not enter as tokens in the text, which everything hellbender does
-# for images (counting placeholders, expanding them, masking them) relies on.
+# for images (counting placeholders, expanding them, masking them) relies on, or whose processor does not keep the
+# row's text.
 UNSUPPORTED_VISION_FAMILIES = {
     "mllama": "Mllama (Llama 3.2 Vision) feeds images through cross-attention layers, not image tokens in the text",
+    "shieldgemma2": "ShieldGemma 2 is an image-safety classifier whose processor replaces each row's text with its own "
+    "policy prompts, so chat rows cannot be trained through it",
+    "blip": "BLIP's text decoder reads the image through cross-attention, not image tokens in the text",
+    "idefics": "IDEFICS (version 1) reads images through gated cross-attention layers, not image tokens in the text "
+    "(Idefics2 and Idefics3 are supported)",
+    "git": "GIT puts the image features in front of the text instead of image tokens in it, so its outputs do not "
+    "line up with the row's tokens",
+    "evolla": "Evolla reads protein sequences, not images",
+    **{
+        family: f"{name}'s processor puts the Q-Former's query tokens in front of each text instead of expanding an "
+        "image placeholder the chat template writes, so a chat row's images cannot be placed"
+        for family, name in (
+            ("blip-2", "BLIP-2"),
+            ("instructblip", "InstructBLIP"),
+            ("instructblipvideo", "InstructBLIP Video"),
+        )
+    },
+    "pi0": "PI0 is a robot policy that predicts actions by flow matching, not text",
 }
 
 
+# Image-text encoder-decoders (T5Gemma 2): the decoder generates from what the encoder read, so the prompt and the
+# answer are two sequences; hellbender trains decoder-only models on whole chat rows, labels inside the prompt's row.
+ENCODER_DECODER_REASON = (
+    "it is an encoder-decoder model, and hellbender trains decoder-only models on whole chat rows (its decoder would "
+    "get no inputs)"
+)
+
+
+def is_encoder_decoder(source: str) -> bool:
+    """The config's own `is_encoder_decoder` (a directory's config.json; hub ids through transformers)."""
+    config = Path(source) / "config.json"
+    if config.is_file():
+        return bool(json.loads(config.read_text()).get("is_encoder_decoder"))
+    try:
+        from transformers import AutoConfig
+
+        return bool(AutoConfig.from_pretrained(source).is_encoder_decoder)
+    except (OSError, ValueError):
+        return False
+
+
 def unsupported_reason(source: str) -> str | None:
-    return UNSUPPORTED_VISION_FAMILIES.get(model_type_of(source) or "")
+    model_type = model_type_of(source) or ""
+    if model_type in UNSUPPORTED_VISION_FAMILIES:
+        return UNSUPPORTED_VISION_FAMILIES[model_type]
+    return f"{model_type or 'this model'}: {ENCODER_DECODER_REASON}" if is_encoder_decoder(source) else None
 
 
 def processor_loader(source: str) -> Callable[..., Any] | None:
     """A family-specific way to load the processor, or None for `from_pretrained` of the configured class."""
-    from hellbender.models.fixes import gemma4, qwen2_5_vl, qwen3_vl
+    from hellbender.models.fixes import gemma4, qwen2_5_vl, qwen2_vl, qwen3_vl
 
     model_type = model_type_of(source)
-    for family in (gemma4, qwen2_5_vl, qwen3_vl):
+    for family in (gemma4, qwen2_5_vl, qwen2_vl, qwen3_vl):
         if model_type in family.MODEL_TYPES:
             return family.load_processor
     return None

@@ -21,8 +21,10 @@ from transformers import Qwen3VLModel, Qwen3VLProcessor
 from hellbender.models.fixes.contract import Contract, Requirement
 from hellbender.models.fixes.image_only_processor import image_only, processor_contract
 from hellbender.models.fixes.image_only_processor import load_processor as load_image_only
+from hellbender.models.fixes.processor_families import types_using
 
-MODEL_TYPES = ("qwen3_vl",)
+# Qwen3-VL MoE, Qwen3.5 and others use the same processor class, so the same loader serves them.
+MODEL_TYPES = types_using("Qwen3VLProcessor")
 
 
 ImageOnlyQwen3VLProcessor = image_only(
