@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, REPO
 
 CHAT_DATA = str(EXAMPLES / "data" / "chat.jsonl")
 PREFERENCE_DATA = str(EXAMPLES / "data" / "preference.jsonl")
@@ -195,3 +195,16 @@ def preference_trainer(cfg, train_rows, eval_rows=None, callbacks=()):
     return method.build_trainer(
         cfg, model, args, train_rows, eval_rows, tokenizer, callbacks=[TokenCounter(), *callbacks]
     )
+
+
+def model_survey():
+    """scripts/model_survey.py as a module (it is a script, not a package), loaded once per test process."""
+    import importlib.util
+    import sys
+
+    if "model_survey" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("model_survey", REPO / "scripts" / "model_survey.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model_survey"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["model_survey"]

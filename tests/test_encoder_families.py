@@ -4,9 +4,6 @@ changed later token must leave the earlier positions' logits unchanged."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,12 +12,9 @@ from hellbender.errors import ConfigError
 from hellbender.models.fixes.encoders import CAUSAL_SWITCHES, REFUSED, make_causal
 from hellbender.models.loading import load_model
 from hellbender.models.tiny import build_tiny_tokenizer
-from tests.helpers import base_config
+from tests.helpers import base_config, model_survey
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("model_survey", ROOT / "scripts" / "model_survey.py")
-survey = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(survey)
+survey = model_survey()
 
 
 @pytest.fixture(scope="module")

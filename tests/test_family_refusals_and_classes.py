@@ -4,7 +4,6 @@ class does not map (Emu3's text model) loads through the class its `architecture
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,9 @@ from hellbender.errors import ConfigError
 from hellbender.models.architecture_class import class_for_config
 from hellbender.models.loading import load_model
 from hellbender.models.tiny import build_tiny_tokenizer
-from tests.helpers import base_config
+from tests.helpers import base_config, model_survey
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("model_survey", ROOT / "scripts" / "model_survey.py")
-survey = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(survey)
+survey = model_survey()
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,6 @@ which leaves the documents' loss unchanged (models/fixes/gemma3n.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -14,11 +11,9 @@ from transformers import AutoModelForCausalLM
 from hellbender.data.collator import CausalLMCollator
 from hellbender.models.fixes.gemma3n import packed_tail_token_id
 from hellbender.models.tiny import build_tiny_tokenizer
+from tests.helpers import model_survey
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("model_survey", ROOT / "scripts" / "model_survey.py")
-survey = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(survey)
+survey = model_survey()
 
 
 @pytest.fixture(scope="module")

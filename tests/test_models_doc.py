@@ -3,20 +3,9 @@ causal-LM architecture of the installed transformers (so a transformers upgrade 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from tests.helpers import model_survey
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _survey_module():
-    spec = importlib.util.spec_from_file_location("model_survey", ROOT / "scripts" / "model_survey.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-survey = _survey_module()
+survey = model_survey()
 
 
 def test_models_doc_is_rendered_from_the_survey_results() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,12 +21,9 @@ from hellbender.models.fixes.unadaptable_layers import (
     WEIGHTS_READ_DIRECTLY,
 )
 from hellbender.models.tiny import build_tiny_tokenizer
-from tests.helpers import base_config
+from tests.helpers import base_config, model_survey
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("model_survey", ROOT / "scripts" / "model_survey.py")
-survey = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(survey)
+survey = model_survey()
 
 
 def _tiny(model_type: str):
