@@ -21,6 +21,7 @@ masked block is computed); elsewhere a dense mask goes to SDPA or eager attentio
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -218,16 +219,24 @@ class VarlenParts:
 VARLEN_KEYWORD = "shared_prompt_parts"
 
 
+@functools.cache
+def varlen_parameters() -> frozenset[str]:
+    """The keyword names of the installed torch's varlen kernel (read once, not on every attention call)."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
 def causal_varlen(
     query: Any, key: Any, value: Any, starts: tuple[Any, Any], longest: tuple[int, int], scale: float | None
 ) -> Any:
     """torch's flash-attention varlen kernel, causal and aligned at each sequence's end (with fewer queries than keys,
     query i sees keys up to `keys - queries + i`), in the signature the installed torch has."""
-    import inspect
-
     from torch.nn.attention.varlen import varlen_attn
 
-    parameters = inspect.signature(varlen_attn).parameters
+    parameters = varlen_parameters()
     options: dict[str, Any] = {"is_causal": True} if "is_causal" in parameters else {"window_size": (-1, 0)}
     if query.shape[1] != key.shape[1]:
         if "enable_gqa" in parameters:

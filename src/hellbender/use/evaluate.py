@@ -138,13 +138,18 @@ def evaluate(
     results = {
         **metrics,
         "rows": len(prepared.eval),
-        "eval_data": "test_datasets" if cfg.test_datasets else f"val_set_size: {cfg.val_set_size:g} of datasets",
+        "eval_data": _eval_data(cfg),
         "eval_rows_also_trained": bool(also_trained),
         "model": str(trained.path),
         "adapter": trained.is_adapter,
         "step": trained.step,
     }
     return _written(results, target)
+
+
+def _eval_data(cfg: HellbenderConfig) -> str:
+    """Where the evaluation rows came from, as the results name it."""
+    return "test_datasets" if cfg.test_datasets else f"val_set_size: {cfg.val_set_size:g} of datasets"
 
 
 def _written(results: dict[str, Any], target: Path) -> dict[str, Any]:
@@ -171,7 +176,7 @@ def _evaluate_online(cfg: HellbenderConfig, trained: Any, tokenizer: Any, proces
     metrics = online_metrics(cfg, model, processor or tokenizer, eval_rows, completions_path(target))
     results = {
         **metrics,
-        "eval_data": "test_datasets" if cfg.test_datasets else f"val_set_size: {cfg.val_set_size:g} of datasets",
+        "eval_data": _eval_data(cfg),
         "eval_rows_also_trained": bool(also_trained),
         "seed": cfg.seed,
         "model": str(trained.path),
