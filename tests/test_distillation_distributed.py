@@ -1,5 +1,5 @@
-"""Distillation with several training processes (DDP over gloo on CPU): offline targets and an online teacher give
-the same per-step losses, KD and cross-entropy parts included, as one process with the same global batch; the
+"""Distillation with several training processes (DDP over gloo on CPU): offline targets and an online teacher (with
+the chunked loss, `kd_fused_loss`) give the same per-step losses, KD and cross-entropy parts included, as one process with the same global batch; the
 online teacher is the same model in every process, also as a FSDP2 run loads it; distillation steps with the student
 sharded by FSDP2 and a whole teacher in each process equal one process's (tests/kd_worker.py)."""
 
@@ -37,10 +37,10 @@ def test_two_processes_distill_like_one_process_with_the_same_global_batch(tmp_p
     def offline(name: str, batch: int) -> dict:  # packed rows: each document keeps its own targets
         return kd_config(tmp_path / name, data, micro_batch_size=batch, sample_packing=True, sequence_len=256, **common)
 
-    def online(name: str, batch: int) -> dict:
+    def online(name: str, batch: int) -> dict:  # the chunked loss and teacher (`kd_fused_loss`)
         return base_config(
             tmp_path / name, kd_trainer=True, kd_teacher_model=str(tiny_model_path), kd_online_topk=8,
-            micro_batch_size=batch, **common,
+            kd_fused_loss=True, micro_batch_size=batch, **common,
         )  # fmt: skip
 
     singles = [validate_config(offline("offline-1", 4)), validate_config(online("online-1", 4))]

@@ -485,6 +485,54 @@ def test_the_flex_probe_passes_a_layout_the_compiler_builds(tiny_model_path):
     check_flex_compiles(model, {"dynamic": False}, torch.bfloat16)
 
 
+def test_the_chunked_distillation_loss_matches_whole_logits_in_bf16_without_their_memory():
+    """`kd_fused_loss` on CUDA in bfloat16, a 128,256-token vocabulary and 4,096 positions: the loss and every
+    weight's gradient match the loss on the model's whole logits (bf16 tolerance), and the peak memory of forward and
+    backward is lower by at least the float32 logits' 2 GiB."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hellbender.models.output_head import OutputHead
+    from hellbender.train.distillation_loss import DistillationLoss, distillation_loss
+    from hellbender.train.fused_distillation_loss import fused_distillation_loss
+
+    vocab, positions = 128256, 4096
+    torch.manual_seed(0)
+    shape = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=1, num_attention_heads=8)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, tie_word_embeddings=False, **shape)).bfloat16()
+        ids = torch.randint(0, vocab, (1, positions))
+        labels = ids.clone()
+        labels[:, :512] = -100
+        target_ids = torch.randint(0, vocab, (1, positions, 64))
+        targets = [target_ids, torch.log_softmax(torch.randn(1, positions, 64), -1), torch.ones_like(target_ids).bool()]
+    settings = DistillationLoss(alpha=0.9, ce_alpha=0.1)
+    head = OutputHead(model, "the student", "kd_fused_loss")
+    results = {}
+    for fused in (False, True):
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        if fused:
+            with head.capturing():
+                last = model(input_ids=ids).logits
+            parts = fused_distillation_loss(head, head.hidden_states(last), labels, *targets, settings, 4000)
+        else:
+            parts = distillation_loss(model(input_ids=ids).logits, labels, *targets, settings, 4000)
+        parts.loss.backward()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - start) / 2**30
+        grads = {name: p.grad.float() for name, p in model.named_parameters()}
+        results[fused] = (parts, grads, peak)
+    (whole, whole_grads, whole_peak), (split, split_grads, split_peak) = results[False], results[True]
+    for name in ("loss", "kd", "ce"):
+        torch.testing.assert_close(getattr(split, name), getattr(whole, name), rtol=1e-2, atol=1e-3)
+    for name, grad in whole_grads.items():  # the output layer's weight and every weight below it
+        cosine = torch.nn.functional.cosine_similarity(split_grads[name].flatten(), grad.flatten(), dim=0)
+        assert cosine > 0.999, (name, cosine)
+    assert split_peak < whole_peak - 2.0, (split_peak, whole_peak)
+
+
 def test_online_distillation_trains_a_lora_student_in_bf16(tmp_path, tiny_model_path):
     """`kd_teacher_model` on CUDA in bfloat16 with packed rows: the teacher follows the batch to the GPU, both loss
     parts are logged and finite, and the student's loss falls."""

@@ -56,6 +56,8 @@ UNSET_MEANS: dict[str, str] = {
     **QUANTIZATION_UNSET_MEANS,
     "kd_zscore_base_temp": "no logit standardisation",
     "kd_teacher_model": "no online teacher: the rows carry the teacher's top-k (`logprobs_field`)",
+    "kd_fused_loss": "with `kd_trainer`, the chunked loss when training on a GPU (unless FSDP2, ZeRO-3 or an adapter "
+    "on `lm_head` rules it out), the whole logits on CPU",
     "max_prompt_len": "no limit on prompts of their own (prompt and answer together must fit `sequence_len`)",
     "tokenizer_config": "the tokenizer of `base_model`",
     "revision_of_model": "the default branch of `base_model`",

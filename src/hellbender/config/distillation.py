@@ -25,6 +25,7 @@ KD_TUNING_KEYS = (
     "kd_zscore_base_temp",
     "kd_teacher_model",
     "kd_online_topk",
+    "kd_fused_loss",
 )
 
 
@@ -85,4 +86,12 @@ class DistillationSettings(BaseModel):
         ge=1,
         description="With `kd_teacher_model`: how many of the teacher's most likely tokens per position are the "
         "target (at most the vocabulary).",
+    )
+    kd_fused_loss: bool | None = Field(
+        None,
+        description="With `kd_trainer`: compute the student's logits and the loss a chunk of positions at a time "
+        "from its last hidden states (and an online teacher's top-k the same way), so the [tokens x vocabulary] "
+        "logits never exist at once; only positions whose next token is trained are projected. The same loss to "
+        "float rounding. Default: on when training on a GPU (unless FSDP2, ZeRO-3 or an adapter on `lm_head` "
+        "rules it out), off on CPU. See docs/distillation.md.",
     )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from hellbender.config.deepspeed import read_deepspeed_json, zero_stage
 from hellbender.config.distillation import KD_TUNING_KEYS, DistillationSettings
 from hellbender.config.schema import HellbenderConfig
+from hellbender.errors import ConfigError
 
 DOCS = "See docs/distillation.md."
 
@@ -35,6 +37,9 @@ def distillation_problems(cfg: HellbenderConfig) -> list[str]:
             )
         return problems
     problems += _unsupported_with_distillation(cfg)
+    blocker = fused_loss_blocker(cfg)
+    if cfg.kd_fused_loss and blocker:
+        problems.append(f"`kd_fused_loss: true` cannot work here: {blocker}. Remove `kd_fused_loss`. {DOCS}")
     if cfg.kd_teacher_model is not None:
         if with_targets:
             problems.append(
@@ -84,10 +89,28 @@ def _unsupported_with_distillation(cfg: HellbenderConfig) -> list[str]:
         clashes.append(
             (
                 "`liger_fused_linear_cross_entropy` / `cut_cross_entropy`",
-                "the distillation loss needs the student's logits, which a fused loss never computes (a fused "
-                "distillation kernel is not offered yet)",
+                "those compute the cross-entropy alone; the distillation loss has its own fused form, "
+                "`kd_fused_loss` (on by default on a GPU)",
             )
         )
     if cfg.use_eaft:
         clashes.append(("`use_eaft`", "it is another loss in place of cross-entropy; choose one"))
     return [f"`kd_trainer` cannot be combined with {keys}: {why}. Remove one of them. {DOCS}" for keys, why in clashes]
+
+
+def fused_loss_blocker(cfg: HellbenderConfig) -> str | None:
+    """Why the chunked distillation loss (`kd_fused_loss`) cannot run with this config, or None. It reads the output
+    layer's weight whole, outside the model's forward, and needs that layer to be a plain linear layer."""
+    if cfg.fsdp_version == 2:
+        return "FSDP2 (`fsdp_version: 2`) shards the output layer's weight, which the chunked loss reads whole"
+    if cfg.deepspeed:
+        try:
+            stage = zero_stage(read_deepspeed_json(cfg.deepspeed))
+        except ConfigError:
+            stage = None  # the file's own problem is reported by the DeepSpeed checks
+        if stage == 3:
+            return "ZeRO-3 partitions the output layer's weight, which the chunked loss reads whole"
+    adapted = cfg.lora_target_modules if isinstance(cfg.lora_target_modules, list) else [cfg.lora_target_modules]
+    if cfg.adapter and any("lm_head" in str(name) for name in [*adapted, *cfg.lora_modules_to_save]):
+        return "the adapter wraps `lm_head`, and the chunked loss needs the plain output layer"
+    return None

@@ -101,6 +101,58 @@ def topk_divergence(
     return torch.where(target_mask, terms, 0.0).sum(-1)
 
 
+def trained_positions(
+    values: torch.Tensor,
+    labels: torch.Tensor,
+    target_ids: torch.Tensor,
+    target_logprobs: torch.Tensor,
+    target_mask: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """The positions whose next token is trained: `values` ([B, T, ...], the student's logits or last hidden states)
+    at those positions ([N, ...]), and the labels [N] and targets [N, k] of the tokens they predict."""
+    device = values.device
+    predicted = labels.to(device)[:, 1:]
+    trained = predicted != IGNORE_INDEX
+    shifted = (t[:, 1:].to(device)[trained] for t in (target_ids, target_logprobs, target_mask))
+    return (values[:, :-1][trained], predicted[trained], *shifted)
+
+
+def summed_parts(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    target_ids: torch.Tensor,
+    target_logprobs: torch.Tensor,
+    target_mask: torch.Tensor,
+    settings: DistillationLoss,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the divergence summed over the positions that have a target, the cross-entropy summed over all), for logits
+    [N, V] of trained positions with their labels [N] and targets [N, k] (`trained_positions`)."""
+    with_target = target_mask.any(-1)
+    kd_sum = topk_divergence(
+        logits[with_target], target_ids[with_target], target_logprobs[with_target], target_mask[with_target], settings
+    ).sum()
+    with torch.set_grad_enabled(torch.is_grad_enabled() and settings.ce_alpha > 0):
+        ce_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
+    return kd_sum, ce_sum
+
+
+def weighted_parts(
+    kd_sum: torch.Tensor,
+    ce_sum: torch.Tensor,
+    trained: int | torch.Tensor,
+    settings: DistillationLoss,
+    num_items_in_batch: torch.Tensor | int | None,
+) -> LossParts:
+    """The two sums divided by the accumulated batch's trained tokens (this batch's `trained` without it), and
+    weighted into the loss."""
+    denominator = trained if num_items_in_batch is None else num_items_in_batch
+    if torch.is_tensor(denominator):
+        denominator = denominator.to(kd_sum.device)
+    kd, ce = kd_sum / denominator, ce_sum / denominator
+    loss = settings.alpha * kd + (settings.ce_alpha * ce if settings.ce_alpha > 0 else 0.0)
+    return LossParts(loss=loss, kd=kd.detach(), ce=ce.detach())
+
+
 def distillation_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -113,21 +165,6 @@ def distillation_loss(
     """`alpha` x the summed top-k divergence over trained positions that have a target + `ce_alpha` x the summed
     cross-entropy over trained positions, both divided by the accumulated batch's trained tokens. `logits` [B, T, V],
     `labels` [B, T], targets [B, T, k], all per token (unshifted)."""
-    device = logits.device
-    labels = labels.to(device)
-    predicted = labels[:, 1:]
-    trained = predicted != IGNORE_INDEX
-    logits = logits[:, :-1]
-    ids, logprobs, mask = (t[:, 1:].to(device) for t in (target_ids, target_logprobs, target_mask))
-    with_target = trained & mask.any(-1)
-    kd_sum = topk_divergence(logits[with_target], ids[with_target], logprobs[with_target], mask[with_target], settings)
-    kd_sum = kd_sum.sum()
-    with torch.set_grad_enabled(torch.is_grad_enabled() and settings.ce_alpha > 0):
-        ce_sum = F.cross_entropy(logits[trained].float(), predicted[trained], reduction="sum")
-    if num_items_in_batch is None:
-        denominator = trained.sum()
-    else:
-        denominator = num_items_in_batch.to(device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch
-    kd, ce = kd_sum / denominator, ce_sum / denominator
-    loss = settings.alpha * kd + (settings.ce_alpha * ce if settings.ce_alpha > 0 else 0.0)
-    return LossParts(loss=loss, kd=kd.detach(), ce=ce.detach())
+    logits, labels, *targets = trained_positions(logits, labels, target_ids, target_logprobs, target_mask)
+    kd_sum, ce_sum = summed_parts(logits, labels, *targets, settings)
+    return weighted_parts(kd_sum, ce_sum, labels.numel(), settings, num_items_in_batch)

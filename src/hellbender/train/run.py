@@ -271,13 +271,15 @@ def _method_trainer(
             cfg, model, args, train_data, eval_data, processor or tokenizer, **extra, **hellbender
         )
     if cfg.distills:
-        from hellbender.train.distillation import DistillationTrainer
+        from hellbender.train.distillation import DistillationTrainer, fused_distillation
         from hellbender.train.distillation_loss import DistillationLoss
         from hellbender.train.teacher import load_teacher
 
+        fused = fused_distillation(cfg)
         return DistillationTrainer(
             distillation=DistillationLoss.from_config(cfg),
-            teacher=load_teacher(cfg, tokenizer) if cfg.kd_teacher_model else None,
+            teacher=load_teacher(cfg, tokenizer, chunked=fused) if cfg.kd_teacher_model else None,
+            fused=fused,
             model=model,
             args=args,
             train_dataset=train_data,

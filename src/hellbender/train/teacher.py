@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from hellbender.data.collator import forward_kwargs
 from hellbender.data.teacher_targets import TARGET_IDS, TARGET_LOGPROBS, TARGET_MASK
 from hellbender.errors import ConfigError
+from hellbender.models.output_head import OutputHead
 from hellbender.models.packed_attention import packed_attention_mask
 
 KEY = "kd_teacher_model"
@@ -51,27 +52,43 @@ def check_teacher_tokenizer(name: str, tokenizer: Any, key: str = KEY) -> str:
 class Teacher:
     """A teacher model in inference mode and how many of its tokens per position are targets."""
 
-    def __init__(self, model: Any, top_k: int, temperature: float, vocab: int) -> None:
+    def __init__(self, model: Any, top_k: int, temperature: float, vocab: int, chunked: bool = False) -> None:
+        """`chunked`: take the top-k from the teacher's last hidden states a chunk of positions at a time
+        (`kd_fused_loss`), so its [tokens x vocabulary] logits never exist at once."""
         self.model = model
         self.top_k = top_k
         self.temperature = temperature
         self.vocab = vocab  # targets are ids of the shared tokenizer, below its size
+        self.head = OutputHead(model, "the teacher", "kd_fused_loss") if chunked else None
 
-    @torch.no_grad()
-    def logits(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The teacher's logits [B, T, vocab] for a collated batch (padded or packed), in float32."""
+    def _forward(self, batch: dict[str, Any]) -> Any:
         device = batch["input_ids"].device
         if next(self.model.parameters()).device != device:
             self.model.to(device)
         inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "position_ids") if key in batch}
         inputs.update(forward_kwargs(inputs))
         inputs.update(packed_attention_mask(self.model, inputs))
-        return self.model(**inputs).logits[..., : self.vocab].float()
+        return self.model(**inputs)
 
+    @torch.no_grad()
+    def logits(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The teacher's logits [B, T, vocab] for a collated batch (padded or packed), in float32."""
+        return self._forward(batch).logits[..., : self.vocab].float()
+
+    @torch.no_grad()
     def targets(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Per token, as stored targets are prepared: the teacher's top-k token ids and their log-probabilities at
         the temperature, renormalised over the k, and where a target is (every token but the first)."""
-        return per_token(topk_targets(self.logits(batch), self.top_k, self.temperature))
+        if self.head is None:
+            return per_token(topk_targets(self.logits(batch), self.top_k, self.temperature))
+        with self.head.capturing():
+            hidden = self.head.hidden_states(self._forward(batch).logits)
+        chunks = [
+            topk_targets(self.head.logits(part)[..., : self.vocab].float(), self.top_k, self.temperature)
+            for part in self.head.chunks(hidden.flatten(0, 1))
+        ]
+        rows = hidden.shape[:2]
+        return per_token({key: torch.cat([c[key] for c in chunks]).unflatten(0, rows) for key in chunks[0]})
 
 
 def topk_targets(logits: torch.Tensor, top_k: int, temperature: float) -> dict[str, torch.Tensor]:
@@ -90,8 +107,9 @@ def per_token(predictions: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     }
 
 
-def load_teacher(cfg: Any, tokenizer: Any) -> Teacher:
-    """The config's `kd_teacher_model`, in inference mode with no gradients, in the config's dtype and attention."""
+def load_teacher(cfg: Any, tokenizer: Any, chunked: bool = False) -> Teacher:
+    """The config's `kd_teacher_model`, in inference mode with no gradients, in the config's dtype and attention;
+    `chunked` as `Teacher` takes it."""
     from transformers import AutoModelForCausalLM
 
     from hellbender.config.precision import torch_dtype
@@ -114,4 +132,4 @@ def load_teacher(cfg: Any, tokenizer: Any) -> Teacher:
         )
     model.eval()
     model.requires_grad_(False)
-    return Teacher(model, cfg.kd_online_topk, cfg.kd_temperature, len(tokenizer))
+    return Teacher(model, cfg.kd_online_topk, cfg.kd_temperature, len(tokenizer), chunked)
