@@ -1,5 +1,5 @@
 """Preference tuning on GPUs: DPO in bfloat16 with activation checkpointing starts where policy equals reference
-(loss log 2) and learns, with LoRA, QLoRA and full fine-tuning; on two GPUs, FSDP2 and DeepSpeed train each method
+(loss log 2) and learns, with LoRA, QLoRA and full fine-tuning; GRPO learns with QLoRA; on two GPUs, FSDP2 and DeepSpeed train each method
 like one GPU with the same global batch (DeepSpeed: ZeRO-2; ZeRO-3 is refused), and a sharded DPO run resumes
 exactly.
 
@@ -87,6 +87,35 @@ def test_dpo_in_bfloat16_starts_at_log_2_and_learns(tmp_path, adapter):
     assert logged(out, "rewards/chosen")[1] == pytest.approx(0.0, abs=1e-3)
     assert min(losses[step] for step in range(5, 9)) < math.log(2) - 0.05, losses
     assert logged(out, "rewards/margins")[8] > 0
+
+
+@one_gpu
+def test_grpo_with_qlora_in_bfloat16_learns_with_the_4bit_base_as_its_reference(tmp_path, tiny_model_path):
+    """QLoRA GRPO on CUDA: the 4-bit base generates in the loop, `beta` > 0 scores the KL reference with the adapter
+    switched off on the same 4-bit base (no second copy), and the reward the adapter can express rises as it does
+    with LoRA on CPU (tests/test_grpo.py), from about half of the untrained model's tokens to almost all."""
+    pytest.importorskip("bitsandbytes")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from hellbender.train.run import train
+    from tests.test_grpo import grpo_config, head_aligned_task, logged_rewards
+
+    model_dir = head_aligned_task(tmp_path, tiny_model_path)
+    cfg = grpo_config(
+        tmp_path, {"reward_funcs": ["aligned.share"], "beta": 0.01}, base_model=str(model_dir), adapter="qlora",
+        lora_r=8, lora_alpha=16, lora_target_linear=True, max_steps=20, learning_rate=2e-2, bf16=True,
+    )  # fmt: skip
+    assert cfg.load_in_4bit
+    train(cfg)
+    rewards = logged_rewards(Path(cfg.output_dir))
+    # Step 1 scores the untrained model's completions; the adapter learns this reward within a few steps on a GPU.
+    last = sum(rewards[-5:]) / 5
+    assert rewards[0] < 0.65 and last > 0.85 and last > rewards[0] + 0.3, rewards
+    kl = logged(cfg.output_dir, "kl")
+    assert len(kl) == 20 and all(math.isfinite(v) for v in kl.values()) and max(kl.values()) > 0, kl
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), cfg.output_dir)
+    assert any("lora_A" in name for name, _ in loaded.named_parameters())
 
 
 @one_gpu

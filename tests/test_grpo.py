@@ -242,20 +242,10 @@ def test_grpo_learns_the_reward_of_a_tiny_task(tmp_path):
     assert resolved.trl == cfg.trl and resolved.datasets[0].type == "pretokenized"
 
 
-def test_grpo_with_lora_learns_a_reward_the_output_head_can_express(tmp_path, tiny_model_path):
-    """LoRA (all linear layers, not the output head) learns within 20 steps: the mean reward of the first 5 steps
-    is 0.54, of the last 5 steps 1.0 (measured on CPU, seed 42).
-
-    LoRA moves only the last hidden state, whose length the final RMS norm fixes (8 in the tiny model), so it can
-    shift a token's logit by at most 8 x the length of that token's output-head row. The built-in tiny model's head
-    is random and small (rows of length 0.16): even and odd token ids differ by at most 0.12 in logit, so the
-    even-token reward above cannot be learned with LoRA there (0.50 -> 0.56 at learning rates up to 0.2). Here the
-    head is scaled by 10 and the rewarded tokens are those on one side of the head's main direction, which the
-    hidden state can point along."""
-    from safetensors.torch import load_file
+def head_aligned_task(tmp_path: Path, tiny_model_path: Path) -> Path:
+    """The tiny model with its output head scaled by 10, saved under `tmp_path/model`, and the reward `aligned.share`
+    in `tmp_path/aligned.py`: the share of completion tokens on one side of the head's main direction."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from hellbender.train.run import train
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     with torch.no_grad():
@@ -269,10 +259,28 @@ def test_grpo_with_lora_learns_a_reward_the_output_head_can_express(tmp_path, ti
         f"ALIGNED = set({aligned})\n\n\ndef share(prompts, completions, completion_ids, **kwargs):\n"
         "    return [sum(t in ALIGNED for t in ids) / max(len(ids), 1) for ids in completion_ids]\n"
     )
+    return tmp_path / "model"
+
+
+def test_grpo_with_lora_learns_a_reward_the_output_head_can_express(tmp_path, tiny_model_path):
+    """LoRA (all linear layers, not the output head) learns within 20 steps: the mean reward of the first 5 steps
+    is 0.54, of the last 5 steps 1.0 (measured on CPU, seed 42).
+
+    LoRA moves only the last hidden state, whose length the final RMS norm fixes (8 in the tiny model), so it can
+    shift a token's logit by at most 8 x the length of that token's output-head row. The built-in tiny model's head
+    is random and small (rows of length 0.16): even and odd token ids differ by at most 0.12 in logit, so the
+    even-token reward above cannot be learned with LoRA there (0.50 -> 0.56 at learning rates up to 0.2). Here the
+    head is scaled by 10 and the rewarded tokens are those on one side of the head's main direction, which the
+    hidden state can point along."""
+    from safetensors.torch import load_file
+
+    from hellbender.train.run import train
+
+    model_dir = head_aligned_task(tmp_path, tiny_model_path)
     cfg = grpo_config(
         tmp_path,
         {"reward_funcs": ["aligned.share"]},
-        base_model=str(tmp_path / "model"),
+        base_model=str(model_dir),
         adapter="lora",
         lora_r=8,
         lora_alpha=16,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hellbender.config.precision import precision_known_without_the_machine
+from hellbender.config.rl import ONLINE_RL_METHODS
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.training_checks import COSINE_KEYS
 from hellbender.errors import ConfigError
@@ -204,16 +205,23 @@ def _quantized_base_problems(cfg: HellbenderConfig, settings: dict[str, Any]) ->
 
 
 def _preference_problems(cfg: HellbenderConfig, settings: dict[str, Any]) -> list[str]:
-    """Preference tuning is verified with ZeRO-2 on two GPUs. Under ZeRO-3 the frozen reference copy of full
-    fine-tuning is taken from weights already partitioned at load, and fails in its first forward."""
-    if (cfg.rl or cfg.reward_model) and zero_stage(settings) == 3:
-        method = f"`rl: {cfg.rl}`" if cfg.rl else "`reward_model: true`"
-        return [
-            f"{method} with ZeRO-3 (`deepspeed: {cfg.deepspeed}`) is not supported yet: the reference model would be "
-            "copied from weights ZeRO-3 has already partitioned. Use ZeRO-2 (`deepspeed: deepspeed_configs/zero2.json`"
-            ") or FSDP2 (`fsdp_version: 2`), both verified with preference tuning on two GPUs."
-        ]
-    return []
+    """Preference tuning and online RL are verified with ZeRO-2 on two GPUs. Under ZeRO-3 the frozen reference copy
+    of full fine-tuning is taken from weights already partitioned at load, and fails in its first forward; the other
+    cases (an adapter's reference, generation inside each step) are not verified."""
+    if not (cfg.rl or cfg.reward_model) or zero_stage(settings) != 3:
+        return []
+    method = f"`rl: {cfg.rl}`" if cfg.rl else "`reward_model: true`"
+    if cfg.rl in ONLINE_RL_METHODS:
+        why = "generating completions inside each step from weights ZeRO-3 partitions is not verified here"
+    elif cfg.adapter is None and cfg.rl in ("dpo", "ipo", "kto"):  # the methods with a reference model
+        why = "the reference model would be copied from weights ZeRO-3 has already partitioned"
+    else:
+        why = "it is not verified here"
+    return [
+        f"{method} with ZeRO-3 (`deepspeed: {cfg.deepspeed}`) is not supported yet: {why}. Use ZeRO-2 (`deepspeed: "
+        "deepspeed_configs/zero2.json`) or FSDP2 (`fsdp_version: 2`), both verified with preference tuning and online "
+        "RL on two GPUs."
+    ]
 
 
 def _qat_problems(cfg: HellbenderConfig, settings: dict[str, Any]) -> list[str]:
