@@ -136,18 +136,19 @@ def summed_parts(
     return kd_sum, ce_sum
 
 
+def denominator_of(
+    trained: int, num_items_in_batch: torch.Tensor | int | None, device: torch.device
+) -> torch.Tensor | int:
+    """What both parts are divided by: the accumulated batch's trained tokens, or without them (evaluation) this
+    batch's `trained`."""
+    value = trained if num_items_in_batch is None else num_items_in_batch
+    return value.to(device) if torch.is_tensor(value) else value
+
+
 def weighted_parts(
-    kd_sum: torch.Tensor,
-    ce_sum: torch.Tensor,
-    trained: int | torch.Tensor,
-    settings: DistillationLoss,
-    num_items_in_batch: torch.Tensor | int | None,
+    kd_sum: torch.Tensor, ce_sum: torch.Tensor, denominator: torch.Tensor | int, settings: DistillationLoss
 ) -> LossParts:
-    """The two sums divided by the accumulated batch's trained tokens (this batch's `trained` without it), and
-    weighted into the loss."""
-    denominator = trained if num_items_in_batch is None else num_items_in_batch
-    if torch.is_tensor(denominator):
-        denominator = denominator.to(kd_sum.device)
+    """The two sums divided by `denominator` and weighted into the loss."""
     kd, ce = kd_sum / denominator, ce_sum / denominator
     loss = settings.alpha * kd + (settings.ce_alpha * ce if settings.ce_alpha > 0 else 0.0)
     return LossParts(loss=loss, kd=kd.detach(), ce=ce.detach())
@@ -167,4 +168,4 @@ def distillation_loss(
     `labels` [B, T], targets [B, T, k], all per token (unshifted)."""
     logits, labels, *targets = trained_positions(logits, labels, target_ids, target_logprobs, target_mask)
     kd_sum, ce_sum = summed_parts(logits, labels, *targets, settings)
-    return weighted_parts(kd_sum, ce_sum, labels.numel(), settings, num_items_in_batch)
+    return weighted_parts(kd_sum, ce_sum, denominator_of(labels.numel(), num_items_in_batch, logits.device), settings)

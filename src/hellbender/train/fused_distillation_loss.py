@@ -18,6 +18,7 @@ from hellbender.models.output_head import OutputHead
 from hellbender.train.distillation_loss import (
     DistillationLoss,
     LossParts,
+    denominator_of,
     summed_parts,
     trained_positions,
     weighted_parts,
@@ -57,7 +58,7 @@ class _ChunkedDistillation(torch.autograd.Function):
                 kd_sum, ce_sum = summed_parts(
                     head.logits(*leaves), labels[start:end], *(t[start:end] for t in targets), settings
                 )
-                loss = weighted_parts(kd_sum, ce_sum, denominator, settings, None).loss
+                loss = weighted_parts(kd_sum, ce_sum, denominator, settings).loss
                 trainable = [leaf for leaf, want in zip(leaves, wants, strict=True) if want]
                 grads = iter(torch.autograd.grad(loss, trainable) if trainable and loss.requires_grad else ())
             if wants[0]:
@@ -68,7 +69,7 @@ class _ChunkedDistillation(torch.autograd.Function):
                 grad_bias.add_(next(grads, 0.0))
             sums += torch.stack([kd_sum.detach(), ce_sum.detach()]).float()
             start = end
-        parts = weighted_parts(sums[0], sums[1], denominator, settings, None)
+        parts = weighted_parts(sums[0], sums[1], denominator, settings)
         ctx.save_for_backward(
             grad_hidden,
             None if grad_weight is None else grad_weight.to(weight.dtype),
@@ -96,9 +97,7 @@ def fused_distillation_loss(
     """`distillation_loss` of the logits `head` computes from `hidden` [B, T, H], without computing them all at
     once. Same arguments otherwise."""
     hidden, labels, *targets = trained_positions(hidden, labels, target_ids, target_logprobs, target_mask)
-    denominator = labels.numel() if num_items_in_batch is None else num_items_in_batch
-    if torch.is_tensor(denominator):
-        denominator = denominator.to(hidden.device)
+    denominator = denominator_of(labels.numel(), num_items_in_batch, hidden.device)
     loss, kd, ce = _ChunkedDistillation.apply(
         hidden, head.module.weight, head.module.bias, head, labels, tuple(targets), settings, denominator
     )
