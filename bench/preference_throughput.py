@@ -25,12 +25,12 @@ The two sides, each in its own subprocess (no allocator state carries over; the 
               switched off) except what a user sets for this data: `max_length` = prompt + answer length (TRL's
               default 1024 would cut the answers), the batch, steps, learning rate and schedule.
   hellbender  the same pairs as a `chat_template.default` dataset (`field_messages: prompt`) and `rl: dpo`, trained
-              by `hellbender.train.run.train`, with the recipe a user picks for speed on a GPU: Liger's RoPE, RMSNorm
-              and SwiGLU kernels (its fused cross-entropy does not apply: TRL scores answers through its own fused LM
-              head), hellbender's activation checkpointing, and each pair scored in one row that holds its prompt
-              once (`dpo_shared_prompt`, on by default on a GPU). `--hb-set KEY=VALUE` adds or replaces keys (e.g.
-              `gradient_checkpointing_layers=28`, `gradient_checkpointing=offload`). Every key that differs from the
-              baseline is printed.
+              by `hellbender.train.run.train`, with the recipe a user picks for speed on a GPU: `torch_compile: true`
+              (each decoder layer's checkpoint call compiled; it does not combine with Liger's kernels, which measured
+              slower here), hellbender's activation checkpointing, and each pair scored in one row that holds its
+              prompt once (`dpo_shared_prompt`, on by default on a GPU). `--hb-set KEY=VALUE` adds or replaces keys
+              (e.g. `torch_compile=false --hb-set liger_rope=true` for the earlier Liger recipe,
+              `gradient_checkpointing_layers=28`). Every key that differs from the baseline is printed.
 Set on both sides so that their losses can be compared step by step (none changes the work of a step): the rows are
 drawn in dataset order (the baseline's `train_sampling_strategy="sequential"`, hellbender's `curriculum_sampling`),
 and every LoRA A matrix is set, before the first step, to the same values drawn from its module name (B stays 0, so
@@ -403,7 +403,11 @@ def train_baseline(job: Job, recorder: PreferenceRecorder) -> None:
 
 
 # The hellbender keys of the speed recipe, beside the baseline's settings (GPU only: Liger needs CUDA).
+# What a user sets for speed on a GPU. DPO: each decoder layer's checkpoint call compiled (measured faster than
+# Liger's kernels on W5; the two do not combine). The online-RL benchmark keeps Liger's kernels (generation runs the
+# same layers uncompiled).
 SPEED_RECIPE = {"liger_rope": True, "liger_rms_norm": True, "liger_glu_activation": True}
+DPO_SPEED_RECIPE = {"torch_compile": True}
 
 
 def hellbender_raw_config(job: Job, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -415,15 +419,15 @@ def hellbender_raw_config(job: Job, overrides: dict[str, Any]) -> dict[str, Any]
         "sequence_len": job.spec.prompt_len + job.spec.answer_len,
         "excess_length_strategy": "raise",  # no pair may vanish silently: both sides must see the same rows
         "curriculum_sampling": True,  # dataset order, as the baseline's sequential sampler (comparable losses)
-        **run_keys(job, LEARNING_RATE),
+        **run_keys(job, LEARNING_RATE, DPO_SPEED_RECIPE),
     }
     raw.update(overrides)
     return raw
 
 
-def run_keys(job: Any, learning_rate: float) -> dict[str, Any]:
+def run_keys(job: Any, learning_rate: float, recipe: dict[str, Any] = SPEED_RECIPE) -> dict[str, Any]:
     """The hellbender keys every benchmark run of a TRL method shares: its batch and schedule, LoRA on every linear
-    layer, checkpointing, no checkpoint saved mid-run, and on a GPU the speed recipe."""
+    layer, checkpointing, no checkpoint saved mid-run, and on a GPU the speed `recipe`."""
     return {
         "micro_batch_size": job.micro_batch,
         "gradient_accumulation_steps": job.grad_accum,
@@ -444,7 +448,7 @@ def run_keys(job: Any, learning_rate: float) -> dict[str, Any]:
         "seed": tp.SEED,
         "output_dir": str(job.output_dir),
         "dataset_prepared_path": str(job.workdir / "prepared"),
-        **(SPEED_RECIPE if job.cuda else {}),
+        **(recipe if job.cuda else {}),
     }
 
 
@@ -592,7 +596,7 @@ def differing_settings(args: argparse.Namespace, cuda: bool) -> list[str]:
     raw = hellbender_raw_config(job, tp.parse_overrides(args.hb_set))
     # The baseline checkpoints (TRL's default) and reads rows in order; any other key it does not have is off.
     baseline = {"gradient_checkpointing": True, "curriculum_sampling": True}
-    keys = [*(SPEED_RECIPE if cuda else {}), *tp.parse_overrides(args.hb_set)]
+    keys = [*(DPO_SPEED_RECIPE if cuda else {}), *tp.parse_overrides(args.hb_set)]
     lines = [f"{k}: {raw[k]}" for k in dict.fromkeys(keys) if raw.get(k) != baseline.get(k, False)]
     lines.append("activation checkpointing: hellbender's (non-reentrant, per layer) instead of transformers'")
     return lines
