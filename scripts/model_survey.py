@@ -30,6 +30,7 @@ Runs offline on CPU; one core is enough (`OMP_NUM_THREADS=1 taskset -c 1 python 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.util
 import json
@@ -928,6 +929,161 @@ def build_hunyuan_vl(target: Path) -> None:
     _save_generic("hunyuan_vl", target, tokenizer, processor, extra)
 
 
+def build_mistral3(target: Path, model_type: str = "mistral3") -> None:
+    """Mistral 3 (and Mistral Large 4, the same layout on a DeepSeek-like MoE text model): a Pixtral tower (8 px patches) merged 2 x 2 into the text model; `PixtralProcessor` (a torchvision
+    class) writes `[IMG]` per merged patch, `[IMG_BREAK]` after each row and `[IMG_END]` after the image."""
+    from transformers import PixtralImageProcessorPil, PixtralProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    # the image processor rounds sizes to whole merged patches (patch 8 x merge 2)
+    image_processor = PixtralImageProcessorPil(size={"longest_edge": 32}, patch_size=16)
+    processor = PixtralProcessor(
+        image_processor, tokenizer, patch_size=8, spatial_merge_size=2, chat_template=template, **named
+    )
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8, "head_dim": 16},
+        "spatial_merge_size": 2,
+        "image_token_index": tokenizer.convert_tokens_to_ids(named["image_token"]),
+    }
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
+def build_llava_onevision(target: Path) -> None:
+    """LLaVA-OneVision: LLaVA-NeXT's any-resolution tiles of 32 x 32 through a CLIP tower, on the tiny LLaVA's
+    tokenizer and template with a `<video>` token; its processor always carries a video processor (torchvision)."""
+    from transformers import LlavaOnevisionImageProcessorPil, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm.llava import IMAGE_SIZE, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, PATCH_SIZE
+
+    tokenizer = build_tiny_tokenizer(chat_template=LLAVA_CHAT_TEMPLATE, image_token=IMAGE_TOKEN, video_token="<video>")
+    pinpoints = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
+    image_processor = LlavaOnevisionImageProcessorPil(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, image_grid_pinpoints=pinpoints
+    )
+    video_processor = LlavaOnevisionVideoProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    processor = LlavaOnevisionProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        num_image_tokens=(IMAGE_SIZE // PATCH_SIZE) ** 2,
+        vision_feature_select_strategy="full",
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+    extra = {
+        "vision_config": {"image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE},
+        "image_grid_pinpoints": pinpoints,
+        "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        "video_token_index": tokenizer.convert_tokens_to_ids("<video>"),
+        "vision_feature_select_strategy": "full",
+        "vision_feature_layer": -2,
+    }
+    _save_generic("llava_onevision", target, tokenizer, processor, extra)
+
+
+def build_smolvlm(target: Path) -> None:
+    """SmolVLM: Idefics3's prompt layout (the tiny Idefics3's tokenizer, template and tile sizes); its processor
+    always carries a video processor (torchvision)."""
+    from transformers import SmolVLMImageProcessorPil, SmolVLMProcessor, SmolVLMVideoProcessor
+
+    from hellbender.models.tiny_vlm import idefics3 as tiny
+
+    tokenizer = tiny.build_tokenizer()
+    image_processor = SmolVLMImageProcessorPil(
+        do_image_splitting=True,
+        size={"longest_edge": tiny.LONGEST_EDGE},
+        max_image_size={"longest_edge": tiny.VISION_IMAGE_SIZE},
+    )
+    video_processor = SmolVLMVideoProcessor(
+        size={"longest_edge": tiny.VISION_IMAGE_SIZE}, max_image_size={"longest_edge": tiny.VISION_IMAGE_SIZE}
+    )
+    processor = SmolVLMProcessor(
+        image_processor, tokenizer, video_processor, image_seq_len=tiny.IMAGE_SEQ_LEN, chat_template=tiny.CHAT_TEMPLATE
+    )
+    extra = {
+        "vision_config": {"image_size": tiny.VISION_IMAGE_SIZE, "patch_size": tiny.PATCH_SIZE},
+        "scale_factor": tiny.SCALE_FACTOR,
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny.IMAGE_TOKEN),
+    }
+    _save_generic("smolvlm", target, tokenizer, processor, extra)
+
+
+def build_internvl(target: Path) -> None:
+    """InternVL: an InternViT tower (32 x 32 images, 8 px patches) pixel-shuffled 2 x 2, so each image becomes 4
+    `<IMG_CONTEXT>` tokens between `<img>` and `</img>`; its processor always carries a video processor."""
+    from transformers import GotOcr2ImageProcessorPil, InternVLProcessor, InternVLVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {
+        "start_image_token": "<img>",
+        "end_image_token": "</img>",
+        "context_image_token": "<IMG_CONTEXT>",
+        "video_token": "<video>",
+    }
+    template = _chatml_template(named["context_image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=False)
+    video_processor = InternVLVideoProcessor(size={"height": 32, "width": 32})
+    processor = InternVLProcessor(
+        image_processor, tokenizer, video_processor, image_seq_length=4, chat_template=template
+    )
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "image_seq_length": 4,
+        "downsample_ratio": 0.5,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["context_image_token"]),
+    }
+    _save_generic("internvl", target, tokenizer, processor, extra)
+
+
+def build_llava_next_video(target: Path) -> None:
+    """LLaVA-NeXT-Video: LLaVA-NeXT's tiles (`build_llava_next`'s sizes) with a `<video>` token and a video
+    processor (torchvision) beside the image processor."""
+    from transformers import LlavaNextImageProcessorPil, LlavaNextVideoProcessor, LlavaNextVideoVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm.llava import IMAGE_SIZE, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, PATCH_SIZE
+
+    tokenizer = build_tiny_tokenizer(chat_template=LLAVA_CHAT_TEMPLATE, image_token=IMAGE_TOKEN, video_token="<video>")
+    pinpoints = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
+    image_processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=pinpoints,
+    )
+    video_processor = LlavaNextVideoVideoProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    )
+    processor = LlavaNextVideoProcessor(
+        video_processor=video_processor,
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        chat_template=LLAVA_CHAT_TEMPLATE,
+        num_additional_image_tokens=1,
+    )
+    extra = {
+        "vision_config": {"image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE},
+        "image_grid_pinpoints": pinpoints,
+        "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        "video_token_index": tokenizer.convert_tokens_to_ids("<video>"),
+        "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -2,
+    }
+    _save_generic("llava_next_video", target, tokenizer, processor, extra)
+
+
+# The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
+# read `not surveyed` with the reason.
+TORCHVISION_BUILDERS = frozenset(
+    {"mistral3", "mistral_large4", "llava_onevision", "smolvlm", "internvl", "llava_next_video"}
+)
 # model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
 # families built here from their pieces
 VLM_BUILDERS: dict[str, Any] = {
@@ -946,6 +1102,12 @@ VLM_BUILDERS: dict[str, Any] = {
     "paddleocr_vl": build_paddleocr_vl,
     "deepseek_vl": build_deepseek_vl,
     "hunyuan_vl": build_hunyuan_vl,
+    "mistral3": build_mistral3,
+    "mistral_large4": lambda target: build_mistral3(target, "mistral_large4"),
+    "llava_onevision": build_llava_onevision,
+    "smolvlm": build_smolvlm,
+    "internvl": build_internvl,
+    "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
     "granite_docling": build_granite_docling,
@@ -955,6 +1117,29 @@ VLM_BUILDERS: dict[str, Any] = {
 }
 
 
+@functools.cache
+def torchvision_version() -> str | None:
+    """The importable torchvision's version, or None: a torchvision that is installed but does not import beside this
+    torch (a PyPI wheel built for another torch) counts as missing, since transformers then cannot use it either."""
+    if importlib.util.find_spec("torchvision") is None:
+        return None
+    try:
+        import torchvision
+    except Exception:
+        return None
+    return torchvision.__version__
+
+
+# Where an entry records the environment it was surveyed in beyond `_transformers` (a torchvision version).
+TORCHVISION_KEY = "torchvision"
+
+
+def surveyed_with_torchvision(entry: dict[str, Any] | None) -> str | None:
+    """The torchvision version an image-text-to-text entry was surveyed with (None: surveyed without it)."""
+    return (entry or {}).get(TORCHVISION_KEY)
+
+
+@functools.cache
 def refused_vision_families() -> dict[str, str]:
     """Model types hellbender refuses as vision-language models before loading their processor, with the reason:
     the families it names, and the mapping's encoder-decoders (by their default config)."""
@@ -973,11 +1158,16 @@ def refused_vision_families() -> dict[str, str]:
     return refused
 
 
-def vlm_not_surveyed_reason(model_type: str) -> str | None:
-    """Why the survey cannot build `model_type` tiny with an offline processor (None where it can)."""
+def vlm_not_surveyed_reason(model_type: str, torchvision: bool | None = None) -> str | None:
+    """Why the survey cannot build `model_type` tiny with an offline processor (None where it can), on a machine with
+    torchvision importable or not (`None`: this machine)."""
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-    if model_type in VLM_BUILDERS or model_type in refused_vision_families():
+    if torchvision is None:
+        torchvision = torchvision_version() is not None
+    if model_type in refused_vision_families():
+        return None
+    if model_type in VLM_BUILDERS and (torchvision or model_type not in TORCHVISION_BUILDERS):
         return None
     processor = PROCESSOR_MAPPING_NAMES.get(model_type)
     if processor is None:
@@ -986,7 +1176,6 @@ def vlm_not_surveyed_reason(model_type: str) -> str | None:
 
     cls = getattr(transformers, processor, None)
     backends = getattr(cls, "_backends", ())
-    torchvision = importlib.util.find_spec("torchvision") is not None
     if "torchvision" in backends and not torchvision:
         return f"transformers' `{processor}` requires torchvision, which this machine lacks (it does not import next to torch here)"
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
@@ -1072,9 +1261,13 @@ def vlm_reload_status(model_dir: Path, output_dir: Path, mode: str) -> str:
 def survey_vlm(model_type: str, timeout: float) -> dict[str, Any]:
     """One image-text-to-text type's entry: its reason where it cannot be built here, else a forked survey."""
     reason = vlm_not_surveyed_reason(model_type)
-    if reason is not None:
-        return {"build": {"status": NOT_SURVEYED_PREFIX + reason}}
-    return survey(model_type, timeout, VLM_SECTION)
+    entry = {"build": {"status": NOT_SURVEYED_PREFIX + reason}} if reason else survey(model_type, timeout, VLM_SECTION)
+    if version := torchvision_version():  # the processors then differ (torchvision classes, video processors)
+        import torch
+
+        entry[TORCHVISION_KEY] = version.split("+")[0]
+        entry["torch"] = torch.__version__.split("+")[0]  # that torchvision's torch, not necessarily CI's
+    return entry
 
 
 # ---- the document ----
@@ -1232,6 +1425,29 @@ def _vlm_note(entry: dict[str, Any] | None) -> str:
     return "; ".join(notes)
 
 
+def _torchvision_paragraph(results: dict[str, Any], vlm_types: list[str]) -> list[str]:
+    """Which rows were surveyed in an environment with torchvision, and with which torch and torchvision."""
+    environments: dict[tuple[str, str], list[str]] = {}
+    for model_type in vlm_types:
+        entry = results.get(model_type)
+        if version := surveyed_with_torchvision(entry):
+            environments.setdefault((entry.get("torch", "?"), version), []).append(model_type)
+    if not environments:
+        return []
+    parts = [
+        f"torch {torch} with torchvision {version} ({len(types)} rows: {', '.join(types)})"
+        for (torch, version), types in sorted(environments.items())
+    ]
+    return [
+        "Most rows come from the project's own environment, which has no torchvision (nor does CI). Many families' "
+        "processors are torchvision classes or always load a video processor, so the rows named here were surveyed "
+        f"in a second environment with {'; '.join(parts)}: a CUDA build run on the CPU. Without torchvision these "
+        "rows keep their recorded status (the survey does not redo them, and the test reads their reason as it was "
+        "with torchvision); hellbender itself needs torchvision to load these families' processors.",
+        "",
+    ]
+
+
 def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_types: list[str]) -> list[str]:
     """The image-text-to-text table: one row per type of the installed mapping, with its overall status."""
     statuses = [vlm_status(results.get(t)) for t in vlm_types]
@@ -1259,6 +1475,7 @@ def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_type
         "",
         f"{len(vlm_types)} architectures: {counts}.",
         "",
+        *_torchvision_paragraph(results, vlm_types),
         "| architecture | status | LoRA | full FT | note |",
         "|---|---|---|---|---|",
     ]
@@ -1318,6 +1535,9 @@ def survey_vlm_types(args: argparse.Namespace, parser: argparse.ArgumentParser, 
     section = results.setdefault(VLM_RESULTS_KEY, {})
     for model_type in wanted:
         if model_type in section and not args.redo:
+            continue
+        if surveyed_with_torchvision(section.get(model_type)) and not torchvision_version():
+            print(f"{model_type}: kept (surveyed with torchvision, which does not import here)", flush=True)
             continue
         start = time.monotonic()
         section[model_type] = survey_vlm(model_type, args.timeout)
