@@ -1079,10 +1079,99 @@ def build_llava_next_video(target: Path) -> None:
     _save_generic("llava_next_video", target, tokenizer, processor, extra)
 
 
+def build_glm4v(target: Path, model_type: str = "glm4v") -> None:
+    """GLM-4V (and GLM-4.5V, its MoE, and GLM-4.6V): Qwen-VL-like patches at the tiny Qwen-VL sizes (4 px, merged 2 x 2) between
+    `<|begin_of_image|>` and `<|end_of_image|>`, on the tiny tokenizer; its processor always carries a video
+    processor (torchvision)."""
+    import transformers
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    markers = ("<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>")
+    template = _chatml_template("<|begin_of_image|><|image|><|end_of_image|>")
+    tokenizer = build_tiny_tokenizer(
+        extra_special_tokens=markers, chat_template=template, image_token="<|image|>", video_token="<|video|>"
+    )
+    patches = {"patch_size": tiny_qwen.PATCH_SIZE, "merge_size": tiny_qwen.MERGE_SIZE, "temporal_patch_size": 2}
+    sizes = {"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS}
+    prefix = "Glm46V" if model_type == "glm46v" else "Glm4v"  # GLM-4.6V has its own classes of the same layout
+    image_processor = getattr(transformers, f"{prefix}ImageProcessorPil")(size=sizes, **patches)
+    video_processor = getattr(transformers, f"{prefix}VideoProcessor")(size=sizes, **patches)
+    processor = getattr(transformers, f"{prefix}Processor")(
+        image_processor, tokenizer, video_processor, chat_template=template
+    )
+    ids = tokenizer.convert_tokens_to_ids
+    extra = {
+        "vision_config": {
+            "image_size": 32,
+            "patch_size": tiny_qwen.PATCH_SIZE,
+            "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+            "temporal_patch_size": 2,
+            "out_hidden_size": 64,
+        },
+        # the multimodal RoPE axes (sequence, height, width) over the rotary half of head_dim 16
+        "text_config": {
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                "partial_rotary_factor": 0.5}
+        },
+        "image_token_id": ids("<|image|>"),
+        "video_token_id": ids("<|video|>"),
+        "image_start_token_id": ids("<|begin_of_image|>"),
+        "image_end_token_id": ids("<|end_of_image|>"),
+        "video_start_token_id": ids("<|begin_of_video|>"),
+        "video_end_token_id": ids("<|end_of_video|>"),
+    }  # fmt: skip
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
+def build_video_llava(target: Path) -> None:
+    """Video-LLaVA: the tiny LLaVA's tokenizer, template and CLIP sizes (16 `<image>` tokens per 32 x 32 image) with
+    a `<video>` token and a video processor (torchvision)."""
+    from transformers import VideoLlavaImageProcessor, VideoLlavaProcessor, VideoLlavaVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm.llava import (
+        IMAGE_SEQ_LENGTH,
+        IMAGE_SIZE,
+        IMAGE_TOKEN,
+        LLAVA_CHAT_TEMPLATE,
+        PATCH_SIZE,
+    )
+
+    tokenizer = build_tiny_tokenizer(chat_template=LLAVA_CHAT_TEMPLATE, image_token=IMAGE_TOKEN, video_token="<video>")
+    sizes = {"size": {"shortest_edge": IMAGE_SIZE}, "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}}
+    processor = VideoLlavaProcessor(
+        image_processor=VideoLlavaImageProcessor(**sizes),
+        video_processor=VideoLlavaVideoProcessor(**sizes),
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+    extra = {
+        "vision_config": {"image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE},
+        "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        "video_token_index": tokenizer.convert_tokens_to_ids("<video>"),
+        "image_seq_length": IMAGE_SEQ_LENGTH,
+    }
+    _save_generic("video_llava", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
-    {"mistral3", "mistral_large4", "llava_onevision", "smolvlm", "internvl", "llava_next_video"}
+    {
+        "mistral3",
+        "mistral_large4",
+        "llava_onevision",
+        "smolvlm",
+        "internvl",
+        "llava_next_video",
+        "glm4v",
+        "glm4v_moe",
+        "glm46v",
+        "video_llava",
+    }
 )
 # model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
 # families built here from their pieces
@@ -1107,6 +1196,10 @@ VLM_BUILDERS: dict[str, Any] = {
     "llava_onevision": build_llava_onevision,
     "smolvlm": build_smolvlm,
     "internvl": build_internvl,
+    "glm4v": build_glm4v,
+    "glm4v_moe": lambda target: build_glm4v(target, "glm4v_moe"),
+    "glm46v": lambda target: build_glm4v(target, "glm46v"),
+    "video_llava": build_video_llava,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
