@@ -1157,6 +1157,29 @@ def build_video_llava(target: Path) -> None:
     _save_generic("video_llava", target, tokenizer, processor, extra)
 
 
+def build_llama4(target: Path) -> None:
+    """Llama 4: one 32 x 32 tile per image (8 px patches, pixel-shuffled 2 x 2: 4 `<|patch|>` tokens between
+    `<|image_start|>` and `<|image_end|>`); its image processor is a torchvision class."""
+    from transformers import Llama4ImageProcessor, Llama4Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ("<|image_start|>", "<|image_end|>", "<|patch|>", "<|tile_x_separator|>", "<|tile_y_separator|>")
+    template = _chatml_template("<|image|>")
+    tokenizer = build_tiny_tokenizer(extra_special_tokens=markers, chat_template=template, image_token="<|image|>")
+    image_processor = Llama4ImageProcessor(size={"height": 32, "width": 32}, max_patches=1, resize_to_max_canvas=False)
+    processor = Llama4Processor(
+        image_processor, tokenizer, patch_size=8, pixel_shuffle_ratio=0.5, chat_template=template
+    )
+    extra = {
+        # the pixel shuffle turns 4 patches of width 64 into one of 256, which the vision MLP takes in
+        "vision_config": {"image_size": 32, "patch_size": 8, "intermediate_size": 256, "vision_output_dim": 64,
+                          "projector_input_dim": 64, "projector_output_dim": 64, "pixel_shuffle_ratio": 0.5},
+        "image_token_index": tokenizer.convert_tokens_to_ids("<|patch|>"),
+    }  # fmt: skip
+    _save_generic("llama4", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1200,6 +1223,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "glm4v_moe": lambda target: build_glm4v(target, "glm4v_moe"),
     "glm46v": lambda target: build_glm4v(target, "glm46v"),
     "video_llava": build_video_llava,
+    "llama4": build_llama4,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
@@ -1561,7 +1585,7 @@ def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_type
         "settings (`VLM_BUILDERS` in the script). `trains`: both modes pass and reload; "
         "`refused`: hellbender stops at start with an error naming the family and the reason (quoted in the note: "
         "Mllama feeds images through cross-attention layers, ShieldGemma 2's processor replaces the text with policy "
-        "prompts, and image-text encoder-decoders such as T5Gemma 2 need decoder inputs that a chat row does not "
+        "prompts, Llama 4's image-text forward fails in transformers 5.24, and image-text encoder-decoders such as T5Gemma 2 need decoder inputs that a chat row does not "
         "give; models/fixes/__init__.py; a refused family without a builder here is saved as its default config only); "
         "`fails`: any other error; `not built`: the survey could not build the tiny model; `not surveyed`: no "
         "offline processor is built for the family yet (the note says why), so its status is unknown.",
