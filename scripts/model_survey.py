@@ -1180,6 +1180,67 @@ def build_llama4(target: Path) -> None:
     _save_generic("llama4", target, tokenizer, processor, extra)
 
 
+def build_lfm2_vl(target: Path) -> None:
+    """LFM2-VL: a SigLIP2 NaFlex tower (8 px patches) pixel-unshuffled 2 x 2, one 32 x 32 view per image (no tiles):
+    4 `<image>` tokens between `<|image_start|>` and `<|image_end|>`; its image processor is a torchvision class."""
+    from transformers import Lfm2VlImageProcessor, Lfm2VlProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {
+        "image_token": "<image>",
+        "image_start_token": "<|image_start|>",
+        "image_end_token": "<|image_end|>",
+        "image_thumbnail_token": "<|img_thumbnail|>",
+    }
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = Lfm2VlImageProcessor(
+        do_image_splitting=False,
+        use_thumbnail=False,
+        encoder_patch_size=8,
+        tile_size=32,
+        min_image_tokens=4,
+        max_image_tokens=4,
+        downsample_factor=2,
+    )
+    processor = Lfm2VlProcessor(image_processor, tokenizer, chat_template=template)
+    extra = {
+        "vision_config": {"patch_size": 8, "num_patches": 16, "vision_use_head": False},
+        "projector_hidden_size": 64,
+        "downsample_factor": 2,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+    }
+    _save_generic("lfm2_vl", target, tokenizer, processor, extra)
+
+
+def build_cohere2_vision(target: Path) -> None:
+    """Command A Vision: a SigLIP tower (32 x 32 tiles, 8 px patches) pixel-shuffled 2 x 2, so a tile gives 4
+    `<|IMG_PATCH|>` tokens and a line break between the image markers; its image processor is a torchvision class
+    (its `patch_size` counts merged patches per tile side)."""
+    from transformers import Cohere2VisionImageProcessor, Cohere2VisionProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {
+        "boi_token": "<|START_OF_IMG|>",
+        "eoi_token": "<|END_OF_IMG|>",
+        "image_token": "<|IMG_PATCH|>",
+        "img_line_break_token": "<|IMG_LINE_BREAK|>",
+    }
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = Cohere2VisionImageProcessor(size={"height": 32, "width": 32}, crop_to_patches=False, patch_size=2)
+    processor = Cohere2VisionProcessor(image_processor, tokenizer, chat_template=template)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "downsample_factor": 2,
+        "alignment_intermediate_size": 64,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+    }
+    _save_generic("cohere2_vision", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1224,6 +1285,8 @@ VLM_BUILDERS: dict[str, Any] = {
     "glm46v": lambda target: build_glm4v(target, "glm46v"),
     "video_llava": build_video_llava,
     "llama4": build_llama4,
+    "lfm2_vl": build_lfm2_vl,
+    "cohere2_vision": build_cohere2_vision,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
