@@ -1241,6 +1241,44 @@ def build_cohere2_vision(target: Path) -> None:
     _save_generic("cohere2_vision", target, tokenizer, processor, extra)
 
 
+def build_exaone4_5(target: Path) -> None:
+    """EXAONE 4.5: Qwen2-VL's image and video processors and token layout (the tiny Qwen-VL tokenizer, template and
+    sizes) with a Qwen2.5-VL-like windowed tower into an EXAONE 4 text model; the video processor needs torchvision."""
+    from transformers import Exaone4_5_Processor, Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor
+
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer = tiny_qwen.build_tokenizer()
+    patches = {
+        "patch_size": tiny_qwen.PATCH_SIZE,
+        "merge_size": tiny_qwen.MERGE_SIZE,
+        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
+        "min_pixels": tiny_qwen.MIN_PIXELS,
+        "max_pixels": tiny_qwen.MAX_PIXELS,
+    }
+    processor = Exaone4_5_Processor(
+        Qwen2VLImageProcessorPil(**patches),
+        tokenizer,
+        Qwen2VLVideoProcessor(**patches),
+        chat_template=tiny_qwen.CHAT_TEMPLATE,
+    )
+    extra = {
+        "vision_config": {
+            "depth": 2,
+            "num_heads": 2,
+            "patch_size": tiny_qwen.PATCH_SIZE,
+            "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+            "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
+            "window_size": 8,
+            "fullatt_block_indexes": [1],
+            "out_hidden_size": 64,
+        },
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.IMAGE_PAD),
+        "video_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.VIDEO_PAD),
+    }
+    _save_generic("exaone4_5", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1287,6 +1325,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "llama4": build_llama4,
     "lfm2_vl": build_lfm2_vl,
     "cohere2_vision": build_cohere2_vision,
+    "exaone4_5": build_exaone4_5,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
