@@ -1279,6 +1279,29 @@ def build_exaone4_5(target: Path) -> None:
     _save_generic("exaone4_5", target, tokenizer, processor, extra)
 
 
+def build_video_llama_3(target: Path) -> None:
+    """VideoLLaMA 3: a SigLIP-like tower on 4 px patches (images unmerged: a 32 x 32 image gives 64 `<|image_pad|>`
+    tokens) into a Qwen2, on the tiny Qwen-VL tokenizer and template; the video processor needs torchvision."""
+    from transformers import VideoLlama3ImageProcessorPil, VideoLlama3Processor, VideoLlama3VideoProcessor
+
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer = tiny_qwen.build_tokenizer()
+    sizes = {"shortest_edge": 16 * 16, "longest_edge": 32 * 32}
+    processor = VideoLlama3Processor(
+        VideoLlama3ImageProcessorPil(patch_size=tiny_qwen.PATCH_SIZE, merge_size=1, size=sizes),
+        tokenizer,
+        VideoLlama3VideoProcessor(patch_size=tiny_qwen.PATCH_SIZE, size=sizes),
+        chat_template=tiny_qwen.CHAT_TEMPLATE,
+    )
+    extra = {
+        "vision_config": {"patch_size": tiny_qwen.PATCH_SIZE},
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.IMAGE_PAD),
+        "video_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.VIDEO_PAD),
+    }
+    _save_generic("video_llama_3", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1326,6 +1349,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "lfm2_vl": build_lfm2_vl,
     "cohere2_vision": build_cohere2_vision,
     "exaone4_5": build_exaone4_5,
+    "video_llama_3": build_video_llama_3,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
