@@ -24,6 +24,9 @@ language model (2 steps) and full fine-tuning (1 step). A family without such a 
 
     python scripts/model_survey.py --vlm --types llava,mllama    # survey these (all unrecorded VLM types without it)
 
+Families whose processors need torchvision are surveyed with an interpreter that imports it (`TORCHVISION_BUILDERS`);
+their entries record the torch and torchvision versions, and a run without torchvision keeps them as recorded.
+
 Runs offline on CPU; one core is enough (`OMP_NUM_THREADS=1 taskset -c 1 python ...`).
 """
 
@@ -1678,15 +1681,16 @@ def _torchvision_paragraph(results: dict[str, Any], vlm_types: list[str]) -> lis
     if not environments:
         return []
     parts = [
-        f"torch {torch} with torchvision {version} ({len(types)} rows: {', '.join(types)})"
+        f"torch {torch} and torchvision {version} ({len(types)} row{'s' * (len(types) != 1)}: {', '.join(types)})"
         for (torch, version), types in sorted(environments.items())
     ]
     return [
-        "Most rows come from the project's own environment, which has no torchvision (nor does CI). Many families' "
-        "processors are torchvision classes or always load a video processor, so the rows named here were surveyed "
-        f"in a second environment with {'; '.join(parts)}: a CUDA build run on the CPU. Without torchvision these "
-        "rows keep their recorded status (the survey does not redo them, and the test reads their reason as it was "
-        "with torchvision); hellbender itself needs torchvision to load these families' processors.",
+        "The other rows come from the project's own environment, which has no torchvision (nor has CI). Many "
+        "families' processors are torchvision classes or always load a video processor, so the rows named here were "
+        f"surveyed in a second environment, with {'; '.join(parts)}, CUDA builds run on the CPU (and `num2words`, "
+        "which SmolVLM's processor imports). Without torchvision these rows keep their recorded status: the survey "
+        "does not redo them, and the test reads their reason as it was with torchvision. Training these families "
+        "with hellbender needs torchvision too, since their processors do.",
         "",
     ]
 
