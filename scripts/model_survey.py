@@ -1305,6 +1305,37 @@ def build_video_llama_3(target: Path) -> None:
     _save_generic("video_llama_3", target, tokenizer, processor, extra)
 
 
+def build_kimi_k25(target: Path) -> None:
+    """Kimi K2.5: a MoonViT tower on 4 px patches merged 2 x 2 (a 32 x 32 image gives 16 `<|media_pad|>` tokens)
+    into a DeepSeek-V3 text model; its image processor is a torchvision class."""
+    from transformers import Kimi_K25ImageProcessor, Kimi_K25Processor, Kimi_K25VideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ("<|media_begin|>", "<|media_content|>", "<|media_end|>")
+    template = _chatml_template("<|media_begin|>image<|media_content|><|media_pad|><|media_end|>")
+    tokenizer = build_tiny_tokenizer(
+        extra_special_tokens=markers,
+        chat_template=template,
+        image_token="<|media_pad|>",
+        video_token="<|kimi_k25_video_placeholder|>",
+    )
+    patches = {"patch_size": 4, "merge_kernel_size": 2, "size": {"max_height": 32, "max_width": 32}}
+    processor = Kimi_K25Processor(
+        Kimi_K25ImageProcessor(**patches), tokenizer, Kimi_K25VideoProcessor(**patches), chat_template=template
+    )
+    ids = tokenizer.convert_tokens_to_ids
+    extra = {
+        "vision_config": {"patch_size": 4, "pos_emb_height": 8, "pos_emb_width": 8, "merge_kernel_size": [2, 2]},
+        "projection_hidden_size": 64,
+        "image_token_id": ids("<|media_pad|>"),
+        "video_token_id": ids("<|kimi_k25_video_placeholder|>"),
+        "vision_start_token_id": ids("<|media_begin|>"),
+        "vision_end_token_id": ids("<|media_end|>"),
+    }
+    _save_generic("kimi_k25", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1353,6 +1384,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "cohere2_vision": build_cohere2_vision,
     "exaone4_5": build_exaone4_5,
     "video_llama_3": build_video_llama_3,
+    "kimi_k25": build_kimi_k25,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
