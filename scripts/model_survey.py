@@ -1336,6 +1336,54 @@ def build_kimi_k25(target: Path) -> None:
     _save_generic("kimi_k25", target, tokenizer, processor, extra)
 
 
+def build_cohere_compass(target: Path) -> None:
+    """Cohere Compass: a Qwen3-VL-like tower (4 px patches merged 2 x 2, DeepStack features) into a Cohere 2 text
+    model, with `<|IMAGE_PAD|>` tokens between `<|VISION_START|>` and `<|VISION_END|>`, on the tiny tokenizer; its
+    processor always carries a video processor (torchvision)."""
+    from transformers import CohereCompassImageProcessorPil, CohereCompassProcessor, CohereCompassVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    markers = ("<|VISION_START|>", "<|VISION_END|>", "<|IMAGE_PAD|>", "<|VIDEO_PAD|>")
+    tokenizer = build_tiny_tokenizer(
+        extra_special_tokens=markers, chat_template=_chatml_template("<|VISION_START|><|IMAGE_PAD|><|VISION_END|>")
+    )
+    patches = {"patch_size": tiny_qwen.PATCH_SIZE, "merge_size": tiny_qwen.MERGE_SIZE, "temporal_patch_size": 2}
+    sizes = {"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS}
+    processor = CohereCompassProcessor(
+        CohereCompassImageProcessorPil(size=sizes, **patches),
+        tokenizer,
+        CohereCompassVideoProcessor(size=sizes, **patches),
+        chat_template=tokenizer.chat_template,
+    )
+    ids = tokenizer.convert_tokens_to_ids
+    extra = {
+        "vision_config": {
+            "depth": 2,
+            "num_heads": 2,
+            "patch_size": tiny_qwen.PATCH_SIZE,
+            "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 16,
+            "deepstack_visual_indexes": [0],
+            "out_hidden_size": 64,
+        },
+        # rotary settings per layer type, the multimodal axes (sequence, height, width) summing to head_dim / 2
+        "text_config": {
+            "rope_parameters": {
+                kind: {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+                for kind in ("full_attention", "sliding_attention")
+            }
+        },
+        "image_token_id": ids("<|IMAGE_PAD|>"),
+        "video_token_id": ids("<|VIDEO_PAD|>"),
+        "vision_start_token_id": ids("<|VISION_START|>"),
+        "vision_end_token_id": ids("<|VISION_END|>"),
+    }
+    _save_generic("cohere_compass", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1385,6 +1433,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "exaone4_5": build_exaone4_5,
     "video_llama_3": build_video_llama_3,
     "kimi_k25": build_kimi_k25,
+    "cohere_compass": build_cohere_compass,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
