@@ -1384,6 +1384,50 @@ def build_cohere_compass(target: Path) -> None:
     _save_generic("cohere_compass", target, tokenizer, processor, extra)
 
 
+def build_ernie4_5_vl_moe(target: Path) -> None:
+    """ERNIE 4.5 VL: Qwen-VL-like patches at the tiny Qwen-VL sizes (4 px, merged 2 x 2) between image start and end
+    tokens into a MoE text model with text and vision experts; its processor always carries a video processor
+    (torchvision)."""
+    from transformers import Ernie4_5_VLMoeImageProcessorPil, Ernie4_5_VLMoeProcessor, Ernie4_5_VLMoeVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    named = {
+        "image_token": "<|IMAGE_PLACEHOLDER|>",
+        "image_start_token": "<|IMAGE_START|>",
+        "image_end_token": "<|IMAGE_END|>",
+        "video_token": "<|VIDEO_PLACEHOLDER|>",
+        "video_start_token": "<|VIDEO_START|>",
+        "video_end_token": "<|VIDEO_END|>",
+    }
+    template = _chatml_template("<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    patches = {"patch_size": tiny_qwen.PATCH_SIZE, "merge_size": tiny_qwen.MERGE_SIZE}
+    sizes = {"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS}
+    processor = Ernie4_5_VLMoeProcessor(
+        Ernie4_5_VLMoeImageProcessorPil(size=sizes, **patches),
+        tokenizer,
+        Ernie4_5_VLMoeVideoProcessor(size=sizes, draw_on_frames=False, **patches),  # no timestamp font offline
+        chat_template=template,
+    )
+    extra = {
+        "vision_config": {
+            "depth": 2,
+            "num_heads": 2,
+            "patch_size": tiny_qwen.PATCH_SIZE,
+            "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+        },
+        # text and vision experts' widths; the multimodal RoPE's (height, width, time) split of head_dim / 2
+        "text_config": {
+            "moe_intermediate_size": [32, 32],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [3, 3, 2]},
+        },
+        **{f"{name}_id": tokenizer.convert_tokens_to_ids(token) for name, token in named.items()},
+    }
+    _save_generic("ernie4_5_vl_moe", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1434,6 +1478,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "video_llama_3": build_video_llama_3,
     "kimi_k25": build_kimi_k25,
     "cohere_compass": build_cohere_compass,
+    "ernie4_5_vl_moe": build_ernie4_5_vl_moe,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
