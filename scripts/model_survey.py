@@ -1542,6 +1542,11 @@ def vlm_not_surveyed_reason(model_type: str, torchvision: bool | None = None) ->
     if model_type in VLM_BUILDERS and (torchvision or model_type not in TORCHVISION_BUILDERS):
         return None
     processor = PROCESSOR_MAPPING_NAMES.get(model_type)
+    if model_type in TORCHVISION_BUILDERS:  # said outright: with torchvision installed its classes name no backend
+        return (
+            f"the survey builds `{processor}` with torchvision classes, and this machine lacks torchvision (it does "
+            "not import next to torch here)"
+        )
     if processor is None:
         return "transformers maps no processor class to this type, so no offline processor can be built for it"
     import transformers
