@@ -24,12 +24,16 @@ language model (2 steps) and full fine-tuning (1 step). A family without such a 
 
     python scripts/model_survey.py --vlm --types llava,mllama    # survey these (all unrecorded VLM types without it)
 
+Families whose processors need torchvision are surveyed with an interpreter that imports it (`TORCHVISION_BUILDERS`);
+their entries record the torch and torchvision versions, and a run without torchvision keeps them as recorded.
+
 Runs offline on CPU; one core is enough (`OMP_NUM_THREADS=1 taskset -c 1 python ...`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.util
 import json
@@ -928,6 +932,518 @@ def build_hunyuan_vl(target: Path) -> None:
     _save_generic("hunyuan_vl", target, tokenizer, processor, extra)
 
 
+def build_mistral3(target: Path, model_type: str = "mistral3") -> None:
+    """Mistral 3 (and Mistral Large 4, the same layout on a DeepSeek-like MoE text model): a Pixtral tower (8 px patches) merged 2 x 2 into the text model; `PixtralProcessor` (a torchvision
+    class) writes `[IMG]` per merged patch, `[IMG_BREAK]` after each row and `[IMG_END]` after the image."""
+    from transformers import PixtralImageProcessorPil, PixtralProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    # the image processor rounds sizes to whole merged patches (patch 8 x merge 2)
+    image_processor = PixtralImageProcessorPil(size={"longest_edge": 32}, patch_size=16)
+    processor = PixtralProcessor(
+        image_processor, tokenizer, patch_size=8, spatial_merge_size=2, chat_template=template, **named
+    )
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8, "head_dim": 16},
+        "spatial_merge_size": 2,
+        "image_token_index": tokenizer.convert_tokens_to_ids(named["image_token"]),
+    }
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
+def build_llava_onevision(target: Path) -> None:
+    """LLaVA-OneVision: LLaVA-NeXT's any-resolution tiles of 32 x 32 through a CLIP tower, on the tiny LLaVA's
+    tokenizer and template with a `<video>` token; its processor always carries a video processor (torchvision)."""
+    from transformers import LlavaOnevisionImageProcessorPil, LlavaOnevisionProcessor, LlavaOnevisionVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm.llava import IMAGE_SIZE, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, PATCH_SIZE
+
+    tokenizer = build_tiny_tokenizer(chat_template=LLAVA_CHAT_TEMPLATE, image_token=IMAGE_TOKEN, video_token="<video>")
+    pinpoints = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
+    image_processor = LlavaOnevisionImageProcessorPil(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, image_grid_pinpoints=pinpoints
+    )
+    video_processor = LlavaOnevisionVideoProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    processor = LlavaOnevisionProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        num_image_tokens=(IMAGE_SIZE // PATCH_SIZE) ** 2,
+        vision_feature_select_strategy="full",
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+    extra = {
+        "vision_config": {"image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE},
+        "image_grid_pinpoints": pinpoints,
+        "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        "video_token_index": tokenizer.convert_tokens_to_ids("<video>"),
+        "vision_feature_select_strategy": "full",
+        "vision_feature_layer": -2,
+    }
+    _save_generic("llava_onevision", target, tokenizer, processor, extra)
+
+
+def build_smolvlm(target: Path) -> None:
+    """SmolVLM: Idefics3's prompt layout (the tiny Idefics3's tokenizer, template and tile sizes); its processor
+    always carries a video processor (torchvision)."""
+    from transformers import SmolVLMImageProcessorPil, SmolVLMProcessor, SmolVLMVideoProcessor
+
+    from hellbender.models.tiny_vlm import idefics3 as tiny
+
+    tokenizer = tiny.build_tokenizer()
+    image_processor = SmolVLMImageProcessorPil(
+        do_image_splitting=True,
+        size={"longest_edge": tiny.LONGEST_EDGE},
+        max_image_size={"longest_edge": tiny.VISION_IMAGE_SIZE},
+    )
+    video_processor = SmolVLMVideoProcessor(
+        size={"longest_edge": tiny.VISION_IMAGE_SIZE}, max_image_size={"longest_edge": tiny.VISION_IMAGE_SIZE}
+    )
+    processor = SmolVLMProcessor(
+        image_processor, tokenizer, video_processor, image_seq_len=tiny.IMAGE_SEQ_LEN, chat_template=tiny.CHAT_TEMPLATE
+    )
+    extra = {
+        "vision_config": {"image_size": tiny.VISION_IMAGE_SIZE, "patch_size": tiny.PATCH_SIZE},
+        "scale_factor": tiny.SCALE_FACTOR,
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny.IMAGE_TOKEN),
+    }
+    _save_generic("smolvlm", target, tokenizer, processor, extra)
+
+
+def build_internvl(target: Path) -> None:
+    """InternVL: an InternViT tower (32 x 32 images, 8 px patches) pixel-shuffled 2 x 2, so each image becomes 4
+    `<IMG_CONTEXT>` tokens between `<img>` and `</img>`; its processor always carries a video processor."""
+    from transformers import GotOcr2ImageProcessorPil, InternVLProcessor, InternVLVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {
+        "start_image_token": "<img>",
+        "end_image_token": "</img>",
+        "context_image_token": "<IMG_CONTEXT>",
+        "video_token": "<video>",
+    }
+    template = _chatml_template(named["context_image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=False)
+    video_processor = InternVLVideoProcessor(size={"height": 32, "width": 32})
+    processor = InternVLProcessor(
+        image_processor, tokenizer, video_processor, image_seq_length=4, chat_template=template
+    )
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "image_seq_length": 4,
+        "downsample_ratio": 0.5,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["context_image_token"]),
+    }
+    _save_generic("internvl", target, tokenizer, processor, extra)
+
+
+def build_llava_next_video(target: Path) -> None:
+    """LLaVA-NeXT-Video: LLaVA-NeXT's tiles (`build_llava_next`'s sizes) with a `<video>` token and a video
+    processor (torchvision) beside the image processor."""
+    from transformers import LlavaNextImageProcessorPil, LlavaNextVideoProcessor, LlavaNextVideoVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm.llava import IMAGE_SIZE, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, PATCH_SIZE
+
+    tokenizer = build_tiny_tokenizer(chat_template=LLAVA_CHAT_TEMPLATE, image_token=IMAGE_TOKEN, video_token="<video>")
+    pinpoints = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
+    image_processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=pinpoints,
+    )
+    video_processor = LlavaNextVideoVideoProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    )
+    processor = LlavaNextVideoProcessor(
+        video_processor=video_processor,
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        chat_template=LLAVA_CHAT_TEMPLATE,
+        num_additional_image_tokens=1,
+    )
+    extra = {
+        "vision_config": {"image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE},
+        "image_grid_pinpoints": pinpoints,
+        "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        "video_token_index": tokenizer.convert_tokens_to_ids("<video>"),
+        "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -2,
+    }
+    _save_generic("llava_next_video", target, tokenizer, processor, extra)
+
+
+def build_glm4v(target: Path, model_type: str = "glm4v") -> None:
+    """GLM-4V (and GLM-4.5V, its MoE, and GLM-4.6V): Qwen-VL-like patches at the tiny Qwen-VL sizes (4 px, merged 2 x 2) between
+    `<|begin_of_image|>` and `<|end_of_image|>`, on the tiny tokenizer; its processor always carries a video
+    processor (torchvision)."""
+    import transformers
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    markers = ("<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>")
+    template = _chatml_template("<|begin_of_image|><|image|><|end_of_image|>")
+    tokenizer = build_tiny_tokenizer(
+        extra_special_tokens=markers, chat_template=template, image_token="<|image|>", video_token="<|video|>"
+    )
+    patches = {"patch_size": tiny_qwen.PATCH_SIZE, "merge_size": tiny_qwen.MERGE_SIZE, "temporal_patch_size": 2}
+    sizes = {"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS}
+    prefix = "Glm46V" if model_type == "glm46v" else "Glm4v"  # GLM-4.6V has its own classes of the same layout
+    image_processor = getattr(transformers, f"{prefix}ImageProcessorPil")(size=sizes, **patches)
+    video_processor = getattr(transformers, f"{prefix}VideoProcessor")(size=sizes, **patches)
+    processor = getattr(transformers, f"{prefix}Processor")(
+        image_processor, tokenizer, video_processor, chat_template=template
+    )
+    ids = tokenizer.convert_tokens_to_ids
+    extra = {
+        "vision_config": {
+            "image_size": 32,
+            "patch_size": tiny_qwen.PATCH_SIZE,
+            "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+            "temporal_patch_size": 2,
+            "out_hidden_size": 64,
+        },
+        # the multimodal RoPE axes (sequence, height, width) over the rotary half of head_dim 16
+        "text_config": {
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                "partial_rotary_factor": 0.5}
+        },
+        "image_token_id": ids("<|image|>"),
+        "video_token_id": ids("<|video|>"),
+        "image_start_token_id": ids("<|begin_of_image|>"),
+        "image_end_token_id": ids("<|end_of_image|>"),
+        "video_start_token_id": ids("<|begin_of_video|>"),
+        "video_end_token_id": ids("<|end_of_video|>"),
+    }  # fmt: skip
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
+def build_video_llava(target: Path) -> None:
+    """Video-LLaVA: the tiny LLaVA's tokenizer, template and CLIP sizes (16 `<image>` tokens per 32 x 32 image) with
+    a `<video>` token and a video processor (torchvision)."""
+    from transformers import VideoLlavaImageProcessor, VideoLlavaProcessor, VideoLlavaVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm.llava import (
+        IMAGE_SEQ_LENGTH,
+        IMAGE_SIZE,
+        IMAGE_TOKEN,
+        LLAVA_CHAT_TEMPLATE,
+        PATCH_SIZE,
+    )
+
+    tokenizer = build_tiny_tokenizer(chat_template=LLAVA_CHAT_TEMPLATE, image_token=IMAGE_TOKEN, video_token="<video>")
+    sizes = {"size": {"shortest_edge": IMAGE_SIZE}, "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}}
+    processor = VideoLlavaProcessor(
+        image_processor=VideoLlavaImageProcessor(**sizes),
+        video_processor=VideoLlavaVideoProcessor(**sizes),
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+    extra = {
+        "vision_config": {"image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE},
+        "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        "video_token_index": tokenizer.convert_tokens_to_ids("<video>"),
+        "image_seq_length": IMAGE_SEQ_LENGTH,
+    }
+    _save_generic("video_llava", target, tokenizer, processor, extra)
+
+
+def build_llama4(target: Path) -> None:
+    """Llama 4: one 32 x 32 tile per image (8 px patches, pixel-shuffled 2 x 2: 4 `<|patch|>` tokens between
+    `<|image_start|>` and `<|image_end|>`); its image processor is a torchvision class."""
+    from transformers import Llama4ImageProcessor, Llama4Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ("<|image_start|>", "<|image_end|>", "<|patch|>", "<|tile_x_separator|>", "<|tile_y_separator|>")
+    template = _chatml_template("<|image|>")
+    tokenizer = build_tiny_tokenizer(extra_special_tokens=markers, chat_template=template, image_token="<|image|>")
+    image_processor = Llama4ImageProcessor(size={"height": 32, "width": 32}, max_patches=1, resize_to_max_canvas=False)
+    processor = Llama4Processor(
+        image_processor, tokenizer, patch_size=8, pixel_shuffle_ratio=0.5, chat_template=template
+    )
+    extra = {
+        # the pixel shuffle turns 4 patches of width 64 into one of 256, which the vision MLP takes in
+        "vision_config": {"image_size": 32, "patch_size": 8, "intermediate_size": 256, "vision_output_dim": 64,
+                          "projector_input_dim": 64, "projector_output_dim": 64, "pixel_shuffle_ratio": 0.5},
+        "image_token_index": tokenizer.convert_tokens_to_ids("<|patch|>"),
+    }  # fmt: skip
+    _save_generic("llama4", target, tokenizer, processor, extra)
+
+
+def build_lfm2_vl(target: Path) -> None:
+    """LFM2-VL: a SigLIP2 NaFlex tower (8 px patches) pixel-unshuffled 2 x 2, one 32 x 32 view per image (no tiles):
+    4 `<image>` tokens between `<|image_start|>` and `<|image_end|>`; its image processor is a torchvision class."""
+    from transformers import Lfm2VlImageProcessor, Lfm2VlProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {
+        "image_token": "<image>",
+        "image_start_token": "<|image_start|>",
+        "image_end_token": "<|image_end|>",
+        "image_thumbnail_token": "<|img_thumbnail|>",
+    }
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = Lfm2VlImageProcessor(
+        do_image_splitting=False,
+        use_thumbnail=False,
+        encoder_patch_size=8,
+        tile_size=32,
+        min_image_tokens=4,
+        max_image_tokens=4,
+        downsample_factor=2,
+    )
+    processor = Lfm2VlProcessor(image_processor, tokenizer, chat_template=template)
+    extra = {
+        "vision_config": {"patch_size": 8, "num_patches": 16, "vision_use_head": False},
+        "projector_hidden_size": 64,
+        "downsample_factor": 2,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+    }
+    _save_generic("lfm2_vl", target, tokenizer, processor, extra)
+
+
+def build_cohere2_vision(target: Path) -> None:
+    """Command A Vision: a SigLIP tower (32 x 32 tiles, 8 px patches) pixel-shuffled 2 x 2, so a tile gives 4
+    `<|IMG_PATCH|>` tokens and a line break between the image markers; its image processor is a torchvision class
+    (its `patch_size` counts merged patches per tile side)."""
+    from transformers import Cohere2VisionImageProcessor, Cohere2VisionProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {
+        "boi_token": "<|START_OF_IMG|>",
+        "eoi_token": "<|END_OF_IMG|>",
+        "image_token": "<|IMG_PATCH|>",
+        "img_line_break_token": "<|IMG_LINE_BREAK|>",
+    }
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = Cohere2VisionImageProcessor(size={"height": 32, "width": 32}, crop_to_patches=False, patch_size=2)
+    processor = Cohere2VisionProcessor(image_processor, tokenizer, chat_template=template)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "downsample_factor": 2,
+        "alignment_intermediate_size": 64,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+    }
+    _save_generic("cohere2_vision", target, tokenizer, processor, extra)
+
+
+def build_exaone4_5(target: Path) -> None:
+    """EXAONE 4.5: Qwen2-VL's image and video processors and token layout (the tiny Qwen-VL tokenizer, template and
+    sizes) with a Qwen2.5-VL-like windowed tower into an EXAONE 4 text model; the video processor needs torchvision."""
+    from transformers import Exaone4_5_Processor, Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor
+
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer = tiny_qwen.build_tokenizer()
+    patches = {
+        "patch_size": tiny_qwen.PATCH_SIZE,
+        "merge_size": tiny_qwen.MERGE_SIZE,
+        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
+        "min_pixels": tiny_qwen.MIN_PIXELS,
+        "max_pixels": tiny_qwen.MAX_PIXELS,
+    }
+    processor = Exaone4_5_Processor(
+        Qwen2VLImageProcessorPil(**patches),
+        tokenizer,
+        Qwen2VLVideoProcessor(**patches),
+        chat_template=tiny_qwen.CHAT_TEMPLATE,
+    )
+    extra = {
+        "vision_config": {
+            "depth": 2,
+            "num_heads": 2,
+            "patch_size": tiny_qwen.PATCH_SIZE,
+            "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+            "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
+            "window_size": 8,
+            "fullatt_block_indexes": [1],
+            "out_hidden_size": 64,
+        },
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.IMAGE_PAD),
+        "video_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.VIDEO_PAD),
+    }
+    _save_generic("exaone4_5", target, tokenizer, processor, extra)
+
+
+def build_video_llama_3(target: Path) -> None:
+    """VideoLLaMA 3: a SigLIP-like tower on 4 px patches (images unmerged: a 32 x 32 image gives 64 `<|image_pad|>`
+    tokens) into a Qwen2, on the tiny Qwen-VL tokenizer and template; the video processor needs torchvision."""
+    from transformers import VideoLlama3ImageProcessorPil, VideoLlama3Processor, VideoLlama3VideoProcessor
+
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer = tiny_qwen.build_tokenizer()
+    sizes = {"shortest_edge": 16 * 16, "longest_edge": 32 * 32}
+    processor = VideoLlama3Processor(
+        VideoLlama3ImageProcessorPil(patch_size=tiny_qwen.PATCH_SIZE, merge_size=1, size=sizes),
+        tokenizer,
+        VideoLlama3VideoProcessor(patch_size=tiny_qwen.PATCH_SIZE, size=sizes),
+        chat_template=tiny_qwen.CHAT_TEMPLATE,
+    )
+    extra = {
+        "vision_config": {"patch_size": tiny_qwen.PATCH_SIZE},
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.IMAGE_PAD),
+        "video_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.VIDEO_PAD),
+    }
+    _save_generic("video_llama_3", target, tokenizer, processor, extra)
+
+
+def build_kimi_k25(target: Path) -> None:
+    """Kimi K2.5: a MoonViT tower on 4 px patches merged 2 x 2 (a 32 x 32 image gives 16 `<|media_pad|>` tokens)
+    into a DeepSeek-V3 text model; its image processor is a torchvision class."""
+    from transformers import Kimi_K25ImageProcessor, Kimi_K25Processor, Kimi_K25VideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ("<|media_begin|>", "<|media_content|>", "<|media_end|>")
+    template = _chatml_template("<|media_begin|>image<|media_content|><|media_pad|><|media_end|>")
+    tokenizer = build_tiny_tokenizer(
+        extra_special_tokens=markers,
+        chat_template=template,
+        image_token="<|media_pad|>",
+        video_token="<|kimi_k25_video_placeholder|>",
+    )
+    patches = {"patch_size": 4, "merge_kernel_size": 2, "size": {"max_height": 32, "max_width": 32}}
+    processor = Kimi_K25Processor(
+        Kimi_K25ImageProcessor(**patches), tokenizer, Kimi_K25VideoProcessor(**patches), chat_template=template
+    )
+    ids = tokenizer.convert_tokens_to_ids
+    extra = {
+        "vision_config": {"patch_size": 4, "pos_emb_height": 8, "pos_emb_width": 8, "merge_kernel_size": [2, 2]},
+        "projection_hidden_size": 64,
+        "image_token_id": ids("<|media_pad|>"),
+        "video_token_id": ids("<|kimi_k25_video_placeholder|>"),
+        "vision_start_token_id": ids("<|media_begin|>"),
+        "vision_end_token_id": ids("<|media_end|>"),
+    }
+    _save_generic("kimi_k25", target, tokenizer, processor, extra)
+
+
+def build_cohere_compass(target: Path) -> None:
+    """Cohere Compass: a Qwen3-VL-like tower (4 px patches merged 2 x 2, DeepStack features) into a Cohere 2 text
+    model, with `<|IMAGE_PAD|>` tokens between `<|VISION_START|>` and `<|VISION_END|>`, on the tiny tokenizer; its
+    processor always carries a video processor (torchvision)."""
+    from transformers import CohereCompassImageProcessorPil, CohereCompassProcessor, CohereCompassVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    markers = ("<|VISION_START|>", "<|VISION_END|>", "<|IMAGE_PAD|>", "<|VIDEO_PAD|>")
+    tokenizer = build_tiny_tokenizer(
+        extra_special_tokens=markers, chat_template=_chatml_template("<|VISION_START|><|IMAGE_PAD|><|VISION_END|>")
+    )
+    patches = {"patch_size": tiny_qwen.PATCH_SIZE, "merge_size": tiny_qwen.MERGE_SIZE, "temporal_patch_size": 2}
+    sizes = {"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS}
+    processor = CohereCompassProcessor(
+        CohereCompassImageProcessorPil(size=sizes, **patches),
+        tokenizer,
+        CohereCompassVideoProcessor(size=sizes, **patches),
+        chat_template=tokenizer.chat_template,
+    )
+    ids = tokenizer.convert_tokens_to_ids
+    extra = {
+        "vision_config": {
+            "depth": 2,
+            "num_heads": 2,
+            "patch_size": tiny_qwen.PATCH_SIZE,
+            "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 16,
+            "deepstack_visual_indexes": [0],
+            "out_hidden_size": 64,
+        },
+        # rotary settings per layer type, the multimodal axes (sequence, height, width) summing to head_dim / 2
+        "text_config": {
+            "rope_parameters": {
+                kind: {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+                for kind in ("full_attention", "sliding_attention")
+            }
+        },
+        "image_token_id": ids("<|IMAGE_PAD|>"),
+        "video_token_id": ids("<|VIDEO_PAD|>"),
+        "vision_start_token_id": ids("<|VISION_START|>"),
+        "vision_end_token_id": ids("<|VISION_END|>"),
+    }
+    _save_generic("cohere_compass", target, tokenizer, processor, extra)
+
+
+def build_ernie4_5_vl_moe(target: Path) -> None:
+    """ERNIE 4.5 VL: Qwen-VL-like patches at the tiny Qwen-VL sizes (4 px, merged 2 x 2) between image start and end
+    tokens into a MoE text model with text and vision experts; its processor always carries a video processor
+    (torchvision)."""
+    from transformers import Ernie4_5_VLMoeImageProcessorPil, Ernie4_5_VLMoeProcessor, Ernie4_5_VLMoeVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    named = {
+        "image_token": "<|IMAGE_PLACEHOLDER|>",
+        "image_start_token": "<|IMAGE_START|>",
+        "image_end_token": "<|IMAGE_END|>",
+        "video_token": "<|VIDEO_PLACEHOLDER|>",
+        "video_start_token": "<|VIDEO_START|>",
+        "video_end_token": "<|VIDEO_END|>",
+    }
+    template = _chatml_template("<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    patches = {"patch_size": tiny_qwen.PATCH_SIZE, "merge_size": tiny_qwen.MERGE_SIZE}
+    sizes = {"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS}
+    processor = Ernie4_5_VLMoeProcessor(
+        Ernie4_5_VLMoeImageProcessorPil(size=sizes, **patches),
+        tokenizer,
+        Ernie4_5_VLMoeVideoProcessor(size=sizes, draw_on_frames=False, **patches),  # no timestamp font offline
+        chat_template=template,
+    )
+    extra = {
+        "vision_config": {
+            "depth": 2,
+            "num_heads": 2,
+            "patch_size": tiny_qwen.PATCH_SIZE,
+            "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+        },
+        # text and vision experts' widths; the multimodal RoPE's (height, width, time) split of head_dim / 2
+        "text_config": {
+            "moe_intermediate_size": [32, 32],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [3, 3, 2]},
+        },
+        **{f"{name}_id": tokenizer.convert_tokens_to_ids(token) for name, token in named.items()},
+    }
+    _save_generic("ernie4_5_vl_moe", target, tokenizer, processor, extra)
+
+
+# The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
+# read `not surveyed` with the reason.
+TORCHVISION_BUILDERS = frozenset(
+    {
+        "mistral3",
+        "mistral_large4",
+        "llava_onevision",
+        "smolvlm",
+        "internvl",
+        "llava_next_video",
+        "glm4v",
+        "glm4v_moe",
+        "glm46v",
+        "video_llava",
+    }
+)
 # model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
 # families built here from their pieces
 VLM_BUILDERS: dict[str, Any] = {
@@ -946,6 +1462,24 @@ VLM_BUILDERS: dict[str, Any] = {
     "paddleocr_vl": build_paddleocr_vl,
     "deepseek_vl": build_deepseek_vl,
     "hunyuan_vl": build_hunyuan_vl,
+    "mistral3": build_mistral3,
+    "mistral_large4": lambda target: build_mistral3(target, "mistral_large4"),
+    "llava_onevision": build_llava_onevision,
+    "smolvlm": build_smolvlm,
+    "internvl": build_internvl,
+    "glm4v": build_glm4v,
+    "glm4v_moe": lambda target: build_glm4v(target, "glm4v_moe"),
+    "glm46v": lambda target: build_glm4v(target, "glm46v"),
+    "video_llava": build_video_llava,
+    "llama4": build_llama4,
+    "lfm2_vl": build_lfm2_vl,
+    "cohere2_vision": build_cohere2_vision,
+    "exaone4_5": build_exaone4_5,
+    "video_llama_3": build_video_llama_3,
+    "kimi_k25": build_kimi_k25,
+    "cohere_compass": build_cohere_compass,
+    "ernie4_5_vl_moe": build_ernie4_5_vl_moe,
+    "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
     "granite_docling": build_granite_docling,
@@ -955,6 +1489,29 @@ VLM_BUILDERS: dict[str, Any] = {
 }
 
 
+@functools.cache
+def torchvision_version() -> str | None:
+    """The importable torchvision's version, or None: a torchvision that is installed but does not import beside this
+    torch (a PyPI wheel built for another torch) counts as missing, since transformers then cannot use it either."""
+    if importlib.util.find_spec("torchvision") is None:
+        return None
+    try:
+        import torchvision
+    except Exception:
+        return None
+    return torchvision.__version__
+
+
+# Where an entry records the environment it was surveyed in beyond `_transformers` (a torchvision version).
+TORCHVISION_KEY = "torchvision"
+
+
+def surveyed_with_torchvision(entry: dict[str, Any] | None) -> str | None:
+    """The torchvision version an image-text-to-text entry was surveyed with (None: surveyed without it)."""
+    return (entry or {}).get(TORCHVISION_KEY)
+
+
+@functools.cache
 def refused_vision_families() -> dict[str, str]:
     """Model types hellbender refuses as vision-language models before loading their processor, with the reason:
     the families it names, and the mapping's encoder-decoders (by their default config)."""
@@ -973,20 +1530,29 @@ def refused_vision_families() -> dict[str, str]:
     return refused
 
 
-def vlm_not_surveyed_reason(model_type: str) -> str | None:
-    """Why the survey cannot build `model_type` tiny with an offline processor (None where it can)."""
+def vlm_not_surveyed_reason(model_type: str, torchvision: bool | None = None) -> str | None:
+    """Why the survey cannot build `model_type` tiny with an offline processor (None where it can), on a machine with
+    torchvision importable or not (`None`: this machine)."""
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-    if model_type in VLM_BUILDERS or model_type in refused_vision_families():
+    if torchvision is None:
+        torchvision = torchvision_version() is not None
+    if model_type in refused_vision_families():
+        return None
+    if model_type in VLM_BUILDERS and (torchvision or model_type not in TORCHVISION_BUILDERS):
         return None
     processor = PROCESSOR_MAPPING_NAMES.get(model_type)
+    if model_type in TORCHVISION_BUILDERS:  # said outright: with torchvision installed its classes name no backend
+        return (
+            f"the survey builds `{processor}` with torchvision classes, and this machine lacks torchvision (it does "
+            "not import next to torch here)"
+        )
     if processor is None:
         return "transformers maps no processor class to this type, so no offline processor can be built for it"
     import transformers
 
     cls = getattr(transformers, processor, None)
     backends = getattr(cls, "_backends", ())
-    torchvision = importlib.util.find_spec("torchvision") is not None
     if "torchvision" in backends and not torchvision:
         return f"transformers' `{processor}` requires torchvision, which this machine lacks (it does not import next to torch here)"
     from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
@@ -1072,9 +1638,13 @@ def vlm_reload_status(model_dir: Path, output_dir: Path, mode: str) -> str:
 def survey_vlm(model_type: str, timeout: float) -> dict[str, Any]:
     """One image-text-to-text type's entry: its reason where it cannot be built here, else a forked survey."""
     reason = vlm_not_surveyed_reason(model_type)
-    if reason is not None:
-        return {"build": {"status": NOT_SURVEYED_PREFIX + reason}}
-    return survey(model_type, timeout, VLM_SECTION)
+    entry = {"build": {"status": NOT_SURVEYED_PREFIX + reason}} if reason else survey(model_type, timeout, VLM_SECTION)
+    if version := torchvision_version():  # the processors then differ (torchvision classes, video processors)
+        import torch
+
+        entry[TORCHVISION_KEY] = version.split("+")[0]
+        entry["torch"] = torch.__version__.split("+")[0]  # that torchvision's torch, not necessarily CI's
+    return entry
 
 
 # ---- the document ----
@@ -1232,6 +1802,30 @@ def _vlm_note(entry: dict[str, Any] | None) -> str:
     return "; ".join(notes)
 
 
+def _torchvision_paragraph(results: dict[str, Any], vlm_types: list[str]) -> list[str]:
+    """Which rows were surveyed in an environment with torchvision, and with which torch and torchvision."""
+    environments: dict[tuple[str, str], list[str]] = {}
+    for model_type in vlm_types:
+        entry = results.get(model_type)
+        if version := surveyed_with_torchvision(entry):
+            environments.setdefault((entry.get("torch", "?"), version), []).append(model_type)
+    if not environments:
+        return []
+    parts = [
+        f"torch {torch} and torchvision {version} ({len(types)} row{'s' * (len(types) != 1)}: {', '.join(types)})"
+        for (torch, version), types in sorted(environments.items())
+    ]
+    return [
+        "The other rows come from the project's own environment, which has no torchvision (nor has CI). Many "
+        "families' processors are torchvision classes or always load a video processor, so the rows named here were "
+        f"surveyed in a second environment, with {'; '.join(parts)}, CUDA builds run on the CPU (and `num2words`, "
+        "which SmolVLM's processor imports). Without torchvision these rows keep their recorded status: the survey "
+        "does not redo them, and the test reads their reason as it was with torchvision. Training these families "
+        "with hellbender needs torchvision too, since their processors do.",
+        "",
+    ]
+
+
 def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_types: list[str]) -> list[str]:
     """The image-text-to-text table: one row per type of the installed mapping, with its overall status."""
     statuses = [vlm_status(results.get(t)) for t in vlm_types]
@@ -1252,13 +1846,14 @@ def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_type
         "settings (`VLM_BUILDERS` in the script). `trains`: both modes pass and reload; "
         "`refused`: hellbender stops at start with an error naming the family and the reason (quoted in the note: "
         "Mllama feeds images through cross-attention layers, ShieldGemma 2's processor replaces the text with policy "
-        "prompts, and image-text encoder-decoders such as T5Gemma 2 need decoder inputs that a chat row does not "
+        "prompts, Llama 4's image-text forward fails in transformers 5.24, and image-text encoder-decoders such as T5Gemma 2 need decoder inputs that a chat row does not "
         "give; models/fixes/__init__.py; a refused family without a builder here is saved as its default config only); "
         "`fails`: any other error; `not built`: the survey could not build the tiny model; `not surveyed`: no "
         "offline processor is built for the family yet (the note says why), so its status is unknown.",
         "",
         f"{len(vlm_types)} architectures: {counts}.",
         "",
+        *_torchvision_paragraph(results, vlm_types),
         "| architecture | status | LoRA | full FT | note |",
         "|---|---|---|---|---|",
     ]
@@ -1318,6 +1913,9 @@ def survey_vlm_types(args: argparse.Namespace, parser: argparse.ArgumentParser, 
     section = results.setdefault(VLM_RESULTS_KEY, {})
     for model_type in wanted:
         if model_type in section and not args.redo:
+            continue
+        if surveyed_with_torchvision(section.get(model_type)) and not torchvision_version():
+            print(f"{model_type}: kept (surveyed with torchvision, which does not import here)", flush=True)
             continue
         start = time.monotonic()
         section[model_type] = survey_vlm(model_type, args.timeout)

@@ -145,8 +145,28 @@ def test_every_family_the_survey_builds_is_recorded_and_only_those_read_not_surv
     section = survey.load_results()[survey.VLM_RESULTS_KEY]
     assert sorted(section) == survey.image_text_to_text_types(), "run `scripts/model_survey.py --vlm`"
     for model_type, entry in section.items():
-        reason = survey.vlm_not_surveyed_reason(model_type)
+        # an entry surveyed with torchvision keeps the reason it had there (CI has no torchvision)
+        reason = survey.vlm_not_surveyed_reason(model_type, bool(survey.surveyed_with_torchvision(entry)))
         if reason is None:
             assert survey.vlm_status(entry) != "not surveyed", f"{model_type}: run `model_survey.py --vlm --redo`"
         else:
             assert entry["build"]["status"] == survey.NOT_SURVEYED_PREFIX + reason, model_type
+
+
+def test_rows_surveyed_with_torchvision_are_named_with_their_versions_and_keep_their_reason() -> None:
+    ok = {"status": "ok", "lora_modules": 14}
+    results = {
+        survey.VLM_RESULTS_KEY: {
+            "mistral3": {"build": {"status": "ok"}, "lora": ok, "full": {"status": "ok"}, "torchvision": "0.29.1",
+                         "torch": "2.14.1"},
+            "llava": {"build": {"status": "ok"}, "lora": ok, "full": {"status": "ok"}},
+        }
+    }  # fmt: skip
+    doc = survey.render(results, ["llama"], ["llava", "mistral3"])
+    assert "with torch 2.14.1 and torchvision 0.29.1 (1 row: mistral3)" in doc
+    plain = {survey.VLM_RESULTS_KEY: {"llava": results[survey.VLM_RESULTS_KEY]["llava"]}}
+    assert "second environment" not in survey.render(plain, ["llama"], ["llava"])
+    # a builder that needs torchvision reads `not surveyed` without it, and is surveyed with it
+    assert "torchvision" in survey.vlm_not_surveyed_reason("mistral3", torchvision=False)
+    assert survey.vlm_not_surveyed_reason("mistral3", torchvision=True) is None
+    assert survey.vlm_not_surveyed_reason("llava", torchvision=False) is None

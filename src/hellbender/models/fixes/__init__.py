@@ -24,8 +24,8 @@ def model_type_of(source: str) -> str | None:
 
 
 # Vision-language families whose images do not enter as tokens in the text, which everything hellbender does
-# for images (counting placeholders, expanding them, masking them) relies on, or whose processor does not keep the
-# row's text.
+# for images (counting placeholders, expanding them, masking them) relies on, whose processor does not keep the
+# row's text, or whose image-text forward fails in the installed transformers.
 UNSUPPORTED_VISION_FAMILIES = {
     "mllama": "Mllama (Llama 3.2 Vision) feeds images through cross-attention layers, not image tokens in the text",
     "shieldgemma2": "ShieldGemma 2 is an image-safety classifier whose processor replaces each row's text with its own "
@@ -46,6 +46,9 @@ UNSUPPORTED_VISION_FAMILIES = {
         )
     },
     "pi0": "PI0 is a robot policy that predicts actions by flow matching, not text",
+    # a transformers bug, not a layout hellbender cannot serve: lift it when the forward works
+    "llama4": "transformers 5.24's Llama 4 image-text forward reads `image_outputs` from its language model's output, "
+    "which has none, so every training step fails; its text model trains without `processor_type`",
 }
 
 
