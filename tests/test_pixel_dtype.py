@@ -40,7 +40,9 @@ def test_bfloat16_pixels_are_cast_for_a_float32_model_and_only_they() -> None:
     assert model(cast["pixel_values"]).shape == (1, 2)
 
 
-def test_pixels_already_in_the_models_dtype_are_left_alone() -> None:
+def test_pixels_already_in_the_models_dtype_or_wider_are_left_alone() -> None:
     batch = {"pixel_values": torch.ones(1, 4, dtype=torch.bfloat16)}
     assert pixels_in_model_dtype(_Tower(torch.bfloat16), batch) == {}
     assert pixels_in_model_dtype(object(), batch) == {}
+    wide = {"pixel_values": torch.ones(1, 4, dtype=torch.float32)}  # a float32 tower in a bfloat16 model casts them
+    assert pixels_in_model_dtype(_Tower(torch.bfloat16), wide) == {}
