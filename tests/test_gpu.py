@@ -302,17 +302,12 @@ def test_torch_compile_trains_to_the_same_losses(tmp_path):
         assert got[step] == pytest.approx(expected[step], rel=3e-2), (step, got, expected)
 
 
-@pytest.mark.parametrize("checkpointing", [True, "offload"])
-@pytest.mark.parametrize("adapter", ["lora", None])
-def test_torch_compile_with_activation_checkpointing_trains_to_the_uncompiled_losses(tmp_path, adapter, checkpointing):
-    """`torch_compile: true` with checkpointing compiles each layer's checkpoint call with inductor (regional
-    compilation): ten steps, over batches of several lengths (a dynamic-shape recompile included), give the
-    uncompiled checkpointed run's losses within bf16 tolerance, with LoRA and full fine-tuning."""
+def assert_compiled_layers_train_to_the_uncompiled_losses(tmp_path: Path, **common) -> None:
+    """Train `common` uncompiled, then with `torch_compile: true` (each checkpointed layer compiled, not the whole
+    model, no graph break); the losses agree within bf16 tolerance."""
     from torch._dynamo.utils import counters
     from transformers import TrainerCallback
 
-    extra = dict(adapter="lora", lora_target_linear=True, lora_dropout=0.0) if adapter else dict(learning_rate=1e-3)
-    common = dict(bf16=True, max_steps=10, gradient_checkpointing=checkpointing, **extra)
     eager = validate_config(base_config(tmp_path / "eager", **common))
     compiled = validate_config(base_config(tmp_path / "compiled", torch_compile=True, **common))
     seen = {}
@@ -333,6 +328,28 @@ def test_torch_compile_with_activation_checkpointing_trains_to_the_uncompiled_lo
     assert expected.keys() == got.keys()
     for step in expected:
         assert got[step] == pytest.approx(expected[step], rel=3e-2), (step, got, expected)
+
+
+@pytest.mark.parametrize("checkpointing", [True, "offload"])
+@pytest.mark.parametrize("adapter", ["lora", None])
+def test_torch_compile_with_activation_checkpointing_trains_to_the_uncompiled_losses(tmp_path, adapter, checkpointing):
+    """`torch_compile: true` with checkpointing compiles each layer's checkpoint call with inductor (regional
+    compilation): ten steps, over batches of several lengths (a dynamic-shape recompile included), give the
+    uncompiled checkpointed run's losses within bf16 tolerance, with LoRA and full fine-tuning."""
+    extra = dict(adapter="lora", lora_target_linear=True, lora_dropout=0.0) if adapter else dict(learning_rate=1e-3)
+    assert_compiled_layers_train_to_the_uncompiled_losses(
+        tmp_path, bf16=True, max_steps=10, gradient_checkpointing=checkpointing, **extra
+    )
+
+
+def test_compiled_layers_with_liger_fused_cross_entropy_train_to_the_uncompiled_losses(tmp_path):
+    """Liger's fused linear cross-entropy runs in the model's forward after the layers, outside the compiled layer
+    calls: with it, compiled checkpointed layers still give the uncompiled run's losses."""
+    pytest.importorskip("liger_kernel")
+    assert_compiled_layers_train_to_the_uncompiled_losses(
+        tmp_path, bf16=True, max_steps=10, gradient_checkpointing=True, learning_rate=1e-3,
+        liger_fused_linear_cross_entropy=True,
+    )  # fmt: skip
 
 
 def test_tiled_mlp_matches_the_untiled_loss_and_gradients_in_bf16_autocast(tmp_path):

@@ -137,3 +137,18 @@ def test_torch_compile_with_checkpointing_trains_to_the_uncompiled_losses(tmp_pa
     assert expected.keys() == got.keys() == {1, 2, 3}
     for step in expected:
         assert got[step] == pytest.approx(expected[step], rel=1e-5), (step, got, expected)
+
+
+def test_liger_fused_cross_entropy_combines_with_compiled_layers_only(tmp_path):
+    """Compiled layers leave the model's loss uncompiled, so Liger's fused linear cross-entropy (in the model's
+    forward after the layers) is accepted with them; compiling the whole model (no checkpointing) with it, or any of
+    Liger's layer kernels with compiled layers, stays refused."""
+    from hellbender.errors import ConfigError
+
+    fused = dict(torch_compile=True, liger_fused_linear_cross_entropy=True)
+    cfg = validate_config(base_config(tmp_path, gradient_checkpointing=True, **fused))
+    assert cfg.compiles_layers and cfg.liger_fused_linear_cross_entropy
+    with pytest.raises(ConfigError, match=r"`torch_compile: true` with Liger's kernels \(`liger_fused_linear_cross"):
+        validate_config(base_config(tmp_path, gradient_checkpointing=False, **fused))
+    with pytest.raises(ConfigError, match=r"Liger's kernels \(`liger_rms_norm`\)"):
+        validate_config(base_config(tmp_path, gradient_checkpointing=True, **fused, liger_rms_norm=True))
