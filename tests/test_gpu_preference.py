@@ -179,8 +179,8 @@ def test_dpo_in_bfloat16_trains_the_same_losses_with_the_prompt_once_as_with_two
 def test_dpo_with_torch_compile_trains_the_losses_of_the_uncompiled_run(tmp_path, bf16):
     """`torch_compile` with hellbender's checkpointing (each layer's checkpoint call compiled) and the prompt once per
     pair: in float32 the compiled run logs the uncompiled run's losses, log 2 at step 1. In bfloat16 the reference pass
-    (no gradients, adapter off) compiles to another graph than the policy's, whose rounding differs, so step 1 is log 2
-    only to bfloat16 noise summed over each answer's tokens."""
+    (no gradients, adapter off) runs the layers uncompiled, whose rounding differs from the compiled policy's, so step
+    1 is log 2 only to bfloat16 noise summed over each answer's tokens."""
     runs = {}
     for compiled in (False, True):
         keys = dict(**METHODS["dpo"], **LORA, bf16=bf16, gradient_checkpointing=True, dpo_shared_prompt=True)
