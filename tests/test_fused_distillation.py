@@ -145,8 +145,8 @@ def test_configs_that_rule_the_chunked_loss_out_are_refused(tmp_path, overrides,
 
 
 def test_a_run_with_the_chunked_loss_logs_the_steps_of_a_run_without(tmp_path, tiny_tokenizer, monkeypatch):
-    """Full fine-tuning (the output layer trains too), packed rows, gradient accumulation: per-step loss, KD and
-    cross-entropy parts, and the final weights agree."""
+    """Full fine-tuning (the output layer trains too), packed rows, gradient accumulation, evaluation rows: per-step
+    loss, KD and cross-entropy parts, the evaluation loss and the final weights agree."""
     from hellbender.train import distillation
 
     calls = []
@@ -156,7 +156,7 @@ def test_a_run_with_the_chunked_loss_logs_the_steps_of_a_run_without(tmp_path, t
     data = write_jsonl(tmp_path / "kd.jsonl", kd_rows(tiny_tokenizer, n=12))
     common = dict(
         kd_alpha=0.8, kd_ce_alpha=0.2, sample_packing=True, sequence_len=256, micro_batch_size=1,
-        gradient_accumulation_steps=2, max_steps=3, learning_rate=1e-3,
+        gradient_accumulation_steps=2, max_steps=3, learning_rate=1e-3, val_set_size=0.25, eval_steps=3,
     )  # fmt: skip
     runs = {}
     for fused in (False, True):
@@ -169,7 +169,12 @@ def test_a_run_with_the_chunked_loss_logs_the_steps_of_a_run_without(tmp_path, t
         fused: [e for e in trainer_state(cfg.output_dir)["log_history"] if "loss" in e] for fused, cfg in runs.items()
     }
     assert [e["step"] for e in logs[True]] == [e["step"] for e in logs[False]] == [1, 2, 3]
-    assert len(calls) == 6  # the fused run's 3 x 2 micro-batches, and none of the other run's
+    assert len(calls) > 6  # the fused run's 3 x 2 training micro-batches and its evaluation, none of the other run's
+    evaluated = {
+        fused: [e["eval_loss"] for e in trainer_state(cfg.output_dir)["log_history"] if "eval_loss" in e]
+        for fused, cfg in runs.items()
+    }
+    assert len(evaluated[True]) == 1 and evaluated[True] == pytest.approx(evaluated[False], abs=1e-5), evaluated
     for got, want in zip(logs[True], logs[False], strict=True):
         for key in ("loss", "kd_loss", "ce_loss"):
             assert got[key] == pytest.approx(want[key], abs=1e-5), (key, got, want)
