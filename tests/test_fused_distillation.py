@@ -22,7 +22,7 @@ from hellbender.config import validate_config
 from hellbender.data.teacher_targets import TARGET_IDS, TARGET_LOGPROBS, TARGET_MASK
 from hellbender.errors import ConfigError
 from hellbender.models import output_head
-from hellbender.models.output_head import OutputHead
+from hellbender.models.output_head import chunked_head
 from hellbender.train.distillation_loss import DistillationLoss, distillation_loss
 from hellbender.train.fused_distillation_loss import fused_distillation_loss
 from hellbender.train.teacher import Teacher, per_token, topk_targets
@@ -61,11 +61,11 @@ def batch() -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
 
 
 def chunked(student: torch.nn.Module, ids: torch.Tensor, labels, targets, settings, items) -> tuple:
-    head = OutputHead(student, "the student", KEY)
+    head = chunked_head(student, "the student", KEY, required=True)
     with head.capturing():
         last = student(input_ids=ids).logits
     assert last.shape == (2, 1, VOCAB)  # the model projected its last position only
-    return fused_distillation_loss(head, head.hidden_states(last), labels, *targets, settings, items)
+    return fused_distillation_loss(head, head.hidden_states(), labels, *targets, settings, items)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
@@ -119,11 +119,16 @@ def test_the_chunked_teacher_gives_the_same_top_k_targets(monkeypatch):
     assert torch.equal(split[TARGET_MASK], whole[TARGET_MASK])
 
 
-def test_a_family_that_scales_its_logits_is_refused_by_name():
+def test_a_family_that_scales_its_logits_is_refused_by_name_or_keeps_its_whole_logits(caplog):
+    """Granite divides its logits by `logits_scaling` after the output layer: `kd_fused_loss: true` is refused by
+    name before training; unset, the run keeps the whole logits and says so."""
     student = tiny("granite")
-    ids, labels, targets = batch()
     with pytest.raises(ConfigError, match=r"`kd_fused_loss`: the student \(granite\) turns its last hidden states"):
-        chunked(student, ids, labels, targets, DistillationLoss(), None)
+        chunked_head(student, "the student", KEY, required=True)
+    with caplog.at_level("INFO", logger="hellbender"):
+        assert chunked_head(student, "the student", KEY, required=False) is None
+    assert "kd_fused_loss: whole logits, not chunks (the student (granite) turns" in caplog.text
+    assert not student.get_output_embeddings()._forward_pre_hooks  # nothing of the chunked path is left on it
 
 
 @pytest.mark.parametrize(

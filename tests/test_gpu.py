@@ -508,7 +508,7 @@ def test_the_chunked_distillation_loss_matches_whole_logits_in_bf16_without_thei
     backward is lower by at least the float32 logits' 2 GiB."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hellbender.models.output_head import OutputHead
+    from hellbender.models.output_head import chunked_head
     from hellbender.train.distillation_loss import DistillationLoss, distillation_loss
     from hellbender.train.fused_distillation_loss import fused_distillation_loss
 
@@ -523,7 +523,7 @@ def test_the_chunked_distillation_loss_matches_whole_logits_in_bf16_without_thei
         target_ids = torch.randint(0, vocab, (1, positions, 64))
         targets = [target_ids, torch.log_softmax(torch.randn(1, positions, 64), -1), torch.ones_like(target_ids).bool()]
     settings = DistillationLoss(alpha=0.9, ce_alpha=0.1)
-    head = OutputHead(model, "the student", "kd_fused_loss")
+    head = chunked_head(model, "the student", "kd_fused_loss", required=True)
     results = {}
     for fused in (False, True):
         model.zero_grad(set_to_none=True)
@@ -533,7 +533,8 @@ def test_the_chunked_distillation_loss_matches_whole_logits_in_bf16_without_thei
         if fused:
             with head.capturing():
                 last = model(input_ids=ids).logits
-            parts = fused_distillation_loss(head, head.hidden_states(last), labels, *targets, settings, 4000)
+            assert last.shape[1] == 1  # the model projected its last position only
+            parts = fused_distillation_loss(head, head.hidden_states(), labels, *targets, settings, 4000)
         else:
             parts = distillation_loss(model(input_ids=ids).logits, labels, *targets, settings, 4000)
         parts.loss.backward()

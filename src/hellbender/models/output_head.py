@@ -2,15 +2,16 @@
 loss can run it a chunk of positions at a time and the [tokens x vocabulary] logits never exist at once.
 
 A forward pre-hook on the model's output embeddings keeps the hidden states they are given and lets the model
-project only the last position. The model's own logits of that position then check, once, that `logits` here
-reproduces how the model turns hidden states into logits (its final soft-capping included); a family that scales
-or transforms its logits in another way is refused by name instead of trained on a different loss. Generic over
-families: it relies only on the model calling its output embeddings module on the final hidden states, which the
-check confirms too.
+project only the last position. Before training, a forward of two tokens compares the model's own logits of its last
+position with `logits` here (its final soft-capping included): a family that scales or transforms its logits in
+another way, or computes them without calling its output layer, cannot take this path (`chunked_head` says why).
+Generic over families: it relies only on the model calling its output embeddings module on the final hidden states,
+which the probe confirms.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from hellbender.errors import ConfigError
+
+logger = logging.getLogger("hellbender")
 
 # Positions per chunk: about 2^27 logits (512 MiB in float32) whatever the vocabulary.
 CHUNK_LOGITS = 2**27
@@ -42,8 +45,7 @@ class OutputHead:
         self.softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
         self._active = False
         self._hidden: torch.Tensor | None = None
-        self._checked = False
-        module.register_forward_pre_hook(self._keep_hidden)
+        self._hook = module.register_forward_pre_hook(self._keep_hidden)
 
     def _keep_hidden(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         if not self._active:
@@ -61,23 +63,23 @@ class OutputHead:
         finally:
             self._active = False
 
-    def hidden_states(self, last_logits: torch.Tensor) -> torch.Tensor:
-        """The final hidden states [B, T, H] the last forward within `capturing` kept; `last_logits` is what that
-        forward returned as logits ([B, 1, V]), checked against `logits` the first time."""
+    def hidden_states(self) -> torch.Tensor:
+        """The final hidden states [B, T, H] the last forward within `capturing` kept."""
         hidden, self._hidden = self._hidden, None
         if hidden is None:
             raise ConfigError(
                 f"`{self.key}`: {self.role} ({self.model_type}) computes its logits without calling its output layer "
                 f"module, so they cannot be computed in chunks. Set `{self.key}: false`."
             )
-        if not self._checked:
-            self._check(hidden[..., -1:, :], last_logits)
         return hidden
 
     @torch.no_grad()
-    def _check(self, hidden: torch.Tensor, theirs: torch.Tensor) -> None:
-        ours = self.logits(hidden).float()
-        theirs = theirs.float()
+    def probe(self, model: Any) -> None:
+        """A ConfigError unless `logits` reproduces `model`'s own logits of a two-token input's last position."""
+        device = self.module.weight.device
+        with self.capturing():
+            theirs = model(input_ids=torch.tensor([[0, 1]], device=device)).logits.float()
+        ours = self.logits(self.hidden_states()[..., -1:, :]).float()
         # Wide enough for 16-bit rounding of one matrix product; a scale or another transform is far outside it.
         tolerance = 2e-2 * theirs.abs().max().clamp_min(1.0)
         if ours.shape != theirs.shape or not bool(((ours - theirs).abs() <= tolerance).all()):
@@ -86,7 +88,9 @@ class OutputHead:
                 "chunked computation does not reproduce (a logit scale or another transform after its output layer), "
                 f"so the loss would differ from the model's own. Set `{self.key}: false`."
             )
-        self._checked = True
+
+    def remove(self) -> None:
+        self._hook.remove()
 
     def chunks(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """`hidden` [N, H] cut into chunks of positions whose logits hold about `CHUNK_LOGITS` values each."""
@@ -103,3 +107,20 @@ class OutputHead:
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+
+def chunked_head(model: Any, role: str, key: str, required: bool) -> OutputHead | None:
+    """`model`'s `OutputHead` once a probe shows its chunks compute the model's logits. Where they cannot: the
+    ConfigError that says why when `required` (the key set to true), else None, and a log line: the whole logits."""
+    head = None
+    try:
+        head = OutputHead(model, role, key)
+        head.probe(model)
+    except ConfigError as exc:
+        if head is not None:
+            head.remove()
+        if required:
+            raise
+        logger.info("%s: whole logits, not chunks (%s)", key, str(exc).split(": ", 1)[-1])
+        return None
+    return head

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from hellbender.data.teacher_targets import TARGET_IDS, TARGET_LOGPROBS, TARGET_MASK
-from hellbender.models.output_head import OutputHead
+from hellbender.models.output_head import chunked_head
 from hellbender.train.distillation_loss import DistillationLoss, distillation_loss
 from hellbender.train.fused_distillation_loss import fused_distillation_loss
 from hellbender.train.teacher import Teacher
@@ -39,17 +39,19 @@ class DistillationTrainer(HellbenderTrainer):
         distillation: DistillationLoss,
         teacher: Teacher | None = None,
         fused: bool = False,
+        fused_required: bool = False,
         **kwargs: Any,
     ):
         """`distillation`: the loss settings; `teacher`: the online teacher, or None when batches carry targets;
-        `fused`: the chunked loss from the last hidden states. The other keywords are `HellbenderTrainer`'s."""
+        `fused`: the chunked loss from the last hidden states where the model allows it (`fused_required`: or a
+        ConfigError). The other keywords are `HellbenderTrainer`'s."""
         self.distillation = distillation
         self.teacher = teacher
         self._targets: dict[str, torch.Tensor] | None = None
         self._parts: torch.Tensor | None = None  # (kd, ce) summed over the micro-batches since the last log
         self._parts_since_step: int | None = None
         super().__init__(*args, compute_loss_func=self._loss, **kwargs)
-        self.head = OutputHead(self.model, "the student", "kd_fused_loss") if fused else None
+        self.head = chunked_head(self.model, "the student", "kd_fused_loss", fused_required) if fused else None
 
     def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         stored = {key: inputs.pop(key) for key in TARGET_KEYS if key in inputs}
@@ -70,7 +72,7 @@ class DistillationTrainer(HellbenderTrainer):
         if self.head is None:
             parts = distillation_loss(logits, labels, *targets, self.distillation, num_items_in_batch)
         else:  # `logits` are the last position's only; the loss projects the hidden states itself
-            hidden = self.head.hidden_states(logits)
+            hidden = self.head.hidden_states()
             parts = fused_distillation_loss(self.head, hidden, labels, *targets, self.distillation, num_items_in_batch)
         if self.model.training:
             both = torch.stack([parts.kd, parts.ce]).float()

@@ -280,6 +280,7 @@ def _method_trainer(
             distillation=DistillationLoss.from_config(cfg),
             teacher=load_teacher(cfg, tokenizer, chunked=fused) if cfg.kd_teacher_model else None,
             fused=fused,
+            fused_required=cfg.kd_fused_loss is True,
             model=model,
             args=args,
             train_dataset=train_data,

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hellbender.data.collator import forward_kwargs
 from hellbender.data.teacher_targets import TARGET_IDS, TARGET_LOGPROBS, TARGET_MASK
 from hellbender.errors import ConfigError
-from hellbender.models.output_head import OutputHead
+from hellbender.models.output_head import chunked_head
 from hellbender.models.packed_attention import packed_attention_mask
 
 KEY = "kd_teacher_model"
@@ -52,14 +52,17 @@ def check_teacher_tokenizer(name: str, tokenizer: Any, key: str = KEY) -> str:
 class Teacher:
     """A teacher model in inference mode and how many of its tokens per position are targets."""
 
-    def __init__(self, model: Any, top_k: int, temperature: float, vocab: int, chunked: bool = False) -> None:
+    def __init__(
+        self, model: Any, top_k: int, temperature: float, vocab: int, chunked: bool = False, required: bool = False
+    ) -> None:
         """`chunked`: take the top-k from the teacher's last hidden states a chunk of positions at a time
-        (`kd_fused_loss`), so its [tokens x vocabulary] logits never exist at once."""
+        (`kd_fused_loss`) where the teacher allows it (`required`: or a ConfigError), so its [tokens x vocabulary]
+        logits never exist at once."""
         self.model = model
         self.top_k = top_k
         self.temperature = temperature
         self.vocab = vocab  # targets are ids of the shared tokenizer, below its size
-        self.head = OutputHead(model, "the teacher", "kd_fused_loss") if chunked else None
+        self.head = chunked_head(model, "the teacher", "kd_fused_loss", required) if chunked else None
 
     def _forward(self, batch: dict[str, Any]) -> Any:
         device = batch["input_ids"].device
@@ -82,7 +85,8 @@ class Teacher:
         if self.head is None:
             return per_token(topk_targets(self.logits(batch), self.top_k, self.temperature))
         with self.head.capturing():
-            hidden = self.head.hidden_states(self._forward(batch).logits)
+            self._forward(batch)
+            hidden = self.head.hidden_states()
         chunks = [
             topk_targets(self.head.logits(part)[..., : self.vocab].float(), self.top_k, self.temperature)
             for part in self.head.chunks(hidden.flatten(0, 1))
@@ -109,7 +113,7 @@ def per_token(predictions: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def load_teacher(cfg: Any, tokenizer: Any, chunked: bool = False) -> Teacher:
     """The config's `kd_teacher_model`, in inference mode with no gradients, in the config's dtype and attention;
-    `chunked` as `Teacher` takes it."""
+    `chunked` as `Teacher` takes it (required when the config sets `kd_fused_loss: true`)."""
     from transformers import AutoModelForCausalLM
 
     from hellbender.config.precision import torch_dtype
@@ -132,4 +136,5 @@ def load_teacher(cfg: Any, tokenizer: Any, chunked: bool = False) -> Teacher:
         )
     model.eval()
     model.requires_grad_(False)
-    return Teacher(model, cfg.kd_online_topk, cfg.kd_temperature, len(tokenizer), chunked)
+    required = cfg.kd_fused_loss is True
+    return Teacher(model, cfg.kd_online_topk, cfg.kd_temperature, len(tokenizer), chunked, required)
