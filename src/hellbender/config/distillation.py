@@ -93,5 +93,6 @@ class DistillationSettings(BaseModel):
         "from its last hidden states (and an online teacher's top-k the same way), so the [tokens x vocabulary] "
         "logits never exist at once; only positions whose next token is trained are projected. The same loss to "
         "float rounding. Default: on when training on a GPU (unless FSDP2, ZeRO-3 or an adapter on `lm_head` "
-        "rules it out), off on CPU. See docs/distillation.md.",
+        "rules it out, or a model's logits are more than its output layer's, which a two-token forward checks "
+        "before training), off on CPU. See docs/distillation.md.",
     )
