@@ -1428,6 +1428,27 @@ def build_ernie4_5_vl_moe(target: Path) -> None:
     _save_generic("ernie4_5_vl_moe", target, tokenizer, processor, extra)
 
 
+def build_aria(target: Path) -> None:
+    """Aria: an Idefics3-style tower whose patches a cross-attention projector reads into a fixed number of query
+    tokens per crop. The image processor only takes 490 or 980 px crops, so the tower's patches are 70 px (7 x 7 or
+    14 x 14 patches), each mapped to 4 queries: 4 `<|img|>` tokens per image."""
+    from transformers import AriaImageProcessorPil, AriaProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<|img|>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<|img|>")
+    image_processor = AriaImageProcessorPil(max_image_size=490, min_image_size=70)
+    sizes = {490: 4, 980: 4}  # crop side -> tokens per crop, whichever side the processor's defaults pick
+    processor = AriaProcessor(image_processor, tokenizer, chat_template=template, size_conversion=sizes)
+    extra = {
+        "vision_config": {"image_size": 980, "patch_size": 70},
+        "projector_patch_to_query_dict": {49: 4, 196: 4},
+        "image_token_index": tokenizer.convert_tokens_to_ids("<|img|>"),
+    }
+    _save_generic("aria", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1479,6 +1500,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "kimi_k25": build_kimi_k25,
     "cohere_compass": build_cohere_compass,
     "ernie4_5_vl_moe": build_ernie4_5_vl_moe,
+    "aria": build_aria,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
