@@ -1449,6 +1449,35 @@ def build_aria(target: Path) -> None:
     _save_generic("aria", target, tokenizer, processor, extra)
 
 
+def build_janus(target: Path) -> None:
+    """Janus: a SigLIP tower (32 x 32 images, 8 px patches: 16 image tokens between `<begin_of_image>` and
+    `<end_of_image>`) for understanding, and a VQ-VAE (shrunk to two levels) for image generation."""
+    from transformers import JanusImageProcessorPil, JanusProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = JanusImageProcessorPil(size={"height": 32, "width": 32})
+    processor = JanusProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=16)
+    vq = {  # the generation head's VQ-VAE: two levels of 32 channels (its group norms take 32 groups), not five
+        "base_channels": 32,
+        "channel_multiplier": [1, 2],
+        "num_res_blocks": 1,
+        "latent_channels": 32,
+        "num_embeddings": 64,
+        "projection_dim": 64,
+        "image_token_embed_dim": 64,
+    }
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8, "num_image_tokens": 16, "projection_dim": 64},
+        "vq_config": vq,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+    }
+    _save_generic("janus", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1501,6 +1530,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "cohere_compass": build_cohere_compass,
     "ernie4_5_vl_moe": build_ernie4_5_vl_moe,
     "aria": build_aria,
+    "janus": build_janus,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
