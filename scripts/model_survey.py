@@ -1478,6 +1478,37 @@ def build_janus(target: Path) -> None:
     _save_generic("janus", target, tokenizer, processor, extra)
 
 
+def build_chameleon(target: Path) -> None:
+    """Chameleon: a VQ-VAE turns each 32 x 32 image into 4 x 4 = 16 codebook entries, each written as its own token
+    (`IMGIMG<digits as letters>Z`, 64 of them in the tokenizer) that the text model reads like any other; the
+    processor expands `<image>` into 16 placeholders between `<racm3:break>` and `<eoss>`."""
+    from transformers import ChameleonImageProcessorPil, ChameleonProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    codes = 64
+    letters = str.maketrans("0123456789", "ABCDEFGHIJ")
+    image_tokens = [f"IMGIMG{str(code).translate(letters)}Z" for code in range(codes)]
+    template = _chatml_template("<image>")
+    named = {"image_token": "<image>", "boi_token": "<racm3:break>", "eoi_token": "<eoss>"}
+    tokenizer = build_tiny_tokenizer(extra_special_tokens=image_tokens, chat_template=template, **named)
+    size = {"shortest_edge": 32}
+    image_processor = ChameleonImageProcessorPil(size=size, crop_size={"height": 32, "width": 32})
+    processor = ChameleonProcessor(image_processor, tokenizer, image_seq_length=16)
+    processor.chat_template = template
+    vq = {  # four levels (three halvings: 32 px -> 4 x 4) of 32 channels, its group norms taking 32 groups
+        "resolution": 32,
+        "base_channels": 32,
+        "channel_multiplier": [1, 1, 1, 1],
+        "num_res_blocks": 1,
+        "latent_channels": 32,
+        "embed_dim": 32,
+        "num_embeddings": codes,
+    }
+    extra = {"vq_config": vq, "vocabulary_map": tokenizer.get_vocab()}
+    _save_generic("chameleon", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1531,6 +1562,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "ernie4_5_vl_moe": build_ernie4_5_vl_moe,
     "aria": build_aria,
     "janus": build_janus,
+    "chameleon": build_chameleon,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
