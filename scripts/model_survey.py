@@ -1509,6 +1509,39 @@ def build_chameleon(target: Path) -> None:
     _save_generic("chameleon", target, tokenizer, processor, extra)
 
 
+def build_emu3(target: Path) -> None:
+    """Emu3: a VQ-VAE turns each 32 x 32 image into 4 x 4 codes (three halvings), written as `<|visual token N|>`
+    tokens (64 in the tokenizer) with an end-of-line token after each row: 20 image tokens between the processor's
+    image markers."""
+    from transformers import Emu3ImageProcessor, Emu3Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    codes = 64
+    visual = [f"<|visual token {code:06d}|>" for code in range(codes)]
+    named = {
+        "image_token": "<image>",
+        "boi_token": "<|image start|>",
+        "eoi_token": "<|image end|>",
+        "image_wrapper_token": "<|image token|>",
+        "eof_token": "<|extra_201|>",
+    }
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(extra_special_tokens=[*visual, "<|extra_200|>"], chat_template=template, **named)
+    image_processor = Emu3ImageProcessor(min_pixels=32 * 32, max_pixels=32 * 32, spatial_factor=8)
+    processor = Emu3Processor(image_processor, tokenizer, chat_template=template)
+    vq = {  # four levels of 32 channels (its group norms take 32 groups); the middle attention runs at that width
+        "codebook_size": codes,
+        "hidden_size": 32,
+        "base_channels": 32,
+        "channel_multiplier": [1, 1, 1, 1],
+        "num_res_blocks": 1,
+        "attn_resolutions": [],
+    }
+    extra = {"vq_config": vq, "vocabulary_map": tokenizer.get_vocab()}
+    _save_generic("emu3", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1563,6 +1596,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "aria": build_aria,
     "janus": build_janus,
     "chameleon": build_chameleon,
+    "emu3": build_emu3,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
