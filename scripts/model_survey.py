@@ -1542,6 +1542,29 @@ def build_emu3(target: Path) -> None:
     _save_generic("emu3", target, tokenizer, processor, extra)
 
 
+def build_ovis2(target: Path) -> None:
+    """Ovis2: an AIMv2-style tower (32 x 32 images, 8 px patches) whose 16 patches each become a probability over a
+    visual vocabulary, embedded as 16 `<IMG_ATOM>` tokens between the processor's grid markers."""
+    from transformers import Ovis2ImageProcessorPil, Ovis2Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    indicators = ("<IMG_START>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>")
+    template = _chatml_template("<image>")
+    tokenizer = build_tiny_tokenizer(
+        extra_special_tokens=["<IMG_ATOM>", *indicators], chat_template=template, image_token="<image>"
+    )
+    image_processor = Ovis2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=False)
+    processor = Ovis2Processor(image_processor, tokenizer, chat_template=template, image_seq_length=16)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8, "vocab_size": 64},
+        "image_token_id": tokenizer.convert_tokens_to_ids("<IMG_ATOM>"),
+        "visual_indicator_token_ids": tokenizer.convert_tokens_to_ids(list(indicators)),
+        "vocab_size": len(tokenizer),
+    }
+    _save_generic("ovis2", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1597,6 +1620,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "janus": build_janus,
     "chameleon": build_chameleon,
     "emu3": build_emu3,
+    "ovis2": build_ovis2,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
