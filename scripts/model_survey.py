@@ -1565,6 +1565,36 @@ def build_ovis2(target: Path) -> None:
     _save_generic("ovis2", target, tokenizer, processor, extra)
 
 
+def build_deepseek_vl_hybrid(target: Path) -> None:
+    """DeepSeek-VL hybrid: DeepSeek-VL's SigLIP tower (32 x 32 images, 8 px patches: 16 `<image_placeholder>`
+    tokens) beside a SAM tower reading the same image at 64 x 64 (16 px patches), its features resized onto the
+    SigLIP grid."""
+    from transformers import DeepseekVLHybridImageProcessorPil, DeepseekVLHybridProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<image_placeholder>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<image_placeholder>")
+    image_processor = DeepseekVLHybridImageProcessorPil(
+        size={"height": 32, "width": 32}, high_res_size={"height": 64, "width": 64}
+    )
+    processor = DeepseekVLHybridProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=16)
+    sam = {  # two layers, the second with global attention, and narrow output channels
+        "image_size": 64,
+        "patch_size": 16,
+        "output_channels": 32,
+        "mlp_dim": 64,
+        "window_size": 2,
+        "global_attn_indexes": [1],
+    }
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "high_res_vision_config": sam,
+        "image_token_id": tokenizer.convert_tokens_to_ids("<image_placeholder>"),
+    }
+    _save_generic("deepseek_vl_hybrid", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1621,6 +1651,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "chameleon": build_chameleon,
     "emu3": build_emu3,
     "ovis2": build_ovis2,
+    "deepseek_vl_hybrid": build_deepseek_vl_hybrid,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
