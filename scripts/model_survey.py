@@ -1595,6 +1595,39 @@ def build_deepseek_vl_hybrid(target: Path) -> None:
     _save_generic("deepseek_vl_hybrid", target, tokenizer, processor, extra)
 
 
+def build_gemma3n(target: Path) -> None:
+    """Gemma 3n: a timm tower (timm's `test_convnext` in place of MobileNetV5: a 64 x 64 image gives 2 x 2 features of
+    64 channels, so 4 soft tokens per image) and an audio tower beside the text model. Its token layout puts the image
+    and audio tokens in two ranges after the text-only ids (each embedded by its own table), so the tokenizer's
+    special tokens come in that order: text-only markers, then the image range, then the audio range."""
+    from transformers import Gemma3nAudioFeatureExtractor, Gemma3nProcessor, SiglipImageProcessorPil
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"boi_token": "<start_of_image>", "boa_token": "<start_of_audio>"}
+    image_range = {"eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    audio_range = {"eoa_token": "<end_of_audio>", "audio_token": "<audio_soft_token>"}
+    ordered = [*named.values(), *image_range.values(), "<image_unused>", *audio_range.values(), "<audio_unused>"]
+    template = _chatml_template(image_range["image_token"])  # what the processor expands, markers included
+    tokenizer = build_tiny_tokenizer(ordered, chat_template=template, **named, **image_range, **audio_range)
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in {**image_range, **audio_range}.items()}
+    image_processor = SiglipImageProcessorPil(size={"height": 64, "width": 64})
+    processor = Gemma3nProcessor(
+        Gemma3nAudioFeatureExtractor(), image_processor, tokenizer, chat_template=template, image_seq_length=4
+    )
+    extra = {
+        "vision_config": {"architecture": "test_convnext", "hidden_size": 64, "vocab_size": 3},
+        "audio_config": {"vocab_size": 3, "vocab_offset": ids["eoa_token"]},
+        "text_config": {"vocab_size_per_layer_input": ids["eoi_token"]},
+        "vision_soft_tokens_per_image": 4,
+        "boi_token_id": tokenizer.convert_tokens_to_ids(named["boi_token"]),
+        "boa_token_id": tokenizer.convert_tokens_to_ids(named["boa_token"]),
+        **{f"{name[:-6]}_token_id": token_id for name, token_id in ids.items()},
+    }
+    extra["vision_config"]["vocab_offset"] = ids["eoi_token"]
+    _save_generic("gemma3n", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1611,6 +1644,8 @@ TORCHVISION_BUILDERS = frozenset(
         "video_llava",
     }
 )
+# Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
+TIMM_BUILDERS = frozenset({"gemma3n"})
 # model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
 # families built here from their pieces
 VLM_BUILDERS: dict[str, Any] = {
@@ -1652,6 +1687,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "emu3": build_emu3,
     "ovis2": build_ovis2,
     "deepseek_vl_hybrid": build_deepseek_vl_hybrid,
+    "gemma3n": build_gemma3n,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
@@ -1712,9 +1748,14 @@ def vlm_not_surveyed_reason(model_type: str, torchvision: bool | None = None) ->
         torchvision = torchvision_version() is not None
     if model_type in refused_vision_families():
         return None
-    if model_type in VLM_BUILDERS and (torchvision or model_type not in TORCHVISION_BUILDERS):
+    if model_type in VLM_BUILDERS and (torchvision or model_type not in TORCHVISION_BUILDERS | TIMM_BUILDERS):
         return None
     processor = PROCESSOR_MAPPING_NAMES.get(model_type)
+    if model_type in TIMM_BUILDERS:
+        return (
+            "the survey's tiny model takes its vision tower from timm, which needs torchvision, and this machine "
+            "lacks torchvision (it does not import next to torch here)"
+        )
     if model_type in TORCHVISION_BUILDERS:  # said outright: with torchvision installed its classes name no backend
         return (
             f"the survey builds `{processor}` with torchvision classes, and this machine lacks torchvision (it does "
@@ -1992,7 +2033,8 @@ def _torchvision_paragraph(results: dict[str, Any], vlm_types: list[str]) -> lis
         "The other rows come from the project's own environment, which has no torchvision (nor has CI). Many "
         "families' processors are torchvision classes or always load a video processor, so the rows named here were "
         f"surveyed in a second environment, with {'; '.join(parts)}, CUDA builds run on the CPU (and `num2words`, "
-        "which SmolVLM's processor imports). Without torchvision these rows keep their recorded status: the survey "
+        "which SmolVLM's processor imports, and timm, whose small `test_convnext` stands in for Gemma 3n's "
+        "MobileNetV5 vision tower). Without torchvision these rows keep their recorded status: the survey "
         "does not redo them, and the test reads their reason as it was with torchvision. Training these families "
         "with hellbender needs torchvision too, since their processors do.",
         "",
