@@ -1628,6 +1628,23 @@ def build_gemma3n(target: Path) -> None:
     _save_generic("gemma3n", target, tokenizer, processor, extra)
 
 
+def build_fuyu(target: Path) -> None:
+    """Fuyu: no vision tower, each 8 x 8 patch of a 32 x 32 image is projected straight into the text model: a 4 x 4
+    grid of `|SPEAKER|` tokens, each row ended by `|NEWLINE|`. The processor itself puts the image before the text
+    and appends the `<0x04>` answer marker; the template writes the image where the row has it."""
+    from transformers import FuyuImageProcessorPil, FuyuProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("|SPEAKER|")
+    tokenizer = build_tiny_tokenizer(["|SPEAKER|", "|NEWLINE|", "<s>", "<0x04>"], chat_template=template)
+    image_processor = FuyuImageProcessorPil(size={"height": 32, "width": 32}, patch_size={"height": 8, "width": 8})
+    processor = FuyuProcessor(image_processor, tokenizer)
+    processor.chat_template = template
+    extra = {"image_size": 32, "patch_size": 8, "image_token_id": tokenizer.convert_tokens_to_ids("|SPEAKER|")}
+    _save_generic("fuyu", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1688,6 +1705,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "ovis2": build_ovis2,
     "deepseek_vl_hybrid": build_deepseek_vl_hybrid,
     "gemma3n": build_gemma3n,
+    "fuyu": build_fuyu,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),

@@ -36,6 +36,8 @@ UNSUPPORTED_VISION_FAMILIES = {
     "git": "GIT puts the image features in front of the text instead of image tokens in it, so its outputs do not "
     "line up with the row's tokens",
     "evolla": "Evolla reads protein sequences, not images",
+    "fuyu": "Fuyu's processor puts the image in front of each text and appends its own answer marker instead of "
+    "expanding an image placeholder the chat template writes, so a chat row's image cannot stay where the row has it",
     **{
         family: f"{name}'s processor puts the Q-Former's query tokens in front of each text instead of expanding an "
         "image placeholder the chat template writes, so a chat row's images cannot be placed"
