@@ -1645,6 +1645,35 @@ def build_fuyu(target: Path) -> None:
     _save_generic("fuyu", target, tokenizer, processor, extra)
 
 
+def build_got_ocr2(target: Path) -> None:
+    """GOT-OCR2: a SAM tower whose 64 x 64 patch grid two strided convolutions fold to 16 x 16 = 256 image tokens.
+    transformers does not save the processor's `num_image_tokens`, so a saved `GotOcr2Processor` always expands
+    `<imgpad>` 256 times: the tower is sized to give that (64 x 64 images, 1 px patches), and the rows get a longer
+    `sequence_len` (`VLM_SEQUENCE_LEN`)."""
+    from transformers import GotOcr2ImageProcessorPil, GotOcr2Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<img><imgpad></img>")
+    tokenizer = build_tiny_tokenizer(["<img>", "</img>"], chat_template=template, image_token="<imgpad>")
+    image_processor = GotOcr2ImageProcessorPil(size={"height": 64, "width": 64}, crop_to_patches=False)
+    processor = GotOcr2Processor(image_processor, tokenizer, chat_template=template)
+    sam = {  # two layers, the second with global attention, 8 x 8 windows
+        "image_size": 64,
+        "patch_size": 1,
+        "output_channels": 32,
+        "mlp_dim": 64,
+        "window_size": 8,
+        "global_attn_indexes": [1],
+    }
+    extra = {
+        "vision_config": sam,
+        "image_seq_length": 256,
+        "image_token_index": tokenizer.convert_tokens_to_ids("<imgpad>"),
+    }
+    _save_generic("got_ocr2", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1706,6 +1735,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "deepseek_vl_hybrid": build_deepseek_vl_hybrid,
     "gemma3n": build_gemma3n,
     "fuyu": build_fuyu,
+    "got_ocr2": build_got_ocr2,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
@@ -1830,8 +1860,13 @@ def vlm_build(model_type: str, target: Path) -> dict[str, Any]:
     return {"class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters())}
 
 
+# Families whose tiny processor gives more image tokens than the default rows hold (GOT-OCR2: 256 per image).
+VLM_SEQUENCE_LEN = {"got_ocr2": 512}
+
+
 def vlm_run_config(model_dir: Path, mode: str, output_dir: Path) -> str:
     """Image+text chat rows (the bundled coloured squares) through hellbender's multimodal path."""
+    model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
     lines = [
         f"base_model: {model_dir}",
         "processor_type: AutoProcessor",
@@ -1839,7 +1874,7 @@ def vlm_run_config(model_dir: Path, mode: str, output_dir: Path) -> str:
         f"  - path: {SHAPES_DATA}",
         "    type: chat_template",
         f"dataset_prepared_path: {model_dir.parent / 'prepared'}",
-        "sequence_len: 256",
+        f"sequence_len: {VLM_SEQUENCE_LEN.get(model_type, 256)}",
         "micro_batch_size: 2",
         f"max_steps: {1 if mode == 'full' else 2}",
         "learning_rate: 1.0e-4",
