@@ -1674,6 +1674,30 @@ def build_got_ocr2(target: Path) -> None:
     _save_generic("got_ocr2", target, tokenizer, processor, extra)
 
 
+def build_perception_lm(target: Path) -> None:
+    """PerceptionLM: a timm ViT (timm's `test_vit` at 32 px: 2 x 2 patches of 16 px and a class token, dropped) in
+    place of its Perception Encoder, one 32 px tile per image (`vanilla`), no pooling: 4 `<|image|>` tokens."""
+    from transformers import PerceptionLMImageProcessor, PerceptionLMProcessor, PerceptionLMVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"image_token": "<|image|>", "video_token": "<|video|>"}
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = PerceptionLMImageProcessor(tile_size=32, max_num_tiles=1, vision_input_type="vanilla")
+    processor = PerceptionLMProcessor(
+        PerceptionLMVideoProcessor(), image_processor, tokenizer, patch_size=16, chat_template=template, pooling_ratio=1
+    )
+    vision = {"architecture": "test_vit", "model_args": {"embed_dim": 64, "img_size": 32}, "do_pooling": False}
+    extra = {
+        "vision_config": vision,
+        "projector_pooling_ratio": 1,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+        "video_token_id": tokenizer.convert_tokens_to_ids(named["video_token"]),
+    }
+    _save_generic("perception_lm", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1688,6 +1712,7 @@ TORCHVISION_BUILDERS = frozenset(
         "glm4v_moe",
         "glm46v",
         "video_llava",
+        "perception_lm",  # its vision tower comes from timm too
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -1736,6 +1761,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "gemma3n": build_gemma3n,
     "fuyu": build_fuyu,
     "got_ocr2": build_got_ocr2,
+    "perception_lm": build_perception_lm,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
@@ -2086,8 +2112,8 @@ def _torchvision_paragraph(results: dict[str, Any], vlm_types: list[str]) -> lis
         "The other rows come from the project's own environment, which has no torchvision (nor has CI). Many "
         "families' processors are torchvision classes or always load a video processor, so the rows named here were "
         f"surveyed in a second environment, with {'; '.join(parts)}, CUDA builds run on the CPU (and `num2words`, "
-        "which SmolVLM's processor imports, and timm, whose small `test_convnext` stands in for Gemma 3n's "
-        "MobileNetV5 vision tower). Without torchvision these rows keep their recorded status: the survey "
+        "which SmolVLM's processor imports, and timm, whose small `test_convnext` and `test_vit` stand in for "
+        "Gemma 3n's MobileNetV5 and PerceptionLM's Perception Encoder). Without torchvision these rows keep their recorded status: the survey "
         "does not redo them, and the test reads their reason as it was with torchvision. Training these families "
         "with hellbender needs torchvision too, since their processors do.",
         "",
