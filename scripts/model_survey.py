@@ -24,7 +24,8 @@ language model (2 steps) and full fine-tuning (1 step). A family without such a 
 
     python scripts/model_survey.py --vlm --types llava,mllama    # survey these (all unrecorded VLM types without it)
 
-Families whose processors need torchvision are surveyed with an interpreter that imports it (`TORCHVISION_BUILDERS`);
+Families whose processors need torchvision are surveyed with an interpreter that imports it (`TORCHVISION_BUILDERS`;
+`TIMM_BUILDERS`: tiny models whose vision tower is a small timm model, which needs timm and so torchvision too);
 their entries record the torch and torchvision versions, and a run without torchvision keeps them as recorded.
 
 Runs offline on CPU; one core is enough (`OMP_NUM_THREADS=1 taskset -c 1 python ...`).
