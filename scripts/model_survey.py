@@ -1699,6 +1699,34 @@ def build_perception_lm(target: Path) -> None:
     _save_generic("perception_lm", target, tokenizer, processor, extra)
 
 
+def build_lfm3_vl(target: Path) -> None:
+    """LFM3-VL: a hybrid (convolution and attention layers) tower on Qwen2-VL-style patches, 8 px and merged 2 x 2: a
+    32 x 32 image gives 4 `<|image_pad|>` tokens between `<|vision_start|>` and `<|vision_end|>`; its processor
+    carries a Qwen2-VL video processor (torchvision)."""
+    from transformers import Lfm3VlProcessor, Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {
+        "image_token": "<|image_pad|>",
+        "video_token": "<|video_pad|>",
+        "vision_start_token": "<|vision_start|>",
+        "vision_end_token": "<|vision_end|>",
+    }
+    template = _chatml_template("<|vision_start|><|image_pad|><|vision_end|>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    pixels = {"min_pixels": 32 * 32, "max_pixels": 32 * 32, "patch_size": 8, "merge_size": 2}
+    image_processor = Qwen2VLImageProcessorPil(**pixels)
+    processor = Lfm3VlProcessor(image_processor, tokenizer, Qwen2VLVideoProcessor(**pixels), chat_template=template)
+    extra = {
+        "vision_config": {"patch_size": 8, "spatial_merge_size": 2, "layer_types": ["conv", "full_attention"]},
+        "text_config": {"bos_token_id": None},  # its default lies outside the tiny vocabulary
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+        "video_token_id": tokenizer.convert_tokens_to_ids(named["video_token"]),
+    }
+    _save_generic("lfm3_vl", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1714,6 +1742,7 @@ TORCHVISION_BUILDERS = frozenset(
         "glm46v",
         "video_llava",
         "perception_lm",  # its vision tower comes from timm too
+        "lfm3_vl",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -1763,6 +1792,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "fuyu": build_fuyu,
     "got_ocr2": build_got_ocr2,
     "perception_lm": build_perception_lm,
+    "lfm3_vl": build_lfm3_vl,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
