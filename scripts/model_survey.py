@@ -1727,6 +1727,28 @@ def build_lfm3_vl(target: Path) -> None:
     _save_generic("lfm3_vl", target, tokenizer, processor, extra)
 
 
+def build_qianfan_ocr(target: Path) -> None:
+    """Qianfan-OCR: InternVL's layout (an InternViT-style tower, 32 x 32 images, 8 px patches pixel-shuffled 2 x 2),
+    its processor turning the template's `<image>` into 4 `<IMG_CONTEXT>` tokens between `<img>` and `</img>`; no
+    video processor."""
+    from transformers import GotOcr2ImageProcessorPil, QianfanOCRProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>"}
+    template = _chatml_template("<image>")
+    tokenizer = build_tiny_tokenizer(["<image>"], chat_template=template, **named)
+    image_processor = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=False)
+    processor = QianfanOCRProcessor(image_processor, tokenizer, image_seq_length=4, chat_template=template)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "image_seq_length": 4,
+        "downsample_ratio": 0.5,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["context_image_token"]),
+    }
+    _save_generic("qianfan_ocr", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1793,6 +1815,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "got_ocr2": build_got_ocr2,
     "perception_lm": build_perception_lm,
     "lfm3_vl": build_lfm3_vl,
+    "qianfan_ocr": build_qianfan_ocr,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
