@@ -1749,6 +1749,27 @@ def build_qianfan_ocr(target: Path) -> None:
     _save_generic("qianfan_ocr", target, tokenizer, processor, extra)
 
 
+def build_pp_chart2table(target: Path) -> None:
+    """PP-Chart2Table: GOT-OCR2's model behind a processor that expands nothing, so the template writes all the image
+    tokens itself: a SAM tower (32 x 32 images, 2 px patches, folded to 4 x 4) and 16 `<imgpad>` between `<img>` and
+    `</img>`."""
+    from transformers import PPChart2TableImageProcessorPil, PPChart2TableProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<img>" + "<imgpad>" * 16 + "</img>")
+    tokenizer = build_tiny_tokenizer(["<img>", "</img>", "<imgpad>"], chat_template=template)
+    image_processor = PPChart2TableImageProcessorPil(size={"height": 32, "width": 32})
+    processor = PPChart2TableProcessor(image_processor, tokenizer, chat_template=template)
+    sam = {"image_size": 32, "patch_size": 2, "output_channels": 32, "mlp_dim": 64, "window_size": 4}
+    extra = {
+        "vision_config": {**sam, "global_attn_indexes": [1]},
+        "image_seq_length": 16,
+        "image_token_index": tokenizer.convert_tokens_to_ids("<imgpad>"),
+    }
+    _save_generic("pp_chart2table", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1816,6 +1837,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "perception_lm": build_perception_lm,
     "lfm3_vl": build_lfm3_vl,
     "qianfan_ocr": build_qianfan_ocr,
+    "pp_chart2table": build_pp_chart2table,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),

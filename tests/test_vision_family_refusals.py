@@ -22,6 +22,7 @@ from tests.helpers import base_config
         ({"model_type": "git"}, "GIT puts the image features in front of the text"),
         ({"model_type": "fuyu"}, "Fuyu's processor puts the image in front of each text"),
         ({"model_type": "got_ocr2"}, "GOT-OCR2's processor refuses images grouped per text"),
+        ({"model_type": "pp_chart2table"}, "PP-Chart2Table's processor expands no image placeholder"),
         ({"model_type": "blip-2"}, "BLIP-2's processor puts the Q-Former's query tokens in front"),
         ({"model_type": "florence2", "is_encoder_decoder": True}, "florence2: it is an encoder-decoder model"),
     ],
