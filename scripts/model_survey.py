@@ -24,7 +24,8 @@ language model (2 steps) and full fine-tuning (1 step). A family without such a 
 
     python scripts/model_survey.py --vlm --types llava,mllama    # survey these (all unrecorded VLM types without it)
 
-Families whose processors need torchvision are surveyed with an interpreter that imports it (`TORCHVISION_BUILDERS`);
+Families whose processors need torchvision are surveyed with an interpreter that imports it (`TORCHVISION_BUILDERS`;
+`TIMM_BUILDERS`: tiny models whose vision tower is a small timm model, which needs timm and so torchvision too);
 their entries record the torch and torchvision versions, and a run without torchvision keeps them as recorded.
 
 Runs offline on CPU; one core is enough (`OMP_NUM_THREADS=1 taskset -c 1 python ...`).
@@ -1428,6 +1429,347 @@ def build_ernie4_5_vl_moe(target: Path) -> None:
     _save_generic("ernie4_5_vl_moe", target, tokenizer, processor, extra)
 
 
+def build_aria(target: Path) -> None:
+    """Aria: an Idefics3-style tower whose patches a cross-attention projector reads into a fixed number of query
+    tokens per crop. The image processor only takes 490 or 980 px crops, so the tower's patches are 70 px (7 x 7 or
+    14 x 14 patches), each mapped to 4 queries: 4 `<|img|>` tokens per image."""
+    from transformers import AriaImageProcessorPil, AriaProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<|img|>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<|img|>")
+    image_processor = AriaImageProcessorPil(max_image_size=490, min_image_size=70)
+    sizes = {490: 4, 980: 4}  # crop side -> tokens per crop, whichever side the processor's defaults pick
+    processor = AriaProcessor(image_processor, tokenizer, chat_template=template, size_conversion=sizes)
+    extra = {
+        "vision_config": {"image_size": 980, "patch_size": 70},
+        "projector_patch_to_query_dict": {49: 4, 196: 4},
+        "image_token_index": tokenizer.convert_tokens_to_ids("<|img|>"),
+    }
+    _save_generic("aria", target, tokenizer, processor, extra)
+
+
+def build_janus(target: Path) -> None:
+    """Janus: a SigLIP tower (32 x 32 images, 8 px patches: 16 image tokens between `<begin_of_image>` and
+    `<end_of_image>`) for understanding, and a VQ-VAE (shrunk to two levels) for image generation."""
+    from transformers import JanusImageProcessorPil, JanusProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = JanusImageProcessorPil(size={"height": 32, "width": 32})
+    processor = JanusProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=16)
+    vq = {  # the generation head's VQ-VAE: two levels of 32 channels (its group norms take 32 groups), not five
+        "base_channels": 32,
+        "channel_multiplier": [1, 2],
+        "num_res_blocks": 1,
+        "latent_channels": 32,
+        "num_embeddings": 64,
+        "projection_dim": 64,
+        "image_token_embed_dim": 64,
+    }
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8, "num_image_tokens": 16, "projection_dim": 64},
+        "vq_config": vq,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+    }
+    _save_generic("janus", target, tokenizer, processor, extra)
+
+
+def build_chameleon(target: Path) -> None:
+    """Chameleon: a VQ-VAE turns each 32 x 32 image into 4 x 4 = 16 codebook entries, each written as its own token
+    (`IMGIMG<digits as letters>Z`, 64 of them in the tokenizer) that the text model reads like any other; the
+    processor expands `<image>` into 16 placeholders between `<racm3:break>` and `<eoss>`."""
+    from transformers import ChameleonImageProcessorPil, ChameleonProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    codes = 64
+    letters = str.maketrans("0123456789", "ABCDEFGHIJ")
+    image_tokens = [f"IMGIMG{str(code).translate(letters)}Z" for code in range(codes)]
+    template = _chatml_template("<image>")
+    named = {"image_token": "<image>", "boi_token": "<racm3:break>", "eoi_token": "<eoss>"}
+    tokenizer = build_tiny_tokenizer(extra_special_tokens=image_tokens, chat_template=template, **named)
+    size = {"shortest_edge": 32}
+    image_processor = ChameleonImageProcessorPil(size=size, crop_size={"height": 32, "width": 32})
+    processor = ChameleonProcessor(image_processor, tokenizer, image_seq_length=16)
+    processor.chat_template = template
+    vq = {  # four levels (three halvings: 32 px -> 4 x 4) of 32 channels, its group norms taking 32 groups
+        "resolution": 32,
+        "base_channels": 32,
+        "channel_multiplier": [1, 1, 1, 1],
+        "num_res_blocks": 1,
+        "latent_channels": 32,
+        "embed_dim": 32,
+        "num_embeddings": codes,
+    }
+    extra = {"vq_config": vq, "vocabulary_map": tokenizer.get_vocab()}
+    _save_generic("chameleon", target, tokenizer, processor, extra)
+
+
+def build_emu3(target: Path) -> None:
+    """Emu3: a VQ-VAE turns each 32 x 32 image into 4 x 4 codes (three halvings), written as `<|visual token N|>`
+    tokens (64 in the tokenizer) with an end-of-line token after each row: 20 image tokens between the processor's
+    image markers."""
+    from transformers import Emu3ImageProcessor, Emu3Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    codes = 64
+    visual = [f"<|visual token {code:06d}|>" for code in range(codes)]
+    named = {
+        "image_token": "<image>",
+        "boi_token": "<|image start|>",
+        "eoi_token": "<|image end|>",
+        "image_wrapper_token": "<|image token|>",
+        "eof_token": "<|extra_201|>",
+    }
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(extra_special_tokens=[*visual, "<|extra_200|>"], chat_template=template, **named)
+    image_processor = Emu3ImageProcessor(min_pixels=32 * 32, max_pixels=32 * 32, spatial_factor=8)
+    processor = Emu3Processor(image_processor, tokenizer, chat_template=template)
+    vq = {  # four levels of 32 channels (its group norms take 32 groups); the middle attention runs at that width
+        "codebook_size": codes,
+        "hidden_size": 32,
+        "base_channels": 32,
+        "channel_multiplier": [1, 1, 1, 1],
+        "num_res_blocks": 1,
+        "attn_resolutions": [],
+    }
+    extra = {"vq_config": vq, "vocabulary_map": tokenizer.get_vocab()}
+    _save_generic("emu3", target, tokenizer, processor, extra)
+
+
+def build_ovis2(target: Path) -> None:
+    """Ovis2: an AIMv2-style tower (32 x 32 images, 8 px patches) whose 16 patches each become a probability over a
+    visual vocabulary, embedded as 16 `<IMG_ATOM>` tokens between the processor's grid markers."""
+    from transformers import Ovis2ImageProcessorPil, Ovis2Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    indicators = ("<IMG_START>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>")
+    template = _chatml_template("<image>")
+    tokenizer = build_tiny_tokenizer(
+        extra_special_tokens=["<IMG_ATOM>", *indicators], chat_template=template, image_token="<image>"
+    )
+    image_processor = Ovis2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=False)
+    processor = Ovis2Processor(image_processor, tokenizer, chat_template=template, image_seq_length=16)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8, "vocab_size": 64},
+        "image_token_id": tokenizer.convert_tokens_to_ids("<IMG_ATOM>"),
+        "visual_indicator_token_ids": tokenizer.convert_tokens_to_ids(list(indicators)),
+        "vocab_size": len(tokenizer),
+    }
+    _save_generic("ovis2", target, tokenizer, processor, extra)
+
+
+def build_deepseek_vl_hybrid(target: Path) -> None:
+    """DeepSeek-VL hybrid: DeepSeek-VL's SigLIP tower (32 x 32 images, 8 px patches: 16 `<image_placeholder>`
+    tokens) beside a SAM tower reading the same image at 64 x 64 (16 px patches), its features resized onto the
+    SigLIP grid."""
+    from transformers import DeepseekVLHybridImageProcessorPil, DeepseekVLHybridProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<image_placeholder>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<image_placeholder>")
+    image_processor = DeepseekVLHybridImageProcessorPil(
+        size={"height": 32, "width": 32}, high_res_size={"height": 64, "width": 64}
+    )
+    processor = DeepseekVLHybridProcessor(image_processor, tokenizer, chat_template=template, num_image_tokens=16)
+    sam = {  # two layers, the second with global attention, and narrow output channels
+        "image_size": 64,
+        "patch_size": 16,
+        "output_channels": 32,
+        "mlp_dim": 64,
+        "window_size": 2,
+        "global_attn_indexes": [1],
+    }
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "high_res_vision_config": sam,
+        "image_token_id": tokenizer.convert_tokens_to_ids("<image_placeholder>"),
+    }
+    _save_generic("deepseek_vl_hybrid", target, tokenizer, processor, extra)
+
+
+def build_gemma3n(target: Path) -> None:
+    """Gemma 3n: a timm tower (timm's `test_convnext` in place of MobileNetV5: a 64 x 64 image gives 2 x 2 features of
+    64 channels, so 4 soft tokens per image) and an audio tower beside the text model. Its token layout puts the image
+    and audio tokens in two ranges after the text-only ids (each embedded by its own table), so the tokenizer's
+    special tokens come in that order: text-only markers, then the image range, then the audio range."""
+    from transformers import Gemma3nAudioFeatureExtractor, Gemma3nProcessor, SiglipImageProcessorPil
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"boi_token": "<start_of_image>", "boa_token": "<start_of_audio>"}
+    image_range = {"eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    audio_range = {"eoa_token": "<end_of_audio>", "audio_token": "<audio_soft_token>"}
+    ordered = [*named.values(), *image_range.values(), "<image_unused>", *audio_range.values(), "<audio_unused>"]
+    template = _chatml_template(image_range["image_token"])  # what the processor expands, markers included
+    tokenizer = build_tiny_tokenizer(ordered, chat_template=template, **named, **image_range, **audio_range)
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in {**image_range, **audio_range}.items()}
+    image_processor = SiglipImageProcessorPil(size={"height": 64, "width": 64})
+    processor = Gemma3nProcessor(
+        Gemma3nAudioFeatureExtractor(), image_processor, tokenizer, chat_template=template, image_seq_length=4
+    )
+    extra = {
+        "vision_config": {"architecture": "test_convnext", "hidden_size": 64, "vocab_size": 3},
+        "audio_config": {"vocab_size": 3, "vocab_offset": ids["eoa_token"]},
+        "text_config": {"vocab_size_per_layer_input": ids["eoi_token"]},
+        "vision_soft_tokens_per_image": 4,
+        "boi_token_id": tokenizer.convert_tokens_to_ids(named["boi_token"]),
+        "boa_token_id": tokenizer.convert_tokens_to_ids(named["boa_token"]),
+        **{f"{name[:-6]}_token_id": token_id for name, token_id in ids.items()},
+    }
+    extra["vision_config"]["vocab_offset"] = ids["eoi_token"]
+    _save_generic("gemma3n", target, tokenizer, processor, extra)
+
+
+def build_fuyu(target: Path) -> None:
+    """Fuyu: no vision tower, each 8 x 8 patch of a 32 x 32 image is projected straight into the text model: a 4 x 4
+    grid of `|SPEAKER|` tokens, each row ended by `|NEWLINE|`. The processor itself puts the image before the text
+    and appends the `<0x04>` answer marker; the template writes the image where the row has it."""
+    from transformers import FuyuImageProcessorPil, FuyuProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("|SPEAKER|")
+    tokenizer = build_tiny_tokenizer(["|SPEAKER|", "|NEWLINE|", "<s>", "<0x04>"], chat_template=template)
+    image_processor = FuyuImageProcessorPil(size={"height": 32, "width": 32}, patch_size={"height": 8, "width": 8})
+    processor = FuyuProcessor(image_processor, tokenizer)
+    processor.chat_template = template
+    extra = {"image_size": 32, "patch_size": 8, "image_token_id": tokenizer.convert_tokens_to_ids("|SPEAKER|")}
+    _save_generic("fuyu", target, tokenizer, processor, extra)
+
+
+def build_got_ocr2(target: Path) -> None:
+    """GOT-OCR2: a SAM tower whose 64 x 64 patch grid two strided convolutions fold to 16 x 16 = 256 image tokens.
+    transformers does not save the processor's `num_image_tokens`, so a saved `GotOcr2Processor` always expands
+    `<imgpad>` 256 times: the tower is sized to give that (64 x 64 images, 1 px patches), and the rows get a longer
+    `sequence_len` (`VLM_SEQUENCE_LEN`)."""
+    from transformers import GotOcr2ImageProcessorPil, GotOcr2Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<img><imgpad></img>")
+    tokenizer = build_tiny_tokenizer(["<img>", "</img>"], chat_template=template, image_token="<imgpad>")
+    image_processor = GotOcr2ImageProcessorPil(size={"height": 64, "width": 64}, crop_to_patches=False)
+    processor = GotOcr2Processor(image_processor, tokenizer, chat_template=template)
+    sam = {  # two layers, the second with global attention, 8 x 8 windows
+        "image_size": 64,
+        "patch_size": 1,
+        "output_channels": 32,
+        "mlp_dim": 64,
+        "window_size": 8,
+        "global_attn_indexes": [1],
+    }
+    extra = {
+        "vision_config": sam,
+        "image_seq_length": 256,
+        "image_token_index": tokenizer.convert_tokens_to_ids("<imgpad>"),
+    }
+    _save_generic("got_ocr2", target, tokenizer, processor, extra)
+
+
+def build_perception_lm(target: Path) -> None:
+    """PerceptionLM: a timm ViT (timm's `test_vit` at 32 px: 2 x 2 patches of 16 px and a class token, dropped) in
+    place of its Perception Encoder, one 32 px tile per image (`vanilla`), no pooling: 4 `<|image|>` tokens."""
+    from transformers import PerceptionLMImageProcessor, PerceptionLMProcessor, PerceptionLMVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"image_token": "<|image|>", "video_token": "<|video|>"}
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = PerceptionLMImageProcessor(tile_size=32, max_num_tiles=1, vision_input_type="vanilla")
+    processor = PerceptionLMProcessor(
+        PerceptionLMVideoProcessor(), image_processor, tokenizer, patch_size=16, chat_template=template, pooling_ratio=1
+    )
+    vision = {"architecture": "test_vit", "model_args": {"embed_dim": 64, "img_size": 32}, "do_pooling": False}
+    extra = {
+        "vision_config": vision,
+        "projector_pooling_ratio": 1,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+        "video_token_id": tokenizer.convert_tokens_to_ids(named["video_token"]),
+    }
+    _save_generic("perception_lm", target, tokenizer, processor, extra)
+
+
+def build_lfm3_vl(target: Path) -> None:
+    """LFM3-VL: a hybrid (convolution and attention layers) tower on Qwen2-VL-style patches, 8 px and merged 2 x 2: a
+    32 x 32 image gives 4 `<|image_pad|>` tokens between `<|vision_start|>` and `<|vision_end|>`; its processor
+    carries a Qwen2-VL video processor (torchvision)."""
+    from transformers import Lfm3VlProcessor, Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {
+        "image_token": "<|image_pad|>",
+        "video_token": "<|video_pad|>",
+        "vision_start_token": "<|vision_start|>",
+        "vision_end_token": "<|vision_end|>",
+    }
+    template = _chatml_template("<|vision_start|><|image_pad|><|vision_end|>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    pixels = {"min_pixels": 32 * 32, "max_pixels": 32 * 32, "patch_size": 8, "merge_size": 2}
+    image_processor = Qwen2VLImageProcessorPil(**pixels)
+    processor = Lfm3VlProcessor(image_processor, tokenizer, Qwen2VLVideoProcessor(**pixels), chat_template=template)
+    extra = {
+        "vision_config": {"patch_size": 8, "spatial_merge_size": 2, "layer_types": ["conv", "full_attention"]},
+        "text_config": {"bos_token_id": None},  # its default lies outside the tiny vocabulary
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+        "video_token_id": tokenizer.convert_tokens_to_ids(named["video_token"]),
+    }
+    _save_generic("lfm3_vl", target, tokenizer, processor, extra)
+
+
+def build_qianfan_ocr(target: Path) -> None:
+    """Qianfan-OCR: InternVL's layout (an InternViT-style tower, 32 x 32 images, 8 px patches pixel-shuffled 2 x 2),
+    its processor turning the template's `<image>` into 4 `<IMG_CONTEXT>` tokens between `<img>` and `</img>`; no
+    video processor."""
+    from transformers import GotOcr2ImageProcessorPil, QianfanOCRProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>"}
+    template = _chatml_template("<image>")
+    tokenizer = build_tiny_tokenizer(["<image>"], chat_template=template, **named)
+    image_processor = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=False)
+    processor = QianfanOCRProcessor(image_processor, tokenizer, image_seq_length=4, chat_template=template)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 8},
+        "image_seq_length": 4,
+        "downsample_ratio": 0.5,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["context_image_token"]),
+    }
+    _save_generic("qianfan_ocr", target, tokenizer, processor, extra)
+
+
+def build_pp_chart2table(target: Path) -> None:
+    """PP-Chart2Table: GOT-OCR2's model behind a processor that expands nothing, so the template writes all the image
+    tokens itself: a SAM tower (32 x 32 images, 2 px patches, folded to 4 x 4) and 16 `<imgpad>` between `<img>` and
+    `</img>`."""
+    from transformers import PPChart2TableImageProcessorPil, PPChart2TableProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<img>" + "<imgpad>" * 16 + "</img>")
+    tokenizer = build_tiny_tokenizer(["<img>", "</img>", "<imgpad>"], chat_template=template)
+    image_processor = PPChart2TableImageProcessorPil(size={"height": 32, "width": 32})
+    processor = PPChart2TableProcessor(image_processor, tokenizer, chat_template=template)
+    sam = {"image_size": 32, "patch_size": 2, "output_channels": 32, "mlp_dim": 64, "window_size": 4}
+    extra = {
+        "vision_config": {**sam, "global_attn_indexes": [1]},
+        "image_seq_length": 16,
+        "image_token_index": tokenizer.convert_tokens_to_ids("<imgpad>"),
+    }
+    _save_generic("pp_chart2table", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1442,8 +1784,12 @@ TORCHVISION_BUILDERS = frozenset(
         "glm4v_moe",
         "glm46v",
         "video_llava",
+        "perception_lm",  # its vision tower comes from timm too
+        "lfm3_vl",
     }
 )
+# Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
+TIMM_BUILDERS = frozenset({"gemma3n"})
 # model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
 # families built here from their pieces
 VLM_BUILDERS: dict[str, Any] = {
@@ -1479,6 +1825,19 @@ VLM_BUILDERS: dict[str, Any] = {
     "kimi_k25": build_kimi_k25,
     "cohere_compass": build_cohere_compass,
     "ernie4_5_vl_moe": build_ernie4_5_vl_moe,
+    "aria": build_aria,
+    "janus": build_janus,
+    "chameleon": build_chameleon,
+    "emu3": build_emu3,
+    "ovis2": build_ovis2,
+    "deepseek_vl_hybrid": build_deepseek_vl_hybrid,
+    "gemma3n": build_gemma3n,
+    "fuyu": build_fuyu,
+    "got_ocr2": build_got_ocr2,
+    "perception_lm": build_perception_lm,
+    "lfm3_vl": build_lfm3_vl,
+    "qianfan_ocr": build_qianfan_ocr,
+    "pp_chart2table": build_pp_chart2table,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
@@ -1539,9 +1898,14 @@ def vlm_not_surveyed_reason(model_type: str, torchvision: bool | None = None) ->
         torchvision = torchvision_version() is not None
     if model_type in refused_vision_families():
         return None
-    if model_type in VLM_BUILDERS and (torchvision or model_type not in TORCHVISION_BUILDERS):
+    if model_type in VLM_BUILDERS and (torchvision or model_type not in TORCHVISION_BUILDERS | TIMM_BUILDERS):
         return None
     processor = PROCESSOR_MAPPING_NAMES.get(model_type)
+    if model_type in TIMM_BUILDERS:
+        return (
+            "the survey's tiny model takes its vision tower from timm, which needs torchvision, and this machine "
+            "lacks torchvision (it does not import next to torch here)"
+        )
     if model_type in TORCHVISION_BUILDERS:  # said outright: with torchvision installed its classes name no backend
         return (
             f"the survey builds `{processor}` with torchvision classes, and this machine lacks torchvision (it does "
@@ -1598,8 +1962,13 @@ def vlm_build(model_type: str, target: Path) -> dict[str, Any]:
     return {"class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters())}
 
 
+# Families whose tiny processor gives more image tokens than the default rows hold (GOT-OCR2: 256 per image).
+VLM_SEQUENCE_LEN = {"got_ocr2": 512}
+
+
 def vlm_run_config(model_dir: Path, mode: str, output_dir: Path) -> str:
     """Image+text chat rows (the bundled coloured squares) through hellbender's multimodal path."""
+    model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
     lines = [
         f"base_model: {model_dir}",
         "processor_type: AutoProcessor",
@@ -1607,7 +1976,7 @@ def vlm_run_config(model_dir: Path, mode: str, output_dir: Path) -> str:
         f"  - path: {SHAPES_DATA}",
         "    type: chat_template",
         f"dataset_prepared_path: {model_dir.parent / 'prepared'}",
-        "sequence_len: 256",
+        f"sequence_len: {VLM_SEQUENCE_LEN.get(model_type, 256)}",
         "micro_batch_size: 2",
         f"max_steps: {1 if mode == 'full' else 2}",
         "learning_rate: 1.0e-4",
@@ -1819,7 +2188,8 @@ def _torchvision_paragraph(results: dict[str, Any], vlm_types: list[str]) -> lis
         "The other rows come from the project's own environment, which has no torchvision (nor has CI). Many "
         "families' processors are torchvision classes or always load a video processor, so the rows named here were "
         f"surveyed in a second environment, with {'; '.join(parts)}, CUDA builds run on the CPU (and `num2words`, "
-        "which SmolVLM's processor imports). Without torchvision these rows keep their recorded status: the survey "
+        "which SmolVLM's processor imports, and timm, whose small `test_convnext` and `test_vit` stand in for "
+        "Gemma 3n's MobileNetV5 and PerceptionLM's Perception Encoder). Without torchvision these rows keep their recorded status: the survey "
         "does not redo them, and the test reads their reason as it was with torchvision. Training these families "
         "with hellbender needs torchvision too, since their processors do.",
         "",

@@ -80,7 +80,9 @@ def image_placeholder_id(processor: Any, override: str | None = None) -> int:
                 "or add it with `special_tokens`."
             )
         return token_id
-    token = getattr(processor, "image_token", None)
+    # Qianfan-OCR's template writes a placeholder (`<image>`) that its processor expands into other tokens, the
+    # repeated one of which is its `image_token`
+    token = getattr(processor, "image_placeholder_token", None) or getattr(processor, "image_token", None)
     if not token:
         raise ConfigError(f"{type(processor).__name__} names no image token; hellbender cannot count its images.")
     return tokenizer.convert_tokens_to_ids(token)

@@ -36,6 +36,8 @@ UNSUPPORTED_VISION_FAMILIES = {
     "git": "GIT puts the image features in front of the text instead of image tokens in it, so its outputs do not "
     "line up with the row's tokens",
     "evolla": "Evolla reads protein sequences, not images",
+    "fuyu": "Fuyu's processor puts the image in front of each text and appends its own answer marker instead of "
+    "expanding an image placeholder the chat template writes, so a chat row's image cannot stay where the row has it",
     **{
         family: f"{name}'s processor puts the Q-Former's query tokens in front of each text instead of expanding an "
         "image placeholder the chat template writes, so a chat row's images cannot be placed"
@@ -45,6 +47,10 @@ UNSUPPORTED_VISION_FAMILIES = {
             ("instructblipvideo", "InstructBLIP Video"),
         )
     },
+    "got_ocr2": "GOT-OCR2's processor refuses images grouped per text, the form hellbender passes them in (it reads "
+    "such a group as the pages of one document, only with `multi_page`), so a chat row's image cannot reach it",
+    "pp_chart2table": "PP-Chart2Table's processor expands no image placeholder and names no image token (the prompt "
+    "must carry every image token itself), so hellbender cannot count or place a chat row's images",
     "pi0": "PI0 is a robot policy that predicts actions by flow matching, not text",
     # a transformers bug, not a layout hellbender cannot serve: lift it when the forward works
     "llama4": "transformers 5.24's Llama 4 image-text forward reads `image_outputs` from its language model's output, "
