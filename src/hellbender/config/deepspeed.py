@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hellbender.config.precision import precision_known_without_the_machine
+from hellbender.config.preference import REFERENCE_METHODS
 from hellbender.config.rl import ONLINE_RL_METHODS
 from hellbender.config.schema import HellbenderConfig
 from hellbender.config.training_checks import COSINE_KEYS
@@ -213,7 +214,7 @@ def _preference_problems(cfg: HellbenderConfig, settings: dict[str, Any]) -> lis
     method = f"`rl: {cfg.rl}`" if cfg.rl else "`reward_model: true`"
     if cfg.rl in ONLINE_RL_METHODS:
         why = "generating completions inside each step from weights ZeRO-3 partitions is not verified here"
-    elif cfg.adapter is None and cfg.rl in ("dpo", "ipo", "kto"):  # the methods with a reference model
+    elif cfg.adapter is None and cfg.rl in REFERENCE_METHODS:
         why = "the reference model would be copied from weights ZeRO-3 has already partitioned"
     else:
         why = "it is not verified here"

@@ -11,6 +11,8 @@ from hellbender.config.unsupported import planned_feature
 from hellbender.config.values import Float, Int
 
 PreferenceMethod = Literal["dpo", "ipo", "kto", "orpo", "simpo", "grpo", "gdpo", "rloo"]
+# The offline methods that score answers against a reference model (ORPO, SimPO and reward models have none).
+REFERENCE_METHODS = ("dpo", "ipo", "kto")
 # The loss types TRL's DPOTrainer computes (its `DPOConfig.loss_type`); a test checks this list against TRL's.
 DpoLossType = Literal[
     "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
@@ -38,7 +40,7 @@ METHOD_KEYS: dict[str, tuple[str, ...]] = {
     "rpo_alpha": ("dpo", "ipo"),
     "dpo_use_weighting": ("dpo", "ipo"),
     "dpo_norm_loss": ("dpo",),
-    "precompute_ref_log_probs": ("dpo", "ipo", "kto"),
+    "precompute_ref_log_probs": REFERENCE_METHODS,
     "dpo_shared_prompt": ("dpo", "ipo"),
     "kto_desirable_weight": ("kto",),
     "kto_undesirable_weight": ("kto",),

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hellbender.config import HellbenderConfig
+from hellbender.config.preference import REFERENCE_METHODS
 
 if TYPE_CHECKING:
     from hellbender.plan.model_facts import ModelFacts
 
 # How the policy's rows are scored.
 LOGITS, FUSED_HEAD, SCORE_HEAD = "logits", "fused", "score"
-_WITH_REFERENCE = ("dpo", "ipo", "kto")
 _PAIRS = ("dpo", "ipo", "orpo", "simpo")
 _NAMES = {"dpo": "DPO", "ipo": "IPO", "kto": "KTO", "orpo": "ORPO", "simpo": "SimPO"}
 
@@ -133,7 +133,7 @@ def method_shape(cfg: HellbenderConfig, facts: ModelFacts | None = None) -> Meth
             "prompt scored together, the reward functions and the reference model",
         )
     reference = None
-    if method in _WITH_REFERENCE:
+    if method in REFERENCE_METHODS:
         reference = "precomputed" if cfg.precompute_ref_log_probs else "adapter off" if cfg.adapter else "frozen copy"
     return MethodShape(
         name=_NAMES[method],
@@ -141,7 +141,7 @@ def method_shape(cfg: HellbenderConfig, facts: ModelFacts | None = None) -> Meth
         rows_per_example=2 if method in _PAIRS else 1,
         shared_prompt=method in ("dpo", "ipo") and _shares_prompts(cfg, facts),
         prompt_len=cfg.max_prompt_len,
-        head=FUSED_HEAD if method in _WITH_REFERENCE else LOGITS,
+        head=FUSED_HEAD if method in REFERENCE_METHODS else LOGITS,
         reference=reference,
         kl_rows=method == "kto",
     )

@@ -19,6 +19,7 @@ import tempfile
 from typing import Any
 
 from hellbender.config import HellbenderConfig
+from hellbender.config.preference import REFERENCE_METHODS
 from hellbender.errors import ConfigError
 
 # What every pair method's trainer logs (TRL's evaluation metric -> the name `hellbender evaluate` writes). ORPO's
@@ -54,8 +55,6 @@ REPORTED: dict[str, dict[str, str]] = {
         "eval_max_reward": "max_reward",
     },
 }
-# The methods whose trainer scores a reference model.
-WITH_REFERENCE = ("dpo", "ipo", "kto")
 
 
 def method_name(cfg: HellbenderConfig) -> str:
@@ -83,7 +82,7 @@ def preference_metrics(
         )
     method = preference_method(cfg)
     keywords: dict[str, Any] = {}
-    if name in WITH_REFERENCE:
+    if name in REFERENCE_METHODS:
         # The policy is the whole trained model: the reference is the base, loaded again. With an adapter, TRL
         # switches it off instead.
         reference = None
