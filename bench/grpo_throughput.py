@@ -32,9 +32,10 @@ The two sides, each in its own subprocess (no allocator state carries over; the 
               GRPOConfig keeps TRL's defaults (its gradient checkpointing is on by default) except the batch, the
               generation lengths and temperature, steps, learning rate and schedule.
   hellbender  the same as a config (`rl: grpo`, the `trl:` block, the prompts file as it is) trained by
-              `hellbender.train.run.train`, with the recipe a user picks for speed on a GPU: Liger's RoPE, RMSNorm
-              and SwiGLU kernels and hellbender's activation checkpointing. `--hb-set KEY=VALUE` adds or replaces keys
-              (e.g. `gradient_checkpointing=false`). Every key that differs from the baseline is printed.
+              `hellbender.train.run.train`, on hellbender's defaults: its activation checkpointing and, on a GPU,
+              generation with a static key-value cache and a compiled decoding step (`trl.compile_generation`).
+              `--hb-set KEY=VALUE` adds or replaces keys (e.g. `trl.compile_generation=false`, `liger_rope=true`).
+              Every key that differs from the baseline is printed.
 
 The same work on both sides. Sampling decides how long a completion is; so that both sides generate and train the
 same number of tokens, each side's model gets, in its child process only, a wrapper around its `generate` (the method
@@ -104,8 +105,10 @@ TRAINER_FIELDS = (
     "bf16",
     "seed",
 )
+# What is sampled, compared between the sides. The key-value cache and compilation (`trl.compile_generation`) are how
+# the same distribution is sampled, so they are reported as settings, not compared.
 GENERATION_FIELDS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens",
-                     "cache_implementation", "eos_token_id", "pad_token_id")  # fmt: skip
+                     "eos_token_id", "pad_token_id")  # fmt: skip
 
 
 def rewards_dir() -> Path:
@@ -193,6 +196,12 @@ class GrpoRecorder(tp.StepRecorder):
         self.trainer_fields: dict[str, Any] = {}
         self.generation_fields: dict[str, Any] = {}
         self.setup_s: float | None = None
+        self.generation_peak = 0  # bytes: the highest peak allocated memory a `generate` call set (0: none did)
+
+    def _peak_allocated(self) -> int:
+        import torch
+
+        return torch.cuda.max_memory_allocated() if self.cuda else 0
 
     def _count_rows(self, module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
         """Rows are counted by `generate` instead: the policy's training forward may run through a fused loss that
@@ -209,8 +218,13 @@ class GrpoRecorder(tp.StepRecorder):
             if config is not None and not self.generation_fields:
                 self.generation_fields = {k: _plain(getattr(config, k, None)) for k in GENERATION_FIELDS}
             started = self._sync()
+            peak_before = self._peak_allocated()
             output = original(*args, **kwargs)
             seconds = self._sync() - started
+            # Whether generation raised the run's peak, and to what: where the memory goes.
+            self.generation_peak = max(
+                self.generation_peak, self._peak_allocated() if self._peak_allocated() > peak_before else 0
+            )
             ids = kwargs.get("input_ids", args[0] if args else None)
             mask = kwargs.get("attention_mask")
             sequences = output if hasattr(output, "shape") else output.sequences
@@ -287,6 +301,7 @@ class GrpoRecorder(tp.StepRecorder):
             trainer_fields=self.trainer_fields,
             generation_fields=self.generation_fields,
             setup_s=self.setup_s,
+            generation_peak_gib=self.generation_peak / 2**30,
             # The same work on both sides: every completion exactly `completion_len` tokens, by both counts.
             completion_length_ok=bool(self.generations)
             and new_tokens == {self.completion_len}
@@ -382,6 +397,12 @@ def train_baseline(job: Job, recorder: GrpoRecorder) -> None:
     trainer.train()
 
 
+# hellbender's defaults: on a GPU they decode with a static cache and a compiled step (`trl.compile_generation`), which
+# Liger's rotary kernel would break at every layer; Liger's other kernels cost more decoding time than they save in
+# training here (bench/README.md).
+GRPO_SPEED_RECIPE: dict[str, Any] = {}
+
+
 def hellbender_raw_config(job: Job, overrides: dict[str, Any]) -> dict[str, Any]:
     raw: dict[str, Any] = {
         "base_model": str(job.model_dir),
@@ -394,7 +415,7 @@ def hellbender_raw_config(job: Job, overrides: dict[str, Any]) -> dict[str, Any]
             "temperature": job.temperature,
         },
         "datasets": [{"path": str(job.data)}],
-        **pt.run_keys(job, LEARNING_RATE),
+        **pt.run_keys(job, LEARNING_RATE, GRPO_SPEED_RECIPE),
     }
     for key, value in overrides.items():  # `trl.KEY=VALUE` reaches into the block
         if key.startswith("trl."):
@@ -466,12 +487,16 @@ def differing_settings(args: argparse.Namespace, cuda: bool) -> list[str]:
                                 overrides)  # fmt: skip
     baseline = {"gradient_checkpointing": True}  # TRL's default; any other key the baseline lacks is off
     lines = []
-    for key in dict.fromkeys([*(pt.SPEED_RECIPE if cuda else {}), *overrides]):
+    for key in dict.fromkeys([*(GRPO_SPEED_RECIPE if cuda else {}), *overrides]):
         # Every `trl.` key given replaces a value both sides had.
         value = raw["trl"].get(key.removeprefix("trl.")) if key.startswith("trl.") else raw.get(key)
         if key.startswith("trl.") or value != baseline.get(key, False):
             lines.append(f"{key}: {value}")
     lines.append("activation checkpointing: hellbender's (non-reentrant, per layer) instead of transformers'")
+    if cuda and raw["trl"].get("compile_generation") is not False:
+        lines.append(
+            "generation: static key-value cache and compiled decoding (`trl.compile_generation`, on by default)"
+        )
     return lines
 
 
@@ -526,7 +551,8 @@ def print_report(args: argparse.Namespace, results: dict[str, dict[str, Any]], d
         if r.get("ok"):
             calls = r.get("generations") or []
             print(f"{side} features: {tp.features_text(r)}; {len(calls)} generate calls, "
-                  f"{', '.join(sorted({str(g['sequences']) for g in calls}))} sequences each")  # fmt: skip
+                  f"{', '.join(sorted({str(g['sequences']) for g in calls}))} sequences each; peak allocated "
+                  f"set inside generate: {fmt(r.get('generation_peak_gib') or None, '.2f')} GiB")  # fmt: skip
     problems = equal_work_problems(results, args.completion_len)
     print("\nsame work on both sides: " + ("yes" if not problems else "NO"))
     for line in problems:

@@ -119,6 +119,37 @@ def test_grpo_with_qlora_in_bfloat16_learns_with_the_4bit_base_as_its_reference(
 
 
 @one_gpu
+def test_grpo_on_a_gpu_decodes_compiled_by_default_and_trains_as_eager_decoding_does(tmp_path, tiny_model_path):
+    """On a GPU GRPO generates with a static cache and transformers' compiled decoding step unless told otherwise
+    (`trl.compile_generation`). In fp32, with the same seed and starting weights, the compiled run samples the
+    same completions as eager decoding, so every step's reward, loss and gradient norm agree, and the adapter
+    learns the task as with eager decoding."""
+    from hellbender.train.run import train
+    from tests.test_grpo import grpo_config, head_aligned_task, logged_rewards
+
+    model_dir = head_aligned_task(tmp_path, tiny_model_path)
+    runs = {}
+    for compiled in (None, False):  # unset first: nothing else in the process has compiled yet
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        (run_dir := tmp_path / f"compile_{compiled}").mkdir()
+        cfg = grpo_config(
+            run_dir, {"reward_funcs": ["aligned.share"], "reward_funcs_dir": str(tmp_path),
+            "compile_generation": compiled}, base_model=str(model_dir), adapter="lora", lora_r=8, lora_alpha=16,
+            lora_target_linear=True, max_steps=8, learning_rate=2e-2,
+        )  # fmt: skip
+        train(cfg)
+        frames = sum(torch._dynamo.utils.counters["frames"].values())
+        runs[compiled] = (logged_rewards(Path(cfg.output_dir)), logged(cfg.output_dir, "loss"), frames)
+    (compiled_rewards, compiled_losses, compiled_frames), (eager_rewards, eager_losses, eager_frames) = runs.values()
+    assert compiled_frames > 0 and eager_frames == 0, (compiled_frames, eager_frames)
+    assert len(compiled_rewards) == 8 and len(set(compiled_rewards)) > 1, compiled_rewards
+    assert compiled_rewards == pytest.approx(eager_rewards, abs=1e-6), (compiled_rewards, eager_rewards)
+    assert list(compiled_losses.values()) == pytest.approx(list(eager_losses.values()), rel=1e-3, abs=1e-5)
+    assert sum(compiled_rewards[-3:]) / 3 > compiled_rewards[0] + 0.2, compiled_rewards
+
+
+@one_gpu
 def test_shared_prompt_attention_through_the_varlen_kernels_equals_the_dense_mask():
     """On CUDA in bfloat16 the shared rows' attention runs torch's flash-attention varlen kernel twice per layer
     (prompt + chosen, then rejected over prompt + itself). Its output and the gradients of queries, keys and values
@@ -274,6 +305,8 @@ def test_grpo_sharded_on_two_gpus_trains_like_one_gpu_on_the_same_completions(tm
 
     trl = {"reward_funcs": ["rewards.even_share"], "num_generations": 4, "max_completion_length": 4,
            "scale_rewards": "batch"}  # fmt: skip
+    # One GPU would decode compiled by default (sharded runs cannot): both decode eagerly, so the completions match.
+    trl["compile_generation"] = False
     common = dict(trl=trl, gradient_accumulation_steps=1, max_steps=3, save_steps=3)
     keys = FSDP2 if sharding == "fsdp2" else {"deepspeed": str(EXAMPLES_DEEPSPEED / "zero2.json")}
     seeded = REPO / "tests" / "grpo_seeded_run.py"

@@ -106,6 +106,11 @@ def test_a_grpo_config_reads_its_reward_functions_next_to_the_config_file(tmp_pa
         ({"curriculum_sampling": True}, ["curriculum_sampling", "rl: grpo"]),
         ({"datasets": [{"path": "x.jsonl", "field_messages": "m"}]}, ["datasets[0]", "field_messages"]),
         ({"rl_beta": 0.1}, ["rl_beta", "trl.beta"]),
+        (
+            {"trl": {"compile_generation": True}, "torch_compile": True},
+            ["trl.compile_generation: true", "torch_compile"],
+        ),
+        ({"trl": {"compile_generation": True}, "adapter": "qlora"}, ["trl.compile_generation: true", "in 4 bits"]),
     ],
 )
 def test_grpo_config_errors_name_the_key(tmp_path, overrides, needles):
@@ -126,6 +131,44 @@ def test_use_vllm_without_vllm_says_how_to_install_it(tmp_path, monkeypatch):
         grpo_config(tmp_path, {"use_vllm": True})
     assert "pip install vllm" in str(error.value) and "remove `use_vllm`" in str(error.value)
     assert str(error.value).count("\n\n") == 0  # one paragraph
+
+
+def test_compiled_generation_is_on_where_a_gpu_generates_unless_the_config_rules_it_out(tmp_path, monkeypatch, caplog):
+    from hellbender.config.machine import Machine
+    from hellbender.config.machine_needs import machine_problems
+    from hellbender.train.methods.online import compiled_generation
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not compiled_generation(grpo_config(tmp_path))
+    on = grpo_config(tmp_path, {"compile_generation": True})
+    (problem,) = machine_problems(on, Machine(cuda=False, bf16=False, cpus=2))
+    assert "`trl.compile_generation: true`" in problem and "only on a GPU" in problem and "Remove it" in problem
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert compiled_generation(grpo_config(tmp_path))
+    assert not compiled_generation(grpo_config(tmp_path, {"compile_generation": False}))
+    with caplog.at_level("INFO", logger="hellbender"):
+        assert not compiled_generation(grpo_config(tmp_path, torch_compile=True))
+    assert "decodes eagerly" in caplog.text and "torch_compile" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="hellbender"):
+        assert compiled_generation(grpo_config(tmp_path, liger_rope=True))
+    assert "liger_rope" in caplog.text and "Remove `liger_rope`" in caplog.text
+
+
+def test_compiled_generation_gives_trl_a_static_cache_and_compilation(tmp_path, monkeypatch):
+    """What `trl.compile_generation` hands TRL (whose own generation config has compilation off): a static key-value
+    cache, which transformers' compiled decoding step needs, compilation on, and the prompts read into the cache 64
+    positions at a time; off, TRL's eager defaults."""
+    monkeypatch.setattr("hellbender.train.methods.online.compiled_generation", lambda cfg: True)
+    for name in ("on", "off"):
+        (tmp_path / name).mkdir()
+    trainer, _ = recording_trainer(grpo_config(tmp_path / "on"))
+    config = trainer.generation_config
+    assert (config.cache_implementation, config.disable_compile, config.prefill_chunk_size) == ("static", False, 64)
+    monkeypatch.undo()
+    trainer, _ = recording_trainer(grpo_config(tmp_path / "off"))
+    config = trainer.generation_config
+    assert (config.cache_implementation, config.disable_compile, config.prefill_chunk_size) == (None, True, None)
 
 
 def test_ebft_is_still_refused(tmp_path):

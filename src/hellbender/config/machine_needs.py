@@ -97,6 +97,16 @@ def attention_problem(cfg: HellbenderConfig, machine: Machine) -> str | None:
     )
 
 
+def compiled_generation_problem(cfg: HellbenderConfig, machine: Machine) -> str | None:
+    """transformers compiles the decoding step only on accelerators: on a CPU `true` would change nothing."""
+    if cfg.trl is None or not cfg.trl.compile_generation or machine.cuda:
+        return None
+    return (
+        f"`trl.compile_generation: true` compiles generation's decoding step, which transformers does only on a GPU, "
+        f"and this machine has {machine.describe()}: the key would change nothing here. Remove it, or train on a GPU."
+    )
+
+
 def machine_problems(cfg: HellbenderConfig, machine: Machine | None = None) -> list[str]:
     """Why `cfg` cannot train on `machine` (default: this one), though it is a valid config."""
     machine = machine or this_machine()
@@ -104,6 +114,8 @@ def machine_problems(cfg: HellbenderConfig, machine: Machine | None = None) -> l
     if problem := attention_problem(cfg, machine):
         problems.append(problem)
     if problem := optimizer_package_problem(cfg.optimizer):
+        problems.append(problem)
+    if problem := compiled_generation_problem(cfg, machine):
         problems.append(problem)
     if cfg.qat is not None:  # `quantization:` alone changes nothing about training: `hellbender quantize` checks it
         from hellbender.config.quantization_machine import machine_problem

@@ -110,6 +110,11 @@ def rl_problems(cfg: HellbenderConfig) -> list[str]:
             "`trl.use_vllm: true`: generation through vLLM is not verified with hellbender yet. Remove `use_vllm` "
             "to generate with transformers' `generate`."
         )
+    if trl.compile_generation and (blocker := compiled_generation_blocker(cfg)):
+        problems.append(
+            f"`trl.compile_generation: true` cannot be used here: {blocker}. Remove `compile_generation` (generation "
+            "then decodes eagerly)."
+        )
     directory = trl.reward_funcs_dir or "."
     for name in trl.reward_funcs:
         if reward_model_source(name, directory) is not None:
@@ -127,6 +132,22 @@ def rl_problems(cfg: HellbenderConfig) -> list[str]:
             "value there."
         )
     return problems
+
+
+def compiled_generation_blocker(cfg: HellbenderConfig) -> str | None:
+    """Why generation cannot decode with a static cache and a compiled step (`trl.compile_generation`), or None."""
+    trl = cfg.trl
+    if trl is not None and trl.use_vllm:
+        return "`trl.use_vllm` generates with vLLM, not with transformers' `generate`"
+    if cfg.fsdp_version == 2:
+        return "FSDP2 gathers the sharded weights for each generation, and compiling over them is not verified"
+    if cfg.quantized_bits or cfg.adapter == "qlora":  # `qlora` implies 4 bits before the defaults are filled in
+        return f"the base model is loaded in {cfg.quantized_bits or 4} bits, whose layers transformers does not compile"
+    if cfg.is_multimodal:
+        return "compiled decoding is not verified for vision-language models yet"
+    if cfg.torch_compile:
+        return "`torch_compile` compiles the decoder layers for training, and compiling generation over them is not verified"
+    return None
 
 
 def _steps_for(per_step: int, generations: int) -> int:
