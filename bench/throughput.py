@@ -17,6 +17,10 @@ Workloads (`--workloads`, default W1,W2,W3):
   W4  longest trainable sequence of the 8B shape with QLoRA (NF4, double quant, bf16 compute), micro-batch 1,
       checkpointing: doubling from 8192, then bisection to ~5 %, each trial a fresh subprocess running one
       optimizer step (`--w4-steps`); the budget `--w4-budget-s` is split evenly between the two variants.
+  W7  OLMoE-1B-7B shape at half depth (8 layers, 64 experts, 8 active), LoRA r=16 alpha=32 on q,k,v,o and the
+      experts' fused weights (PEFT `target_parameters` on the baseline; `gate_proj`/`up_proj`/`down_proj` reach them
+      in hellbender), seq 2048, micro-batch 2, checkpointing; transformers' default experts path (grouped_mm on a
+      GPU). MFU counts the routed share of the expert weights.
   cpu data preparation only: hellbender's `prepare_datasets` (chat_template rows, sample packing) on `--rows`
       synthetic chat rows, timed with a fresh cache; rows/s and tokens/s.
 
@@ -79,9 +83,11 @@ if str(HERE) not in sys.path:  # the E2B text shape is shared with the sibling m
 GIB = 1024**3
 SEED = 0
 VARIANTS = ("baseline", "hellbender")
-GPU_WORKLOADS = ("W1", "W2", "W3", "W4")
+GPU_WORKLOADS = ("W1", "W2", "W3", "W4", "W7")
 ALL_WORKLOADS = (*GPU_WORKLOADS, "cpu")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# W7's expert weights (transformers 5's fused experts): what LORA_TARGETS' MLP projections name in an OLMoE layer.
+OLMOE_EXPERT_WEIGHTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 # The tiny tokenizer's special tokens are ids 0-3 and it has 512 entries; random ids stay inside [10, 500).
 TOKEN_IDS = (10, 500)
 MODEL_SPEC_FILE = "bench_model.json"
@@ -131,6 +137,31 @@ LLAMA32_1B: dict[str, Any] = dict(
     tie_word_embeddings=True,
     rope_parameters={"rope_type": "default", "rope_theta": 500_000.0},
     max_position_embeddings=131_072,
+)
+# OLMoE-1B-7B's shape (64 experts, 8 active per token) at half its depth: 3.7B parameters, 0.7B active per token.
+OLMOE_1B_7B_HALF: dict[str, Any] = dict(
+    hidden_size=2048,
+    intermediate_size=1024,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    num_experts=64,
+    num_experts_per_tok=8,
+    vocab_size=50_304,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
+TINY_OLMOE: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+    vocab_size=512,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
 )
 TINY_LLAMA: dict[str, Any] = dict(
     hidden_size=64,
@@ -234,6 +265,18 @@ def workload(name: str, tiny: bool) -> Workload:
             learning_rate=1e-4,
             image_px=32 if tiny else 256,
             rows=48 if tiny else 400,
+        )
+    if name == "W7":
+        return Workload(
+            name,
+            "OLMoE-1B-7B shape (8 of 16 layers), LoRA r16 on attention and experts",
+            "olmoe",
+            "tiny-olmoe" if tiny else "olmoe-1b-7b-half",
+            TINY_OLMOE if tiny else OLMOE_1B_7B_HALF,
+            "lora",
+            seq=128 if tiny else 2048,
+            micro_batch=2,
+            learning_rate=1e-4,
         )
     raise ValueError(f"unknown workload {name}")
 
@@ -460,17 +503,20 @@ def build_model(w: Workload, target: Path, tiny: bool) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     device, dtype = torch.device("cuda" if cuda else "cpu"), torch.bfloat16 if cuda else torch.float32
     torch.manual_seed(SEED)
-    if w.family == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
+    if w.family in ("llama", "olmoe"):
+        from transformers import LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM
 
         from hellbender.models.tiny import build_tiny_tokenizer
 
+        config_class, model_class = (
+            (LlamaConfig, LlamaForCausalLM) if w.family == "llama" else (OlmoeConfig, OlmoeForCausalLM)
+        )
         tokenizer = build_tiny_tokenizer()
-        config = LlamaConfig(
+        config = config_class(
             **w.shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None
         )
         with default_dtype(dtype), device:
-            model = LlamaForCausalLM(config)
+            model = model_class(config)
         saved = [tokenizer]
     else:
         import gemma4_e2b_memory_slope as slope
@@ -549,6 +595,11 @@ class FlopModel:
                     )
                 else:
                     flops.lm_params, flops.lm_trainable = flops.lm_params + n, flops.lm_trainable + trainable
+            elif type(module).__name__.endswith("Experts"):  # 3-D expert weights: only the routed share computes
+                config = model.config
+                share = config.num_experts_per_tok / config.num_experts
+                n = sum(p.numel() for p in module.parameters(recurse=False) if p.dim() == 3)
+                flops.lm_params += int(n * share)
             elif type(module).__name__.endswith("Attention") and hasattr(module, "q_proj"):
                 width = _out_features(module.q_proj)
                 if width is None:
@@ -824,6 +875,11 @@ def baseline_lora(w: Workload) -> Any:
     targets: list[str] | str = list(LORA_TARGETS)
     if w.family == "gemma4-vlm":  # the language model's projections only, as a user targets them with PEFT
         targets = r".*language_model.*\.(" + "|".join(LORA_TARGETS) + ")"
+    if w.family == "olmoe":  # the experts are 3-D parameters, which PEFT reaches through `target_parameters`
+        return LoraConfig(
+            r=16, lora_alpha=32, lora_dropout=0.0, target_modules=list(LORA_TARGETS[:4]), task_type="CAUSAL_LM",
+            target_parameters=list(OLMOE_EXPERT_WEIGHTS),
+        )  # fmt: skip
     return LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM")
 
 
