@@ -92,16 +92,24 @@ def adapter_targets(cfg: HellbenderConfig, model: Any) -> tuple[list[str] | str,
 
 
 def _without_unadaptable(model: Any, modules: list[str], every_linear: bool) -> list[str]:
-    """`modules` (full names) without the layers LoRA cannot adapt in this model's family: left out with one notice
-    line when they came from `lora_target_linear` (`every_linear`), refused when the config named them."""
+    """`modules` (full names) without the layers LoRA cannot adapt in this model's family, left out with one notice
+    line. When the config named them (not `every_linear`), a name that reaches only such layers is refused; one that
+    also reaches adaptable layers (a sparse-attention indexer's `gate_proj` beside the MLP's) keeps those."""
     left_out = unadaptable_layers(model)
     hit = [name for name in modules if name in left_out]
     if not hit:
         return modules
     if not every_linear:
-        raise ConfigError(refusal(hit, left_out))
+        adaptable_leaves = {_leaf(name) for name in modules if name not in left_out}
+        only_unadaptable = [name for name in hit if _leaf(name) not in adaptable_leaves]
+        if only_unadaptable:
+            raise ConfigError(refusal(only_unadaptable, left_out))
     logger.warning(left_out_notice({name: left_out[name] for name in hit}))
     return [name for name in modules if name not in left_out]
+
+
+def _leaf(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
 
 
 def target_modules(cfg: HellbenderConfig, model: Any) -> list[str] | str:
@@ -155,10 +163,11 @@ def _named_targets(cfg: HellbenderConfig, model: Any) -> list[str] | str:
         return _without_unadaptable(model, sorted(linear), every_linear=True)
     if cfg.lora_target_linear:
         wanted = leaves
-    _without_unadaptable(model, [name for name, leaf in linear.items() if leaf in wanted], every_linear=False)
-    if not cfg.is_multimodal:
-        return sorted(wanted)
-    return sorted(name for name, leaf in linear.items() if leaf in wanted)
+    named = sorted(name for name, leaf in linear.items() if leaf in wanted)
+    kept = _without_unadaptable(model, named, every_linear=False)
+    if cfg.is_multimodal or kept != named:  # full names: PEFT would match a leaf name everywhere
+        return kept
+    return sorted(wanted)
 
 
 def freeze_vision_modules(model: Any) -> list[str]:

@@ -16,6 +16,10 @@ wraps wrongly, and training would stop inside PEFT or the forward pass. hellbend
   grouped output projection (each head group times its own slice of the weight, so the input is wider than
   `in_features`) are such layers; plain PEFT fails on them too (`'tuple' object has no attribute 'dtype'`, a size
   mismatch).
+- The layers of a sparse-attention indexer (DeepSeek-V3.2's and V4's lightning indexer and the families built on it:
+  GLM-MoE-DSA, HY-V4, AXK2, dots3, Qwen4-exp): the indexer only chooses which positions each query's attention reads,
+  as top-k indices or a 0 / -inf mask built from them. No gradient passes through that choice, so an adapter there
+  trains nothing (a test checks that no indexer weight of these families receives a gradient).
 """
 
 from __future__ import annotations
@@ -50,6 +54,14 @@ NOT_PLAIN_LINEAR = {
 }
 
 
+# Modules whose class name ends with this pick attention positions by top-k; their layers get no gradient.
+INDEXER_SUFFIX = "Indexer"
+INDEXER_REASON = (
+    "the sparse-attention indexer only chooses which positions attention reads (top-k indices, or a mask built from "
+    "them), a choice no gradient passes through, so an adapter there would never learn"
+)
+
+
 def unadaptable_layers(model: Any) -> dict[str, str]:
     """Full module name -> why LoRA must leave it out, for every such layer of `model` (empty for most models)."""
     import torch
@@ -58,9 +70,14 @@ def unadaptable_layers(model: Any) -> dict[str, str]:
     mamba = model_type in MAMBA_MODEL_TYPES
     read_directly = WEIGHTS_READ_DIRECTLY.get(model_type, ())
     found = {}
+    indexers: list[str] = []  # named_modules lists a module before its children
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        if mamba and leaf in MAMBA_REFUSED_LEAVES:
+        if type(module).__name__.endswith(INDEXER_SUFFIX):
+            indexers.append(f"{name}.")
+        if isinstance(module, torch.nn.Linear) and any(name.startswith(prefix) for prefix in indexers):
+            found[name] = INDEXER_REASON
+        elif mamba and leaf in MAMBA_REFUSED_LEAVES:
             found[name] = MAMBA_REASON.format(model_type=model_type)
         elif type(module).__name__ in NOT_PLAIN_LINEAR:
             found[name] = NOT_PLAIN_LINEAR[type(module).__name__]
