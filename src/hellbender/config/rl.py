@@ -153,9 +153,9 @@ class TrlSettings(BaseModel):
         description="Generate with a static key-value cache and transformers' compiled decoding step (torch.compile; "
         "CUDA graphs on a GPU) instead of eager decoding, whose per-token cost on a GPU is mostly Python and kernel "
         "launches (2.1x the steps of plain TRL at W6, docs/rl.md). The first generation compiles (about 100 s more for "
-        "a 1B model on an H200); a longer prompt than any before compiles again. Refused with `use_vllm`, FSDP2, a quantized base model, vision-language models and "
-        "`torch_compile`; unset, it is on where none of these is set and a GPU generates. Liger's `liger_rope` "
-        "halves its speed (a warning says so).",
+        "a 1B model on an H200); a longer prompt than any before compiles again. Refused with `use_vllm`, FSDP2, a "
+        "quantized base model, vision-language models and `torch_compile`; unset, it is on where none of these is "
+        "set and a GPU generates. Liger's `liger_rope` halves its speed (a warning says so).",
     )
     use_vllm: bool = Field(
         False,

@@ -146,7 +146,10 @@ def compiled_generation_blocker(cfg: HellbenderConfig) -> str | None:
     if cfg.is_multimodal:
         return "compiled decoding is not verified for vision-language models yet"
     if cfg.torch_compile:
-        return "`torch_compile` compiles the decoder layers for training, and compiling generation over them is not verified"
+        return (
+            "`torch_compile` compiles the decoder layers for training, and compiling generation over them is not "
+            "verified"
+        )
     return None
 
 

@@ -33,7 +33,8 @@ logger = logging.getLogger("hellbender")
 
 # Compiled generation reads the prompts into the static cache this many positions at a time: the prefill's
 # activations, not the cache, set the peak of a whole-batch prefill. 64 rows x 256 prompt tokens of the 1B shape on an
-# H200: 4.0 GiB peak against 5.3 read whole and 4.8 for eager decoding, and no slower (bench/README.md).
+# H200: 1.6 GiB above the model against 2.9 read whole and 2.4 for eager decoding, at about the same speed
+# (bench/grpo_generation.py).
 PREFILL_CHUNK_TOKENS = 64
 # The columns online RL reads: each row's `prompt` (the others are the reward functions' keywords).
 PROMPT_COLUMNS = ("prompt",)
@@ -77,7 +78,8 @@ def online_arguments(cfg: HellbenderConfig) -> dict[str, Any]:
 
 def compiled_generation(cfg: HellbenderConfig) -> bool:
     """`trl.compile_generation`, or unset: on when generating on a GPU, unless the config rules it out. Eager decoding
-    of a 1B model at 64 rows spends most of each token's time in Python and kernel launches (bench/README.md)."""
+    of a 1B model at 64 rows spends most of each token's time in Python and kernel launches
+    (bench/grpo_generation.py)."""
     trl = cfg.trl
     assert trl is not None
     if trl.compile_generation is None and torch.cuda.is_available():
