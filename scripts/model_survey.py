@@ -1770,6 +1770,90 @@ def build_pp_chart2table(target: Path) -> None:
     _save_generic("pp_chart2table", target, tokenizer, processor, extra)
 
 
+def build_granite4_vision(target: Path) -> None:
+    """Granite 4 Vision: LLaVA-NeXT's any-resolution tiles of 32 x 32 (`build_llava_next`'s sizes) through a CLIP
+    tower of 4 px patches (8 x 8 per tile, the class token dropped), whose window Q-Former projectors halve each side
+    (`downsample_rate` 1/2: 4 x 4 per tile) and inject features of two tower layers into the two text layers
+    (deepstack) besides the four spatial-offset groups."""
+    from transformers import Granite4VisionProcessor, LlavaNextImageProcessorPil
+
+    from hellbender.models.tiny_vlm.llava import IMAGE_SIZE, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    patch, rate = 4, "1/2"
+    pinpoints = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
+    image_processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=pinpoints,
+    )
+    processor = Granite4VisionProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=patch,
+        vision_feature_select_strategy="default",
+        chat_template=LLAVA_CHAT_TEMPLATE,
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,
+        downsample_rate=rate,
+    )
+    extra = {
+        # the Q-Former's width is the tower's, one head per 64 channels
+        "vision_config": {"image_size": IMAGE_SIZE, "patch_size": patch, "hidden_size": 64},
+        "qformer_config": {"intermediate_size": 64},
+        "image_grid_pinpoints": pinpoints,
+        "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -1,
+        "downsample_rate": rate,
+        "deepstack_layer_map": [[0, 0], [1, 1]],  # [tower layer, text layer]
+        "spatial_target_layers": [0, 1, 0, 1],
+    }
+    _save_generic("granite4_vision", target, tokenizer, processor, extra)
+
+
+def build_hyperclovax_vision_v2(target: Path) -> None:
+    """HyperCLOVA X Vision V2: a Qwen2.5-VL tower at the tiny Qwen-VL sizes (4 px patches merged 2 x 2, windowed
+    block 0, full block 1) into a HyperCLOVA X text model; its processor expands `<|image_pad|>` per merged patch and
+    always carries a Qwen2-VL video processor (torchvision)."""
+    from transformers import HyperCLOVAXVisionV2Processor, Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor
+
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer = tiny_qwen.build_tokenizer()
+    pixels = {
+        "min_pixels": tiny_qwen.MIN_PIXELS,
+        "max_pixels": tiny_qwen.MAX_PIXELS,
+        "patch_size": tiny_qwen.PATCH_SIZE,
+        "merge_size": tiny_qwen.MERGE_SIZE,
+        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
+    }
+    processor = HyperCLOVAXVisionV2Processor(
+        Qwen2VLImageProcessorPil(**pixels),
+        tokenizer,
+        Qwen2VLVideoProcessor(**pixels),
+        chat_template=tiny_qwen.CHAT_TEMPLATE,
+    )
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": tiny_qwen.PATCH_SIZE,
+        "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
+        "window_size": tiny_qwen.PATCH_SIZE * tiny_qwen.MERGE_SIZE,
+        "fullatt_block_indexes": [1],
+        "out_hidden_size": 64,
+    }
+    extra = {
+        "vision_config": vision,
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.IMAGE_PAD),
+        "video_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.VIDEO_PAD),
+    }
+    _save_generic("hyperclovax_vision_v2", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1786,6 +1870,7 @@ TORCHVISION_BUILDERS = frozenset(
         "video_llava",
         "perception_lm",  # its vision tower comes from timm too
         "lfm3_vl",
+        "hyperclovax_vision_v2",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -1838,6 +1923,8 @@ VLM_BUILDERS: dict[str, Any] = {
     "lfm3_vl": build_lfm3_vl,
     "qianfan_ocr": build_qianfan_ocr,
     "pp_chart2table": build_pp_chart2table,
+    "granite4_vision": build_granite4_vision,
+    "hyperclovax_vision_v2": build_hyperclovax_vision_v2,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
