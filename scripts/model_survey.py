@@ -1854,6 +1854,41 @@ def build_hyperclovax_vision_v2(target: Path) -> None:
     _save_generic("hyperclovax_vision_v2", target, tokenizer, processor, extra)
 
 
+def build_dots3_note(target: Path) -> None:
+    """Dots 3 Note: a MoE vision tower on Qwen2-VL-style patches (4 px, merged 2 x 2, no temporal patch) whose adapter
+    feeds the Dots 3 text model: a 32 x 32 image gives 16 `<|imgpad|>` tokens; its processor carries a Qwen3-VL video
+    processor (torchvision) and an audio feature extractor beside the Qwen2-VL image processor."""
+    from transformers import (
+        Dots3NoteFeatureExtractor,
+        Dots3NoteProcessor,
+        Qwen2VLImageProcessorPil,
+        Qwen3VLVideoProcessor,
+    )
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = ("<|imgpad|>", "<|video_pad|>", "<|audio_comp_pad|>")  # what the processor expands, by these names
+    template = _chatml_template(named[0])
+    tokenizer = build_tiny_tokenizer(list(named), chat_template=template)
+    pixels = {"min_pixels": 32 * 32, "max_pixels": 32 * 32, "patch_size": 4, "merge_size": 2}
+    processor = Dots3NoteProcessor(
+        Qwen2VLImageProcessorPil(**pixels, temporal_patch_size=1),
+        tokenizer,
+        Qwen3VLVideoProcessor(**pixels),
+        Dots3NoteFeatureExtractor(),
+        chat_template=template,
+    )
+    ids = tokenizer.convert_tokens_to_ids(list(named))
+    extra = {
+        "vision_config": {"patch_size": 4, "spatial_merge_size": 2},
+        "text_config": {"bos_token_id": None},  # its default lies outside the tiny vocabulary
+        "image_token_id": ids[0],
+        "video_token_id": ids[1],
+        "audio_token_id": ids[2],
+    }
+    _save_generic("dots3_note", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1871,6 +1906,7 @@ TORCHVISION_BUILDERS = frozenset(
         "perception_lm",  # its vision tower comes from timm too
         "lfm3_vl",
         "hyperclovax_vision_v2",
+        "dots3_note",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -1925,6 +1961,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "pp_chart2table": build_pp_chart2table,
     "granite4_vision": build_granite4_vision,
     "hyperclovax_vision_v2": build_hyperclovax_vision_v2,
+    "dots3_note": build_dots3_note,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
