@@ -1889,6 +1889,102 @@ def build_dots3_note(target: Path) -> None:
     _save_generic("dots3_note", target, tokenizer, processor, extra)
 
 
+def _qwen_layout(model_type: str, prefix: str, *, temporal_patch_size: int = 1) -> tuple[Any, Any]:
+    """The tiny Qwen-VL tokenizer and `model_type`'s own `{prefix}Processor` on Qwen-VL-style patches at the tiny
+    Qwen-VL sizes (4 px, merged 2 x 2, a 32 x 32 image at most: 16 patches, 4 `<|image_pad|>` tokens), with its own
+    image processor and its video processor (torchvision)."""
+    import transformers
+
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer = tiny_qwen.build_tokenizer()
+    patches = {
+        "patch_size": tiny_qwen.PATCH_SIZE,
+        "merge_size": tiny_qwen.MERGE_SIZE,
+        "temporal_patch_size": temporal_patch_size,
+        "size": {"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS},
+    }
+    image_processor = getattr(transformers, f"{prefix}ImageProcessorPil")(**patches)
+    video_processor = getattr(transformers, f"{prefix}VideoProcessor")(**patches)
+    processor = getattr(transformers, f"{prefix}Processor")(
+        image_processor, tokenizer, video_processor, chat_template=tiny_qwen.CHAT_TEMPLATE
+    )
+    return tokenizer, processor
+
+
+def build_cosmos3_edge(target: Path) -> None:
+    """Cosmos3 Edge: a SigLIP-like tower on Qwen-VL-style patches (`_qwen_layout`: 4 px, merged 2 x 2) into a text
+    model with multimodal RoPE."""
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer, processor = _qwen_layout("cosmos3_edge", "Cosmos3Edge")
+    extra = {
+        "vision_config": {"patch_size": tiny_qwen.PATCH_SIZE, "spatial_merge_size": tiny_qwen.MERGE_SIZE},
+        "text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+        **tiny_qwen.token_ids(
+            dict(
+                zip(
+                    tiny_qwen.VISION_TOKENS, tokenizer.convert_tokens_to_ids(list(tiny_qwen.VISION_TOKENS)), strict=True
+                )
+            )
+        ),
+    }
+    _save_generic("cosmos3_edge", target, tokenizer, processor, extra)
+
+
+def build_glm5_next(target: Path) -> None:
+    """GLM-5 Next: GLM-4V's layout (`build_glm4v`'s tokenizer and template: `<|image|>` per merged patch between
+    `<|begin_of_image|>` and `<|end_of_image|>`) on its own image and video processors (torchvision), 4 px patches
+    merged 2 x 2, at most 4 image tokens, into its hybrid (linear and indexed attention) MoE text model."""
+    from transformers import Glm5NextImageProcessorPil, Glm5NextProcessor, Glm5NextVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ("<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>")
+    template = _chatml_template("<|begin_of_image|><|image|><|end_of_image|>")
+    tokenizer = build_tiny_tokenizer(
+        extra_special_tokens=markers, chat_template=template, image_token="<|image|>", video_token="<|video|>"
+    )
+    patches = {"patch_size": 4, "merge_size": 2, "temporal_patch_size": 2}
+    image_processor = Glm5NextImageProcessorPil(min_image_tokens=1, max_image_tokens=4, **patches)
+    processor = Glm5NextProcessor(image_processor, tokenizer, Glm5NextVideoProcessor(**patches), chat_template=template)
+    ids = tokenizer.convert_tokens_to_ids
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 64,
+                          "projection_intermediate_size": 128},
+        # its indexed attention layers have no rotary part (the default's 0, which the generic shrink would set)
+        "text_config": {"qk_rope_head_dim": 0, "head_dim": 0},
+        "image_token_id": ids("<|image|>"),
+        "video_token_id": ids("<|video|>"),
+        "image_start_token_id": ids("<|begin_of_image|>"),
+        "image_end_token_id": ids("<|end_of_image|>"),
+        "video_start_token_id": ids("<|begin_of_video|>"),
+        "video_end_token_id": ids("<|end_of_video|>"),
+    }  # fmt: skip
+    _save_generic("glm5_next", target, tokenizer, processor, extra)
+
+
+def build_hy_v4_vl(target: Path) -> None:
+    """HY V4 VL: Qwen-VL-style patches (`_qwen_layout`: 4 px, merged 2 x 2, no temporal patch), one token per merged
+    patch plus one per merged row (`<|image_pad|>` throughout), into a latent-attention MoE text model whose
+    multimodal RoPE sections cover its rotary half."""
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer, processor = _qwen_layout("hy_v4_vl", "HYV4VL")
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}  # sum: qk_rope_head_dim / 2
+    extra = {
+        "vision_config": {
+            "patch_size": tiny_qwen.PATCH_SIZE,
+            "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+            "out_hidden_size": 64,
+        },
+        "text_config": {"rope_parameters": rope, "bos_token_id": None},
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.IMAGE_PAD),
+        "video_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.VIDEO_PAD),
+    }
+    _save_generic("hy_v4_vl", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1907,6 +2003,9 @@ TORCHVISION_BUILDERS = frozenset(
         "lfm3_vl",
         "hyperclovax_vision_v2",
         "dots3_note",
+        "cosmos3_edge",
+        "glm5_next",
+        "hy_v4_vl",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -1962,6 +2061,9 @@ VLM_BUILDERS: dict[str, Any] = {
     "granite4_vision": build_granite4_vision,
     "hyperclovax_vision_v2": build_hyperclovax_vision_v2,
     "dots3_note": build_dots3_note,
+    "cosmos3_edge": build_cosmos3_edge,
+    "glm5_next": build_glm5_next,
+    "hy_v4_vl": build_hy_v4_vl,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
