@@ -97,6 +97,15 @@ def processor_loader(source: str) -> Callable[..., Any] | None:
     return None
 
 
+def adjust_processor(source: str, processor: Any) -> Any:
+    """The loaded processor with its family's settings fixed (unchanged for most families)."""
+    from hellbender.models.fixes import cosmos3_edge
+
+    if model_type_of(source) in cosmos3_edge.MODEL_TYPES:
+        return cosmos3_edge.adjust_processor(processor)
+    return processor
+
+
 def prepare_for_training(model: Any, attn_implementation: str) -> Any:
     """What the model's family must change or check before training (nothing for most families)."""
     from hellbender.models.fixes import gemma4
