@@ -670,7 +670,8 @@ def _shrunk_composite(model_type: str, name: str, tokenizer: Any, extra: dict[st
         vocab = len(tokenizer) if "text" in sub_name else None
         shrunk[sub_name] = {**sub.to_dict(), **shrunk_kwargs(sub, vocab), **extra.get(sub_name, {})}
     special = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None}
-    shrunk["text_config"].update(special)
+    if "text_config" in shrunk:  # a vision composite has none (DeepSeek-OCR-2's SAM tower and encoder)
+        shrunk["text_config"].update(special)
     return {**shrunk, **{k: v for k, v in extra.items() if k not in composite.sub_configs}}
 
 
@@ -1985,6 +1986,40 @@ def build_hy_v4_vl(target: Path) -> None:
     _save_generic("hy_v4_vl", target, tokenizer, processor, extra)
 
 
+def build_deepseek_ocr2(target: Path) -> None:
+    """DeepSeek-OCR-2: a SAM tower (192 x 192 images, 4 px patches: 48 x 48, windowed, one global layer) whose two
+    strided convolutions fold it to 12 x 12, read by a causal encoder through its 144 learned queries (the model's
+    768 px query set, the count at this grid), so each image gives 144 `<image>` tokens and a view separator. One
+    global view per image (no local tiles); the rows get a longer `sequence_len` (`VLM_SEQUENCE_LEN`)."""
+    from transformers import DeepseekOcr2ImageProcessorPil, DeepseekOcr2Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<image>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<image>")
+    image_processor = DeepseekOcr2ImageProcessorPil(size={"height": 192, "width": 192}, crop_to_patches=False)
+    processor = DeepseekOcr2Processor(image_processor, tokenizer, chat_template=template, patch_size=4)
+    sam = {
+        "image_size": 192,
+        "patch_size": 4,
+        "output_channels": 32,
+        "mlp_dim": 64,
+        "window_size": 8,
+        "global_attn_indexes": [1],
+        "downsample_channels": [32, 64],  # the last is the encoder's width
+    }
+    vision = _shrunk_composite(
+        "deepseek_ocr2", "vision_config", tokenizer, {"sam_config": sam, "encoder_config": {"vocab_size": 16}}
+    )
+    extra = {
+        "vision_config": vision,
+        # the default leaves the dense / MoE pattern to a checkpoint; its model reads one per layer
+        "text_config": {"mlp_layer_types": ["dense", "sparse"]},
+        "image_token_id": tokenizer.convert_tokens_to_ids("<image>"),
+    }
+    _save_generic("deepseek_ocr2", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -2064,6 +2099,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "cosmos3_edge": build_cosmos3_edge,
     "glm5_next": build_glm5_next,
     "hy_v4_vl": build_hy_v4_vl,
+    "deepseek_ocr2": build_deepseek_ocr2,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
@@ -2188,8 +2224,9 @@ def vlm_build(model_type: str, target: Path) -> dict[str, Any]:
     return {"class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters())}
 
 
-# Families whose tiny processor gives more image tokens than the default rows hold (GOT-OCR2: 256 per image).
-VLM_SEQUENCE_LEN = {"got_ocr2": 512}
+# Families whose tiny processor gives more image tokens than the default rows hold (GOT-OCR2: 256 per image,
+# DeepSeek-OCR-2: 145).
+VLM_SEQUENCE_LEN = {"got_ocr2": 512, "deepseek_ocr2": 512}
 
 
 def vlm_run_config(model_dir: Path, mode: str, output_dir: Path) -> str:
