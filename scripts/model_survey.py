@@ -2020,6 +2020,47 @@ def build_deepseek_ocr2(target: Path) -> None:
     _save_generic("deepseek_ocr2", target, tokenizer, processor, extra)
 
 
+def build_gemma4_unified(target: Path) -> None:
+    """Gemma 4 Unified: no vision tower, each image's 4 px patches are embedded and pooled 3 x 3 straight into the
+    text model (at most 70 soft tokens, as the tiny Gemma 4); the tiny Gemma 4's tokenizer and template, its own
+    image and video processors (torchvision) and audio feature extractor."""
+    from transformers import (
+        Gemma4UnifiedAudioFeatureExtractor,
+        Gemma4UnifiedImageProcessor,
+        Gemma4UnifiedProcessor,
+        Gemma4UnifiedVideoProcessor,
+    )
+
+    from hellbender.models.tiny_vlm import gemma4 as tiny
+
+    tokenizer = tiny.build_tokenizer()
+    extra_special_tokens = list(tokenizer.extra_special_tokens)
+    patches = {"patch_size": tiny.PATCH_SIZE, "pooling_kernel_size": tiny.POOLING_KERNEL_SIZE}
+    processor = Gemma4UnifiedProcessor(
+        Gemma4UnifiedAudioFeatureExtractor(),
+        Gemma4UnifiedImageProcessor(max_soft_tokens=tiny.MAX_SOFT_TOKENS, **patches),
+        tokenizer,
+        Gemma4UnifiedVideoProcessor(**patches),
+        chat_template=tiny.GEMMA4_CHAT_TEMPLATE,
+        image_seq_length=tiny.MAX_SOFT_TOKENS,
+    )
+    # its __init__ replaces the tokenizer's extra special tokens with `<|video|>` (as Gemma 4's does): put them back
+    tokenizer.add_special_tokens({"extra_special_tokens": extra_special_tokens})
+    ids = tokenizer.convert_tokens_to_ids
+    extra = {
+        "vision_config": {**patches, "mm_embed_dim": 64, "mm_posemb_size": tiny.POSITION_EMBEDDING_SIZE,
+                          "output_proj_dims": 64},
+        "image_token_id": ids(tiny.IMAGE_TOKEN),
+        "boi_token_id": ids(tiny.BOI_TOKEN),
+        "eoi_token_id": ids(tiny.EOI_TOKEN),
+        "video_token_id": ids(tiny.VIDEO_TOKEN),
+        "audio_token_id": ids(tiny.AUDIO_TOKEN),
+        "boa_token_id": ids(tiny.BOA_TOKEN),
+        "eoa_token_index": ids(tiny.EOA_TOKEN),
+    }  # fmt: skip
+    _save_generic("gemma4_unified", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -2041,6 +2082,7 @@ TORCHVISION_BUILDERS = frozenset(
         "cosmos3_edge",
         "glm5_next",
         "hy_v4_vl",
+        "gemma4_unified",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -2100,6 +2142,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "glm5_next": build_glm5_next,
     "hy_v4_vl": build_hy_v4_vl,
     "deepseek_ocr2": build_deepseek_ocr2,
+    "gemma4_unified": build_gemma4_unified,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
