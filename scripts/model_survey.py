@@ -2061,6 +2061,25 @@ def build_gemma4_unified(target: Path) -> None:
     _save_generic("gemma4_unified", target, tokenizer, processor, extra)
 
 
+def build_inkling2(target: Path, model_type: str = "inkling2") -> None:
+    """Inkling 2 (and Inkling 2 Loop, the same layout): each 8 x 8 tile of an image (2 x 2 patches of 4 px) is one
+    `<|image|>` token, so a 32 x 32 image gives 16; its image processor is a torchvision class."""
+    from transformers import Inkling2ImageProcessor, Inkling2Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<|image|>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<|image|>")
+    image_processor = Inkling2ImageProcessor(size={"height": 8, "width": 8})
+    processor = Inkling2Processor(image_processor, tokenizer, chat_template=template)
+    extra = {
+        "vision_config": {"patch_size": 4, "spatial_merge_size": 2, "posemb_grid_size": 8, "text_hidden_size": 64,
+                          "projection_hidden_dim": 128},
+        "image_token_id": tokenizer.convert_tokens_to_ids("<|image|>"),
+    }  # fmt: skip
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -2083,6 +2102,8 @@ TORCHVISION_BUILDERS = frozenset(
         "glm5_next",
         "hy_v4_vl",
         "gemma4_unified",
+        "inkling2",
+        "inkling2_loop",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -2143,6 +2164,8 @@ VLM_BUILDERS: dict[str, Any] = {
     "hy_v4_vl": build_hy_v4_vl,
     "deepseek_ocr2": build_deepseek_ocr2,
     "gemma4_unified": build_gemma4_unified,
+    "inkling2": build_inkling2,
+    "inkling2_loop": lambda target: build_inkling2(target, "inkling2_loop"),
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
