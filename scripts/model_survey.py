@@ -27,6 +27,7 @@ language model (2 steps) and full fine-tuning (1 step). A family without such a 
 Families whose processors need torchvision are surveyed with an interpreter that imports it (`TORCHVISION_BUILDERS`;
 `TIMM_BUILDERS`: tiny models whose vision tower is a small timm model, which needs timm and so torchvision too);
 their entries record the torch and torchvision versions, and a run without torchvision keeps them as recorded.
+Inkling's (`inkling_mm_model`) vision tower also imports SciPy, which that interpreter needs for its row.
 
 Runs offline on CPU; one core is enough (`OMP_NUM_THREADS=1 taskset -c 1 python ...`).
 """
@@ -2080,6 +2081,34 @@ def build_inkling2(target: Path, model_type: str = "inkling2") -> None:
     _save_generic(model_type, target, tokenizer, processor, extra)
 
 
+def build_inkling(target: Path) -> None:
+    """Inkling: each 8 x 8 patch of an image is one `<|image|>` token after a `<|content_image|>` marker (its image
+    processor cuts one column more than the width holds, padded); an audio feature extractor beside its torchvision
+    image processor. Its vision tower imports SciPy when built, so it is surveyed with SciPy importable."""
+    from transformers import InklingFeatureExtractor, InklingImageProcessor, InklingProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = {"image_bos_token": "<|content_image|>", "audio_bos_token": "<|content_audio_input|>"}
+    template = _chatml_template(markers["image_bos_token"] + "<|image|>")
+    tokenizer = build_tiny_tokenizer(
+        list(markers.values()), chat_template=template, image_token="<|image|>", audio_token="<|audio|>"
+    )
+    image_processor = InklingImageProcessor(size={"height": 8, "width": 8})
+    processor = InklingProcessor(
+        InklingFeatureExtractor(), image_processor, tokenizer, chat_template=template, **markers
+    )
+    ids = tokenizer.convert_tokens_to_ids
+    extra = {
+        "vision_config": {"patch_size": 8, "text_hidden_size": 64},
+        "image_token_id": ids("<|image|>"),
+        "audio_token_id": ids("<|audio|>"),
+        "image_bos_token_id": ids(markers["image_bos_token"]),
+        "audio_bos_token_id": ids(markers["audio_bos_token"]),
+    }
+    _save_generic("inkling_mm_model", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -2104,6 +2133,7 @@ TORCHVISION_BUILDERS = frozenset(
         "gemma4_unified",
         "inkling2",
         "inkling2_loop",
+        "inkling_mm_model",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -2165,6 +2195,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "deepseek_ocr2": build_deepseek_ocr2,
     "gemma4_unified": build_gemma4_unified,
     "inkling2": build_inkling2,
+    "inkling_mm_model": build_inkling,
     "inkling2_loop": lambda target: build_inkling2(target, "inkling2_loop"),
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
@@ -2518,7 +2549,8 @@ def _torchvision_paragraph(results: dict[str, Any], vlm_types: list[str]) -> lis
         "families' processors are torchvision classes or always load a video processor, so the rows named here were "
         f"surveyed in a second environment, with {'; '.join(parts)}, CUDA builds run on the CPU (and `num2words`, "
         "which SmolVLM's processor imports, and timm, whose small `test_convnext` and `test_vit` stand in for "
-        "Gemma 3n's MobileNetV5 and PerceptionLM's Perception Encoder). Without torchvision these rows keep their recorded status: the survey "
+        "Gemma 3n's MobileNetV5 and PerceptionLM's Perception Encoder, and SciPy, which Inkling's vision tower imports "
+        "to plan its output scales). Without torchvision these rows keep their recorded status: the survey "
         "does not redo them, and the test reads their reason as it was with torchvision. Training these families "
         "with hellbender needs torchvision too, since their processors do.",
         "",
