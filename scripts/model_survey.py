@@ -2109,6 +2109,54 @@ def build_inkling(target: Path) -> None:
     _save_generic("inkling_mm_model", target, tokenizer, processor, extra)
 
 
+def build_apertus1p5(target: Path) -> None:
+    """Apertus 1.5: images become discrete codes of a tiny IBQ tokenizer (4 stages: 8 x 8 downsampling, a codebook of
+    16 whose codes sit in the vocabulary after the tiny tokenizer's own ids, followed by the audio codebook's 16);
+    its processor writes each image as `<|boi|>H*W<|image_wrapper|>` and H rows of W `<|image|>` tokens split by
+    `<|eol|>`, then `<|eoi|>` (a 32 x 32 image: 4 x 4). Its image processor is a torchvision class; a WavTokenizer
+    feature extractor and encoder serve audio."""
+    from transformers import Apertus1p5ImageProcessor, Apertus1p5Processor, WavTokenizerFeatureExtractor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {
+        "image_token": "<|image|>",
+        "audio_token": "<|audio|>",
+        "boi_token": "<|boi|>",
+        "eoi_token": "<|eoi|>",
+        "image_wrapper_token": "<|image_wrapper|>",
+        "eol_token": "<|eol|>",
+        "boa_token": "<|boa|>",
+        "eoa_token": "<|eoa|>",
+    }
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = Apertus1p5ImageProcessor(size={"min_pixels": 32 * 32, "max_pixels": 32 * 32}, spatial_factor=8)
+    processor = Apertus1p5Processor(image_processor, WavTokenizerFeatureExtractor(), tokenizer, chat_template=template)
+    codes = 16  # per codebook (image, then audio), after the tokenizer's ids
+    vision = {
+        "codebook_size": codes,
+        "embed_dim": 32,
+        "latent_channels": 32,
+        "base_channels": 32,
+        "channel_multiplier": [1, 1, 1, 1],
+        "num_res_blocks": 1,
+        "attn_resolutions": [],
+        "resolution": 32,
+    }
+    audio = {"codebook_size": codes, "codebook_dim": 16, "hidden_size": 16, "num_filters": 4}
+    extra = {
+        "vision_config": vision,
+        "audio_config": audio,
+        "text_config": {"vocab_size": len(tokenizer) + 2 * codes},
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+        "audio_token_id": tokenizer.convert_tokens_to_ids(named["audio_token"]),
+        "image_token_offset": len(tokenizer),
+        "audio_token_offset": len(tokenizer) + codes,
+    }  # fmt: skip
+    _save_generic("apertus1p5", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -2134,6 +2182,7 @@ TORCHVISION_BUILDERS = frozenset(
         "inkling2",
         "inkling2_loop",
         "inkling_mm_model",
+        "apertus1p5",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -2196,6 +2245,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "gemma4_unified": build_gemma4_unified,
     "inkling2": build_inkling2,
     "inkling_mm_model": build_inkling,
+    "apertus1p5": build_apertus1p5,
     "inkling2_loop": lambda target: build_inkling2(target, "inkling2_loop"),
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
