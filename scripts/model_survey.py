@@ -27,6 +27,7 @@ language model (2 steps) and full fine-tuning (1 step). A family without such a 
 Families whose processors need torchvision are surveyed with an interpreter that imports it (`TORCHVISION_BUILDERS`;
 `TIMM_BUILDERS`: tiny models whose vision tower is a small timm model, which needs timm and so torchvision too);
 their entries record the torch and torchvision versions, and a run without torchvision keeps them as recorded.
+Inkling's (`inkling_mm_model`) vision tower also imports SciPy, which that interpreter needs for its row.
 
 Runs offline on CPU; one core is enough (`OMP_NUM_THREADS=1 taskset -c 1 python ...`).
 """
@@ -670,7 +671,8 @@ def _shrunk_composite(model_type: str, name: str, tokenizer: Any, extra: dict[st
         vocab = len(tokenizer) if "text" in sub_name else None
         shrunk[sub_name] = {**sub.to_dict(), **shrunk_kwargs(sub, vocab), **extra.get(sub_name, {})}
     special = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None}
-    shrunk["text_config"].update(special)
+    if "text_config" in shrunk:  # a vision composite has none (DeepSeek-OCR-2's SAM tower and encoder)
+        shrunk["text_config"].update(special)
     return {**shrunk, **{k: v for k, v in extra.items() if k not in composite.sub_configs}}
 
 
@@ -1770,6 +1772,391 @@ def build_pp_chart2table(target: Path) -> None:
     _save_generic("pp_chart2table", target, tokenizer, processor, extra)
 
 
+def build_granite4_vision(target: Path) -> None:
+    """Granite 4 Vision: LLaVA-NeXT's any-resolution tiles of 32 x 32 (`build_llava_next`'s sizes) through a CLIP
+    tower of 4 px patches (8 x 8 per tile, the class token dropped), whose window Q-Former projectors halve each side
+    (`downsample_rate` 1/2: 4 x 4 per tile) and inject features of two tower layers into the two text layers
+    (deepstack) besides the four spatial-offset groups."""
+    from transformers import Granite4VisionProcessor, LlavaNextImageProcessorPil
+
+    from hellbender.models.tiny_vlm.llava import IMAGE_SIZE, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    patch, rate = 4, "1/2"
+    pinpoints = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
+    image_processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=pinpoints,
+    )
+    processor = Granite4VisionProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=patch,
+        vision_feature_select_strategy="default",
+        chat_template=LLAVA_CHAT_TEMPLATE,
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,
+        downsample_rate=rate,
+    )
+    extra = {
+        # the Q-Former's width is the tower's, one head per 64 channels
+        "vision_config": {"image_size": IMAGE_SIZE, "patch_size": patch, "hidden_size": 64},
+        "qformer_config": {"intermediate_size": 64},
+        "image_grid_pinpoints": pinpoints,
+        "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -1,
+        "downsample_rate": rate,
+        "deepstack_layer_map": [[0, 0], [1, 1]],  # [tower layer, text layer]
+        "spatial_target_layers": [0, 1, 0, 1],
+    }
+    _save_generic("granite4_vision", target, tokenizer, processor, extra)
+
+
+def build_hyperclovax_vision_v2(target: Path) -> None:
+    """HyperCLOVA X Vision V2: a Qwen2.5-VL tower at the tiny Qwen-VL sizes (4 px patches merged 2 x 2, windowed
+    block 0, full block 1) into a HyperCLOVA X text model; its processor expands `<|image_pad|>` per merged patch and
+    always carries a Qwen2-VL video processor (torchvision)."""
+    from transformers import HyperCLOVAXVisionV2Processor, Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor
+
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer = tiny_qwen.build_tokenizer()
+    pixels = {
+        "min_pixels": tiny_qwen.MIN_PIXELS,
+        "max_pixels": tiny_qwen.MAX_PIXELS,
+        "patch_size": tiny_qwen.PATCH_SIZE,
+        "merge_size": tiny_qwen.MERGE_SIZE,
+        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
+    }
+    processor = HyperCLOVAXVisionV2Processor(
+        Qwen2VLImageProcessorPil(**pixels),
+        tokenizer,
+        Qwen2VLVideoProcessor(**pixels),
+        chat_template=tiny_qwen.CHAT_TEMPLATE,
+    )
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": tiny_qwen.PATCH_SIZE,
+        "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
+        "window_size": tiny_qwen.PATCH_SIZE * tiny_qwen.MERGE_SIZE,
+        "fullatt_block_indexes": [1],
+        "out_hidden_size": 64,
+    }
+    extra = {
+        "vision_config": vision,
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.IMAGE_PAD),
+        "video_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.VIDEO_PAD),
+    }
+    _save_generic("hyperclovax_vision_v2", target, tokenizer, processor, extra)
+
+
+def build_dots3_note(target: Path) -> None:
+    """Dots 3 Note: a MoE vision tower on Qwen2-VL-style patches (4 px, merged 2 x 2, no temporal patch) whose adapter
+    feeds the Dots 3 text model: a 32 x 32 image gives 16 `<|imgpad|>` tokens; its processor carries a Qwen3-VL video
+    processor (torchvision) and an audio feature extractor beside the Qwen2-VL image processor."""
+    from transformers import (
+        Dots3NoteFeatureExtractor,
+        Dots3NoteProcessor,
+        Qwen2VLImageProcessorPil,
+        Qwen3VLVideoProcessor,
+    )
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = ("<|imgpad|>", "<|video_pad|>", "<|audio_comp_pad|>")  # what the processor expands, by these names
+    template = _chatml_template(named[0])
+    tokenizer = build_tiny_tokenizer(list(named), chat_template=template)
+    pixels = {"min_pixels": 32 * 32, "max_pixels": 32 * 32, "patch_size": 4, "merge_size": 2}
+    processor = Dots3NoteProcessor(
+        Qwen2VLImageProcessorPil(**pixels, temporal_patch_size=1),
+        tokenizer,
+        Qwen3VLVideoProcessor(**pixels),
+        Dots3NoteFeatureExtractor(),
+        chat_template=template,
+    )
+    ids = tokenizer.convert_tokens_to_ids(list(named))
+    extra = {
+        "vision_config": {"patch_size": 4, "spatial_merge_size": 2},
+        "text_config": {"bos_token_id": None},  # its default lies outside the tiny vocabulary
+        "image_token_id": ids[0],
+        "video_token_id": ids[1],
+        "audio_token_id": ids[2],
+    }
+    _save_generic("dots3_note", target, tokenizer, processor, extra)
+
+
+def _qwen_layout(model_type: str, prefix: str, *, temporal_patch_size: int = 1) -> tuple[Any, Any]:
+    """The tiny Qwen-VL tokenizer and `model_type`'s own `{prefix}Processor` on Qwen-VL-style patches at the tiny
+    Qwen-VL sizes (4 px, merged 2 x 2, a 32 x 32 image at most: 16 patches, 4 `<|image_pad|>` tokens), with its own
+    image processor and its video processor (torchvision)."""
+    import transformers
+
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer = tiny_qwen.build_tokenizer()
+    patches = {
+        "patch_size": tiny_qwen.PATCH_SIZE,
+        "merge_size": tiny_qwen.MERGE_SIZE,
+        "temporal_patch_size": temporal_patch_size,
+        "size": {"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS},
+    }
+    image_processor = getattr(transformers, f"{prefix}ImageProcessorPil")(**patches)
+    video_processor = getattr(transformers, f"{prefix}VideoProcessor")(**patches)
+    processor = getattr(transformers, f"{prefix}Processor")(
+        image_processor, tokenizer, video_processor, chat_template=tiny_qwen.CHAT_TEMPLATE
+    )
+    return tokenizer, processor
+
+
+def build_cosmos3_edge(target: Path) -> None:
+    """Cosmos3 Edge: a SigLIP-like tower on Qwen-VL-style patches (`_qwen_layout`: 4 px, merged 2 x 2) into a text
+    model with multimodal RoPE."""
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer, processor = _qwen_layout("cosmos3_edge", "Cosmos3Edge")
+    extra = {
+        "vision_config": {"patch_size": tiny_qwen.PATCH_SIZE, "spatial_merge_size": tiny_qwen.MERGE_SIZE},
+        "text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+        **tiny_qwen.token_ids(
+            dict(
+                zip(
+                    tiny_qwen.VISION_TOKENS, tokenizer.convert_tokens_to_ids(list(tiny_qwen.VISION_TOKENS)), strict=True
+                )
+            )
+        ),
+    }
+    _save_generic("cosmos3_edge", target, tokenizer, processor, extra)
+
+
+def build_glm5_next(target: Path) -> None:
+    """GLM-5 Next: GLM-4V's layout (`build_glm4v`'s tokenizer and template: `<|image|>` per merged patch between
+    `<|begin_of_image|>` and `<|end_of_image|>`) on its own image and video processors (torchvision), 4 px patches
+    merged 2 x 2, at most 4 image tokens, into its hybrid (linear and indexed attention) MoE text model."""
+    from transformers import Glm5NextImageProcessorPil, Glm5NextProcessor, Glm5NextVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ("<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>")
+    template = _chatml_template("<|begin_of_image|><|image|><|end_of_image|>")
+    tokenizer = build_tiny_tokenizer(
+        extra_special_tokens=markers, chat_template=template, image_token="<|image|>", video_token="<|video|>"
+    )
+    patches = {"patch_size": 4, "merge_size": 2, "temporal_patch_size": 2}
+    image_processor = Glm5NextImageProcessorPil(min_image_tokens=1, max_image_tokens=4, **patches)
+    processor = Glm5NextProcessor(image_processor, tokenizer, Glm5NextVideoProcessor(**patches), chat_template=template)
+    ids = tokenizer.convert_tokens_to_ids
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 64,
+                          "projection_intermediate_size": 128},
+        # its indexed attention layers have no rotary part (the default's 0, which the generic shrink would set)
+        "text_config": {"qk_rope_head_dim": 0, "head_dim": 0},
+        "image_token_id": ids("<|image|>"),
+        "video_token_id": ids("<|video|>"),
+        "image_start_token_id": ids("<|begin_of_image|>"),
+        "image_end_token_id": ids("<|end_of_image|>"),
+        "video_start_token_id": ids("<|begin_of_video|>"),
+        "video_end_token_id": ids("<|end_of_video|>"),
+    }  # fmt: skip
+    _save_generic("glm5_next", target, tokenizer, processor, extra)
+
+
+def build_hy_v4_vl(target: Path) -> None:
+    """HY V4 VL: Qwen-VL-style patches (`_qwen_layout`: 4 px, merged 2 x 2, no temporal patch), one token per merged
+    patch plus one per merged row (`<|image_pad|>` throughout), into a latent-attention MoE text model whose
+    multimodal RoPE sections cover its rotary half."""
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer, processor = _qwen_layout("hy_v4_vl", "HYV4VL")
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}  # sum: qk_rope_head_dim / 2
+    extra = {
+        "vision_config": {
+            "patch_size": tiny_qwen.PATCH_SIZE,
+            "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+            "out_hidden_size": 64,
+        },
+        "text_config": {"rope_parameters": rope, "bos_token_id": None},
+        "image_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.IMAGE_PAD),
+        "video_token_id": tokenizer.convert_tokens_to_ids(tiny_qwen.VIDEO_PAD),
+    }
+    _save_generic("hy_v4_vl", target, tokenizer, processor, extra)
+
+
+def build_deepseek_ocr2(target: Path) -> None:
+    """DeepSeek-OCR-2: a SAM tower (192 x 192 images, 4 px patches: 48 x 48, windowed, one global layer) whose two
+    strided convolutions fold it to 12 x 12, read by a causal encoder through its 144 learned queries (the model's
+    768 px query set, the count at this grid), so each image gives 144 `<image>` tokens and a view separator. One
+    global view per image (no local tiles); the rows get a longer `sequence_len` (`VLM_SEQUENCE_LEN`)."""
+    from transformers import DeepseekOcr2ImageProcessorPil, DeepseekOcr2Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<image>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<image>")
+    image_processor = DeepseekOcr2ImageProcessorPil(size={"height": 192, "width": 192}, crop_to_patches=False)
+    processor = DeepseekOcr2Processor(image_processor, tokenizer, chat_template=template, patch_size=4)
+    sam = {
+        "image_size": 192,
+        "patch_size": 4,
+        "output_channels": 32,
+        "mlp_dim": 64,
+        "window_size": 8,
+        "global_attn_indexes": [1],
+        "downsample_channels": [32, 64],  # the last is the encoder's width
+    }
+    vision = _shrunk_composite(
+        "deepseek_ocr2", "vision_config", tokenizer, {"sam_config": sam, "encoder_config": {"vocab_size": 16}}
+    )
+    extra = {
+        "vision_config": vision,
+        # the default leaves the dense / MoE pattern to a checkpoint; its model reads one per layer
+        "text_config": {"mlp_layer_types": ["dense", "sparse"]},
+        "image_token_id": tokenizer.convert_tokens_to_ids("<image>"),
+    }
+    _save_generic("deepseek_ocr2", target, tokenizer, processor, extra)
+
+
+def build_gemma4_unified(target: Path) -> None:
+    """Gemma 4 Unified: no vision tower, each image's 4 px patches are embedded and pooled 3 x 3 straight into the
+    text model (at most 70 soft tokens, as the tiny Gemma 4); the tiny Gemma 4's tokenizer and template, its own
+    image and video processors (torchvision) and audio feature extractor."""
+    from transformers import (
+        Gemma4UnifiedAudioFeatureExtractor,
+        Gemma4UnifiedImageProcessor,
+        Gemma4UnifiedProcessor,
+        Gemma4UnifiedVideoProcessor,
+    )
+
+    from hellbender.models.tiny_vlm import gemma4 as tiny
+
+    tokenizer = tiny.build_tokenizer()
+    extra_special_tokens = list(tokenizer.extra_special_tokens)
+    patches = {"patch_size": tiny.PATCH_SIZE, "pooling_kernel_size": tiny.POOLING_KERNEL_SIZE}
+    processor = Gemma4UnifiedProcessor(
+        Gemma4UnifiedAudioFeatureExtractor(),
+        Gemma4UnifiedImageProcessor(max_soft_tokens=tiny.MAX_SOFT_TOKENS, **patches),
+        tokenizer,
+        Gemma4UnifiedVideoProcessor(**patches),
+        chat_template=tiny.GEMMA4_CHAT_TEMPLATE,
+        image_seq_length=tiny.MAX_SOFT_TOKENS,
+    )
+    # its __init__ replaces the tokenizer's extra special tokens with `<|video|>` (as Gemma 4's does): put them back
+    tokenizer.add_special_tokens({"extra_special_tokens": extra_special_tokens})
+    ids = tokenizer.convert_tokens_to_ids
+    extra = {
+        "vision_config": {**patches, "mm_embed_dim": 64, "mm_posemb_size": tiny.POSITION_EMBEDDING_SIZE,
+                          "output_proj_dims": 64},
+        "image_token_id": ids(tiny.IMAGE_TOKEN),
+        "boi_token_id": ids(tiny.BOI_TOKEN),
+        "eoi_token_id": ids(tiny.EOI_TOKEN),
+        "video_token_id": ids(tiny.VIDEO_TOKEN),
+        "audio_token_id": ids(tiny.AUDIO_TOKEN),
+        "boa_token_id": ids(tiny.BOA_TOKEN),
+        "eoa_token_index": ids(tiny.EOA_TOKEN),
+    }  # fmt: skip
+    _save_generic("gemma4_unified", target, tokenizer, processor, extra)
+
+
+def build_inkling2(target: Path, model_type: str = "inkling2") -> None:
+    """Inkling 2 (and Inkling 2 Loop, the same layout): each 8 x 8 tile of an image (2 x 2 patches of 4 px) is one
+    `<|image|>` token, so a 32 x 32 image gives 16; its image processor is a torchvision class."""
+    from transformers import Inkling2ImageProcessor, Inkling2Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<|image|>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<|image|>")
+    image_processor = Inkling2ImageProcessor(size={"height": 8, "width": 8})
+    processor = Inkling2Processor(image_processor, tokenizer, chat_template=template)
+    extra = {
+        "vision_config": {"patch_size": 4, "spatial_merge_size": 2, "posemb_grid_size": 8, "text_hidden_size": 64,
+                          "projection_hidden_dim": 128},
+        "image_token_id": tokenizer.convert_tokens_to_ids("<|image|>"),
+    }  # fmt: skip
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
+def build_inkling(target: Path) -> None:
+    """Inkling: each 8 x 8 patch of an image is one `<|image|>` token after a `<|content_image|>` marker (its image
+    processor cuts one column more than the width holds, padded); an audio feature extractor beside its torchvision
+    image processor. Its vision tower imports SciPy when built, so it is surveyed with SciPy importable."""
+    from transformers import InklingFeatureExtractor, InklingImageProcessor, InklingProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = {"image_bos_token": "<|content_image|>", "audio_bos_token": "<|content_audio_input|>"}
+    template = _chatml_template(markers["image_bos_token"] + "<|image|>")
+    tokenizer = build_tiny_tokenizer(
+        list(markers.values()), chat_template=template, image_token="<|image|>", audio_token="<|audio|>"
+    )
+    image_processor = InklingImageProcessor(size={"height": 8, "width": 8})
+    processor = InklingProcessor(
+        InklingFeatureExtractor(), image_processor, tokenizer, chat_template=template, **markers
+    )
+    ids = tokenizer.convert_tokens_to_ids
+    extra = {
+        "vision_config": {"patch_size": 8, "text_hidden_size": 64},
+        "image_token_id": ids("<|image|>"),
+        "audio_token_id": ids("<|audio|>"),
+        "image_bos_token_id": ids(markers["image_bos_token"]),
+        "audio_bos_token_id": ids(markers["audio_bos_token"]),
+    }
+    _save_generic("inkling_mm_model", target, tokenizer, processor, extra)
+
+
+def build_apertus1p5(target: Path) -> None:
+    """Apertus 1.5: images become discrete codes of a tiny IBQ tokenizer (4 stages: 8 x 8 downsampling, a codebook of
+    16 whose codes sit in the vocabulary after the tiny tokenizer's own ids, followed by the audio codebook's 16);
+    its processor writes each image as `<|boi|>H*W<|image_wrapper|>` and H rows of W `<|image|>` tokens split by
+    `<|eol|>`, then `<|eoi|>` (a 32 x 32 image: 4 x 4). Its image processor is a torchvision class; a WavTokenizer
+    feature extractor and encoder serve audio."""
+    from transformers import Apertus1p5ImageProcessor, Apertus1p5Processor, WavTokenizerFeatureExtractor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {
+        "image_token": "<|image|>",
+        "audio_token": "<|audio|>",
+        "boi_token": "<|boi|>",
+        "eoi_token": "<|eoi|>",
+        "image_wrapper_token": "<|image_wrapper|>",
+        "eol_token": "<|eol|>",
+        "boa_token": "<|boa|>",
+        "eoa_token": "<|eoa|>",
+    }
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    image_processor = Apertus1p5ImageProcessor(size={"min_pixels": 32 * 32, "max_pixels": 32 * 32}, spatial_factor=8)
+    processor = Apertus1p5Processor(image_processor, WavTokenizerFeatureExtractor(), tokenizer, chat_template=template)
+    codes = 16  # per codebook (image, then audio), after the tokenizer's ids
+    vision = {
+        "codebook_size": codes,
+        "embed_dim": 32,
+        "latent_channels": 32,
+        "base_channels": 32,
+        "channel_multiplier": [1, 1, 1, 1],
+        "num_res_blocks": 1,
+        "attn_resolutions": [],
+        "resolution": 32,
+    }
+    audio = {"codebook_size": codes, "codebook_dim": 16, "hidden_size": 16, "num_filters": 4}
+    extra = {
+        "vision_config": vision,
+        "audio_config": audio,
+        "text_config": {"vocab_size": len(tokenizer) + 2 * codes},
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+        "audio_token_id": tokenizer.convert_tokens_to_ids(named["audio_token"]),
+        "image_token_offset": len(tokenizer),
+        "audio_token_offset": len(tokenizer) + codes,
+    }  # fmt: skip
+    _save_generic("apertus1p5", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1786,6 +2173,16 @@ TORCHVISION_BUILDERS = frozenset(
         "video_llava",
         "perception_lm",  # its vision tower comes from timm too
         "lfm3_vl",
+        "hyperclovax_vision_v2",
+        "dots3_note",
+        "cosmos3_edge",
+        "glm5_next",
+        "hy_v4_vl",
+        "gemma4_unified",
+        "inkling2",
+        "inkling2_loop",
+        "inkling_mm_model",
+        "apertus1p5",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -1838,6 +2235,18 @@ VLM_BUILDERS: dict[str, Any] = {
     "lfm3_vl": build_lfm3_vl,
     "qianfan_ocr": build_qianfan_ocr,
     "pp_chart2table": build_pp_chart2table,
+    "granite4_vision": build_granite4_vision,
+    "hyperclovax_vision_v2": build_hyperclovax_vision_v2,
+    "dots3_note": build_dots3_note,
+    "cosmos3_edge": build_cosmos3_edge,
+    "glm5_next": build_glm5_next,
+    "hy_v4_vl": build_hy_v4_vl,
+    "deepseek_ocr2": build_deepseek_ocr2,
+    "gemma4_unified": build_gemma4_unified,
+    "inkling2": build_inkling2,
+    "inkling_mm_model": build_inkling,
+    "apertus1p5": build_apertus1p5,
+    "inkling2_loop": lambda target: build_inkling2(target, "inkling2_loop"),
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
@@ -1962,8 +2371,9 @@ def vlm_build(model_type: str, target: Path) -> dict[str, Any]:
     return {"class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters())}
 
 
-# Families whose tiny processor gives more image tokens than the default rows hold (GOT-OCR2: 256 per image).
-VLM_SEQUENCE_LEN = {"got_ocr2": 512}
+# Families whose tiny processor gives more image tokens than the default rows hold (GOT-OCR2: 256 per image,
+# DeepSeek-OCR-2: 145).
+VLM_SEQUENCE_LEN = {"got_ocr2": 512, "deepseek_ocr2": 512}
 
 
 def vlm_run_config(model_dir: Path, mode: str, output_dir: Path) -> str:
@@ -2191,7 +2601,8 @@ def _torchvision_paragraph(results: dict[str, Any], vlm_types: list[str]) -> lis
         "families' processors are torchvision classes or always load a video processor, so the rows named here were "
         f"surveyed in a second environment, with {'; '.join(parts)}, CUDA builds run on the CPU (and `num2words`, "
         "which SmolVLM's processor imports, and timm, whose small `test_convnext` and `test_vit` stand in for "
-        "Gemma 3n's MobileNetV5 and PerceptionLM's Perception Encoder). Without torchvision these rows keep their recorded status: the survey "
+        "Gemma 3n's MobileNetV5 and PerceptionLM's Perception Encoder, and SciPy, which Inkling's vision tower imports "
+        "to plan its output scales). Without torchvision these rows keep their recorded status: the survey "
         "does not redo them, and the test reads their reason as it was with torchvision. Training these families "
         "with hellbender needs torchvision too, since their processors do.",
         "",
@@ -2215,10 +2626,12 @@ def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_type
         "reuse their pieces where they share a processor or a token layout (the tiny LLaVA's, Idefics3's or "
         "Qwen-VL's tokenizer, template and image processor sizes) or get a small processor of their own on the "
         "tiny tokenizer with the family's image tokens, and their configs get the generic shrink with tiny vision "
-        "settings (`VLM_BUILDERS` in the script). `trains`: both modes pass and reload; "
+        "settings (`VLM_BUILDERS` in the script). Cosmos3 Edge's loaded processor is set to return "
+        "`mm_token_type_ids`, which its model requires and its processor class does not return by default "
+        "(models/fixes/cosmos3_edge.py). `trains`: both modes pass and reload; "
         "`refused`: hellbender stops at start with an error naming the family and the reason (quoted in the note: "
         "Mllama feeds images through cross-attention layers, ShieldGemma 2's processor replaces the text with policy "
-        "prompts, Llama 4's image-text forward fails in transformers 5.24, and image-text encoder-decoders such as T5Gemma 2 need decoder inputs that a chat row does not "
+        "prompts, Llama 4's image-text forward fails in transformers 5.24, DiffusionGemma is a block-diffusion model without a next-token loss, and image-text encoder-decoders such as T5Gemma 2 need decoder inputs that a chat row does not "
         "give; models/fixes/__init__.py; a refused family without a builder here is saved as its default config only); "
         "`fails`: any other error; `not built`: the survey could not build the tiny model; `not surveyed`: no "
         "offline processor is built for the family yet (the note says why), so its status is unknown.",

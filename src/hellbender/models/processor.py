@@ -11,7 +11,7 @@ from hellbender.errors import ConfigError
 def load_processor(cfg: HellbenderConfig, source: str) -> Any:
     import transformers
 
-    from hellbender.models.fixes import processor_loader, unsupported_reason
+    from hellbender.models.fixes import adjust_processor, processor_loader, unsupported_reason
     from hellbender.models.remote_code import remote_code_refused
 
     reason = unsupported_reason(source)
@@ -38,4 +38,4 @@ def load_processor(cfg: HellbenderConfig, source: str) -> Any:
         )
     # Labels are placed from the left, so padding must go on the right.
     processor.tokenizer.padding_side = "right"
-    return processor
+    return adjust_processor(source, processor)

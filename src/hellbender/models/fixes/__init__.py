@@ -52,6 +52,8 @@ UNSUPPORTED_VISION_FAMILIES = {
     "pp_chart2table": "PP-Chart2Table's processor expands no image placeholder and names no image token (the prompt "
     "must carry every image token itself), so hellbender cannot count or place a chat row's images",
     "pi0": "PI0 is a robot policy that predicts actions by flow matching, not text",
+    "diffusion_gemma": "DiffusionGemma is a block-diffusion model (it denoises a canvas of tokens given an encoded "
+    "prompt) whose forward takes no labels: there is no next-token loss to train",
     # a transformers bug, not a layout hellbender cannot serve: lift it when the forward works
     "llama4": "transformers 5.24's Llama 4 image-text forward reads `image_outputs` from its language model's output, "
     "which has none, so every training step fails; its text model trains without `processor_type`",
@@ -95,6 +97,15 @@ def processor_loader(source: str) -> Callable[..., Any] | None:
         if model_type in family.MODEL_TYPES:
             return family.load_processor
     return None
+
+
+def adjust_processor(source: str, processor: Any) -> Any:
+    """The loaded processor with its family's settings fixed (unchanged for most families)."""
+    from hellbender.models.fixes import cosmos3_edge
+
+    if model_type_of(source) in cosmos3_edge.MODEL_TYPES:
+        return cosmos3_edge.adjust_processor(processor)
+    return processor
 
 
 def prepare_for_training(model: Any, attn_implementation: str) -> Any:
