@@ -97,6 +97,14 @@ def processor_loader(source: str) -> Callable[..., Any] | None:
     return None
 
 
+def expansion_kwargs(processor: Any) -> dict[str, Any]:
+    """Keyword arguments a family's processor needs when hellbender calls it per row for token ids only (Ovis2's
+    asks for arrays); none for most families."""
+    from hellbender.models.fixes import ovis2
+
+    return ovis2.expansion_kwargs(processor)
+
+
 def prepare_for_training(model: Any, attn_implementation: str) -> Any:
     """What the model's family must change or check before training (nothing for most families)."""
     from hellbender.models.fixes import gemma4
