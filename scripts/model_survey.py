@@ -1770,6 +1770,34 @@ def build_pp_chart2table(target: Path) -> None:
     _save_generic("pp_chart2table", target, tokenizer, processor, extra)
 
 
+def build_step3p7(target: Path) -> None:
+    """Step 3.7: a ViT (32 x 32 images, 4 px patches) whose 8 x 8 patches two stride-2 convolutions fold to 2 x 2 = 4
+    `<im_patch>` tokens between `<im_start>` and `<im_end>`; a 32 x 32 image fits the global view, so no local crops
+    (and their `<patch_start>` groups) are added. Its text model builds a sliding-window mask whatever its layers are,
+    so the config sets the window its checkpoints set (and one sliding layer, and one MoE layer after a dense one)."""
+    from transformers import Step3p7ImageProcessor, Step3p7Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ["<im_start>", "<im_end>", "<patch_start>", "<patch_end>", "<patch_newline>"]
+    template = _chatml_template("<im_patch>")
+    tokenizer = build_tiny_tokenizer([*markers, "<im_patch>"], chat_template=template)
+    image_processor = Step3p7ImageProcessor(
+        size={"height": 32, "width": 32}, patch_size=16, vision_patch_size=4, downsampler_stride=4
+    )
+    processor = Step3p7Processor(image_processor, tokenizer, chat_template=template)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 4, "max_position_embeddings": 64},
+        "text_config": {
+            "sliding_window": 64,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "mlp_layer_types": ["dense", "sparse"],
+        },
+        "image_token_id": tokenizer.convert_tokens_to_ids("<im_patch>"),
+    }
+    _save_generic("step3p7", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1786,6 +1814,7 @@ TORCHVISION_BUILDERS = frozenset(
         "video_llava",
         "perception_lm",  # its vision tower comes from timm too
         "lfm3_vl",
+        "step3p7",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -1838,6 +1867,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "lfm3_vl": build_lfm3_vl,
     "qianfan_ocr": build_qianfan_ocr,
     "pp_chart2table": build_pp_chart2table,
+    "step3p7": build_step3p7,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
