@@ -1798,6 +1798,40 @@ def build_step3p7(target: Path) -> None:
     _save_generic("step3p7", target, tokenizer, processor, extra)
 
 
+def build_unlimited_ocr(target: Path) -> None:
+    """Unlimited-OCR: DeepSeek-OCR's layout, a SAM tower (128 x 128 images, 16 px patches: 8 x 8, folded 4 x 4 by two
+    strided convolutions to 2 x 2) read by a CLIP encoder, each row of features followed by a newline and the image by
+    a view separator: 2 x (2 + 1) + 1 = 7 `<image>` tokens per image, no local tiles."""
+    from transformers import UnlimitedOcrImageProcessor, UnlimitedOcrProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<image>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<image>")
+    image_processor = UnlimitedOcrImageProcessor(
+        size={"height": 128, "width": 128}, tile_size=128, crop_to_patches=False
+    )
+    processor = UnlimitedOcrProcessor(image_processor, tokenizer, chat_template=template)
+    sam = {
+        "hidden_size": 32,
+        "output_channels": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 128,
+        "patch_size": 16,
+        "window_size": 4,
+        "global_attn_indexes": [1],
+        "mlp_dim": 64,
+        "downsample_channels": [32, 32],
+    }
+    encoder = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    extra = {
+        "vision_config": {"sam_config": sam, "encoder_config": encoder},
+        "image_token_id": tokenizer.convert_tokens_to_ids("<image>"),
+    }
+    _save_generic("unlimited_ocr", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1815,6 +1849,7 @@ TORCHVISION_BUILDERS = frozenset(
         "perception_lm",  # its vision tower comes from timm too
         "lfm3_vl",
         "step3p7",
+        "unlimited_ocr",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -1868,6 +1903,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "qianfan_ocr": build_qianfan_ocr,
     "pp_chart2table": build_pp_chart2table,
     "step3p7": build_step3p7,
+    "unlimited_ocr": build_unlimited_ocr,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
