@@ -1832,6 +1832,42 @@ def build_unlimited_ocr(target: Path) -> None:
     _save_generic("unlimited_ocr", target, tokenizer, processor, extra)
 
 
+def build_minicpmv(target: Path, model_type: str = "minicpmv4_6") -> None:
+    """MiniCPM-V 4.6 and 4.7: a SigLIP-style tower (4 px patches) whose 32 x 32 image (8 x 8 patches) a 16x merger
+    folds to 4 `<image_pad>` tokens between `<image>` and `</image>`, after an `<image_id>` tag; a 32 x 32 image needs
+    no slices. The processor reads every marker from the tokenizer's named tokens and always carries a video
+    processor (torchvision)."""
+    import transformers
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {
+        "image_token": "<image_pad>",
+        "video_token": "<video_pad>",
+        "image_start_token": "<image>",
+        "image_end_token": "</image>",
+        "slice_start_token": "<slice>",
+        "slice_end_token": "</slice>",
+        "image_id_start_token": "<image_id>",
+        "image_id_end_token": "</image_id>",
+    }
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    sizes = {"scale_resolution": 32, "patch_size": 4, "max_slice_nums": 1}
+    image_processor = transformers.MiniCPMV4_6ImageProcessorPil(**sizes)
+    video_processor = transformers.MiniCPMV4_6VideoProcessor(**sizes)
+    stock = {"minicpmv4_6": "MiniCPMV4_6Processor", "minicpmv4_7": "MiniCPMV4_7Processor"}[model_type]
+    processor = getattr(transformers, stock)(image_processor, video_processor, tokenizer, chat_template=template)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 4, "num_hidden_layers": 2},
+        "image_size": 32,
+        "insert_layer_id": 0,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+        "video_token_id": tokenizer.convert_tokens_to_ids(named["video_token"]),
+    }
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1850,6 +1886,8 @@ TORCHVISION_BUILDERS = frozenset(
         "lfm3_vl",
         "step3p7",
         "unlimited_ocr",
+        "minicpmv4_6",
+        "minicpmv4_7",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -1904,6 +1942,8 @@ VLM_BUILDERS: dict[str, Any] = {
     "pp_chart2table": build_pp_chart2table,
     "step3p7": build_step3p7,
     "unlimited_ocr": build_unlimited_ocr,
+    "minicpmv4_6": build_minicpmv,
+    "minicpmv4_7": lambda target: build_minicpmv(target, "minicpmv4_7"),
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
