@@ -1833,10 +1833,10 @@ def build_unlimited_ocr(target: Path) -> None:
 
 
 def build_minicpmv(target: Path, model_type: str = "minicpmv4_6") -> None:
-    """MiniCPM-V 4.6 and 4.7: a SigLIP-style tower (4 px patches) whose 32 x 32 image (8 x 8 patches) a 16x merger
-    folds to 4 `<image_pad>` tokens between `<image>` and `</image>`, after an `<image_id>` tag; a 32 x 32 image needs
-    no slices. The processor reads every marker from the tokenizer's named tokens and always carries a video
-    processor (torchvision)."""
+    """MiniCPM-V 4.6 and 4.7 (and MiniCPM-OCR): a SigLIP-style tower (4 px patches) whose 32 x 32 image (8 x 8
+    patches) a 16x merger folds to 4 `<image_pad>` tokens (MiniCPM-OCR's 4x merger: 16) between `<image>` and
+    `</image>`, after an `<image_id>` tag; a 32 x 32 image needs no slices. The processor reads every marker from the
+    tokenizer's named tokens and always carries a video processor (torchvision)."""
     import transformers
 
     from hellbender.models.tiny import build_tiny_tokenizer
@@ -1854,9 +1854,10 @@ def build_minicpmv(target: Path, model_type: str = "minicpmv4_6") -> None:
     template = _chatml_template(named["image_token"])
     tokenizer = build_tiny_tokenizer(chat_template=template, **named)
     sizes = {"scale_resolution": 32, "patch_size": 4, "max_slice_nums": 1}
-    image_processor = transformers.MiniCPMV4_6ImageProcessorPil(**sizes)
-    video_processor = transformers.MiniCPMV4_6VideoProcessor(**sizes)
-    stock = {"minicpmv4_6": "MiniCPMV4_6Processor", "minicpmv4_7": "MiniCPMV4_7Processor"}[model_type]
+    prefix = "MiniCPMOcr" if model_type == "minicpm_ocr" else "MiniCPMV4_6"  # MiniCPM-V 4.7 uses 4.6's processors
+    image_processor = getattr(transformers, f"{prefix}ImageProcessor")(**sizes)
+    video_processor = getattr(transformers, f"{prefix}VideoProcessor")(**sizes)
+    stock = transformers.models.auto.processing_auto.PROCESSOR_MAPPING_NAMES[model_type]
     processor = getattr(transformers, stock)(image_processor, video_processor, tokenizer, chat_template=template)
     extra = {
         "vision_config": {"image_size": 32, "patch_size": 4, "num_hidden_layers": 2},
@@ -1888,6 +1889,7 @@ TORCHVISION_BUILDERS = frozenset(
         "unlimited_ocr",
         "minicpmv4_6",
         "minicpmv4_7",
+        "minicpm_ocr",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -1944,6 +1946,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "unlimited_ocr": build_unlimited_ocr,
     "minicpmv4_6": build_minicpmv,
     "minicpmv4_7": lambda target: build_minicpmv(target, "minicpmv4_7"),
+    "minicpm_ocr": lambda target: build_minicpmv(target, "minicpm_ocr"),
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
