@@ -1869,6 +1869,44 @@ def build_minicpmv(target: Path, model_type: str = "minicpmv4_6") -> None:
     _save_generic(model_type, target, tokenizer, processor, extra)
 
 
+def build_minimax_m3_vl(target: Path) -> None:
+    """MiniMax M3 VL: Qwen-VL-style patches at the tiny Qwen-VL sizes (4 px, merged 2 x 2, at most 16 x 16 px: 4
+    image tokens) between its bracketed image markers, into a MoE text model with a sparse-attention indexer layer
+    (its checkpoints mix them with full attention; the default has none) and a dense layer before a MoE one."""
+    from transformers import MiniMaxM3VLImageProcessor, MiniMaxM3VLProcessor, MiniMaxM3VLVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    cls = MiniMaxM3VLProcessor
+    markers = [cls.VISION_START_TOKEN, cls.VISION_END_TOKEN, cls.IMAGE_TOKEN, cls.VIDEO_TOKEN]
+    template = _chatml_template(cls.IMAGE_TOKEN)
+    tokenizer = build_tiny_tokenizer(markers, chat_template=template)
+    patches = {"patch_size": tiny_qwen.PATCH_SIZE, "merge_size": tiny_qwen.MERGE_SIZE}
+    sizes = {"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS}
+    processor = cls(
+        MiniMaxM3VLImageProcessor(size=sizes, **patches),
+        tokenizer,
+        MiniMaxM3VLVideoProcessor(min_pixels=tiny_qwen.MIN_PIXELS, max_pixels=tiny_qwen.MAX_PIXELS, **patches),
+        chat_template=template,
+    )
+    indexer = {"index_n_heads": 2, "index_head_dim": 16, "index_block_size": 4, "index_topk_blocks": 2}
+    extra = {
+        "vision_config": {"patch_size": tiny_qwen.PATCH_SIZE, "spatial_merge_size": tiny_qwen.MERGE_SIZE},
+        "text_config": {
+            "layer_types": ["minimax_m3_sparse", "full_attention"],
+            "mlp_layer_types": ["dense", "sparse"],
+            "dense_intermediate_size": 128,
+            "shared_intermediate_size": 32,
+            **indexer,
+        },
+        "projector_hidden_size": 64,
+        "image_token_index": tokenizer.convert_tokens_to_ids(cls.IMAGE_TOKEN),
+        "video_token_index": tokenizer.convert_tokens_to_ids(cls.VIDEO_TOKEN),
+    }
+    _save_generic("minimax_m3_vl", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1890,6 +1928,7 @@ TORCHVISION_BUILDERS = frozenset(
         "minicpmv4_6",
         "minicpmv4_7",
         "minicpm_ocr",
+        "minimax_m3_vl",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -1947,6 +1986,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "minicpmv4_6": build_minicpmv,
     "minicpmv4_7": lambda target: build_minicpmv(target, "minicpmv4_7"),
     "minicpm_ocr": lambda target: build_minicpmv(target, "minicpm_ocr"),
+    "minimax_m3_vl": build_minimax_m3_vl,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
