@@ -1907,6 +1907,37 @@ def build_minimax_m3_vl(target: Path) -> None:
     _save_generic("minimax_m3_vl", target, tokenizer, processor, extra)
 
 
+def build_molmo2(target: Path) -> None:
+    """Molmo2: a ViT (32 x 32 crops, 4 px patches: 8 x 8) whose last two layers an attention adapter pools 2 x 2, for
+    a low-resolution view of the whole image and one high-resolution crop (`max_crops: 1`): each view 4 rows of 4
+    `<im_patch>` tokens and an `<im_col>`, between its start and end tokens. The processor starts each text with
+    the tokenizer's BOS (its EOS here, which has none)."""
+    from transformers import Molmo2ImageProcessor, Molmo2Processor, Molmo2VideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    layout = ["<im_patch>", "<im_col>", "<im_start>", "<low_res_im_start>", "<frame_start>", "<im_end>"]
+    layout += ["<frame_end>", "<im_low>"]
+    template = _chatml_template("<|image|>")
+    tokenizer = build_tiny_tokenizer(layout, chat_template=template, image_token="<|image|>", video_token="<|video|>")
+    crops = {"size": {"height": 32, "width": 32}, "patch_size": 4, "pooling_size": [2, 2]}
+    image_processor = Molmo2ImageProcessor(max_crops=1, overlap_margins=[1, 1], **crops)
+    processor = Molmo2Processor(image_processor, Molmo2VideoProcessor(**crops), tokenizer, chat_template=template)
+    ids = dict(zip(layout, tokenizer.convert_tokens_to_ids(layout), strict=True))
+    extra = {
+        "vision_config": {"image_size": [32, 32], "patch_size": 4, "num_position_embeddings": 64, "head_dim": 16},
+        "adapter_config": {"vision_feature_layer": [-1, -2], "head_dim": 16, "text_hidden_size": 64},
+        "text_config": {"additional_vocab_size": 0},
+        "image_start_token_id": ids["<im_start>"],
+        "low_res_image_start_token_id": ids["<low_res_im_start>"],
+        "image_end_token_id": ids["<im_end>"],
+        "image_patch_id": ids["<im_patch>"],
+        "frame_start_token_id": ids["<frame_start>"],
+        "frame_end_token_id": ids["<frame_end>"],
+    }
+    _save_generic("molmo2", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1929,6 +1960,7 @@ TORCHVISION_BUILDERS = frozenset(
         "minicpmv4_7",
         "minicpm_ocr",
         "minimax_m3_vl",
+        "molmo2",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -1987,6 +2019,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "minicpmv4_7": lambda target: build_minicpmv(target, "minicpmv4_7"),
     "minicpm_ocr": lambda target: build_minicpmv(target, "minicpm_ocr"),
     "minimax_m3_vl": build_minimax_m3_vl,
+    "molmo2": build_molmo2,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
