@@ -1938,6 +1938,31 @@ def build_molmo2(target: Path) -> None:
     _save_generic("molmo2", target, tokenizer, processor, extra)
 
 
+def build_muse_glimmer(target: Path) -> None:
+    """Muse Glimmer: Qwen-VL-style patches (4 px, merged 2 x 2: a 32 x 32 image gives 16 `<|patch|>` tokens) between
+    image start and end tokens, into a text model of sliding-window layers and a full-attention layer without RoPE."""
+    from transformers import MuseGlimmerImageProcessor, MuseGlimmerProcessor, MuseGlimmerVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ["<|patch|>", "<|image_start|>", "<|image_end|>", "<|video|>", "<|vid_frame_separator|>"]
+    markers += ["<|vid_start|>", "<|vid_end|>"]
+    template = _chatml_template("<|patch|>")
+    tokenizer = build_tiny_tokenizer(markers, chat_template=template)
+    patches = {"patch_size": 4, "merge_size": 2}
+    processor = MuseGlimmerProcessor(
+        MuseGlimmerImageProcessor(**patches), MuseGlimmerVideoProcessor(**patches), tokenizer, chat_template=template
+    )
+    extra = {
+        "vision_config": {"patch_size": 4, "pos_emb_height": 8, "pos_emb_width": 8, "max_position_embeddings": 64},
+        "out_hidden_size": 4 * 64,  # the merger folds 2 x 2 patches of the (shrunk) 64-wide tower into channels
+        "projector_hidden_size": 64,
+        "image_token_id": tokenizer.convert_tokens_to_ids("<|patch|>"),
+        "video_token_id": tokenizer.convert_tokens_to_ids("<|video|>"),
+    }
+    _save_generic("muse_glimmer", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -1961,6 +1986,7 @@ TORCHVISION_BUILDERS = frozenset(
         "minicpm_ocr",
         "minimax_m3_vl",
         "molmo2",
+        "muse_glimmer",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -2020,6 +2046,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "minicpm_ocr": lambda target: build_minicpmv(target, "minicpm_ocr"),
     "minimax_m3_vl": build_minimax_m3_vl,
     "molmo2": build_molmo2,
+    "muse_glimmer": build_muse_glimmer,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
