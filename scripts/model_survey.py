@@ -1938,21 +1938,30 @@ def build_molmo2(target: Path) -> None:
     _save_generic("molmo2", target, tokenizer, processor, extra)
 
 
-def build_muse_glimmer(target: Path) -> None:
+def build_muse_glimmer(target: Path, model_type: str = "muse_glimmer") -> None:
     """Muse Glimmer: Qwen-VL-style patches (4 px, merged 2 x 2: a 32 x 32 image gives 16 `<|patch|>` tokens) between
-    image start and end tokens, into a text model of sliding-window layers and a full-attention layer without RoPE."""
-    from transformers import MuseGlimmerImageProcessor, MuseGlimmerProcessor, MuseGlimmerVideoProcessor
+    image start and end tokens, into a text model of sliding-window layers and a full-attention layer without RoPE.
+    Muse Spark adds an audio tower (shrunk to four 16-wide stages) and its feature extractor, and MoE text layers."""
+    from transformers import (
+        MuseGlimmerImageProcessor,
+        MuseGlimmerProcessor,
+        MuseGlimmerVideoProcessor,
+        MuseSparkFeatureExtractor,
+        MuseSparkProcessor,
+    )
 
     from hellbender.models.tiny import build_tiny_tokenizer
 
     markers = ["<|patch|>", "<|image_start|>", "<|image_end|>", "<|video|>", "<|vid_frame_separator|>"]
-    markers += ["<|vid_start|>", "<|vid_end|>"]
+    markers += ["<|vid_start|>", "<|vid_end|>", "<|audio|>", "<|soft_audio_start|>", "<|soft_audio_end|>"]
     template = _chatml_template("<|patch|>")
     tokenizer = build_tiny_tokenizer(markers, chat_template=template)
     patches = {"patch_size": 4, "merge_size": 2}
-    processor = MuseGlimmerProcessor(
-        MuseGlimmerImageProcessor(**patches), MuseGlimmerVideoProcessor(**patches), tokenizer, chat_template=template
-    )
+    processors = (MuseGlimmerImageProcessor(**patches), MuseGlimmerVideoProcessor(**patches), tokenizer)
+    if model_type == "muse_spark":
+        processor = MuseSparkProcessor(*processors, MuseSparkFeatureExtractor(), chat_template=template)
+    else:
+        processor = MuseGlimmerProcessor(*processors, chat_template=template)
     extra = {
         "vision_config": {"patch_size": 4, "pos_emb_height": 8, "pos_emb_width": 8, "max_position_embeddings": 64},
         "out_hidden_size": 4 * 64,  # the merger folds 2 x 2 patches of the (shrunk) 64-wide tower into channels
@@ -1960,7 +1969,12 @@ def build_muse_glimmer(target: Path) -> None:
         "image_token_id": tokenizer.convert_tokens_to_ids("<|patch|>"),
         "video_token_id": tokenizer.convert_tokens_to_ids("<|video|>"),
     }
-    _save_generic("muse_glimmer", target, tokenizer, processor, extra)
+    if model_type == "muse_spark":
+        stages = {"hidden_sizes": [16] * 4, "depths": [1] * 4, "patch_sizes": [16, 6, 5, 4], "num_hidden_layers": 4}
+        extra["audio_config"] = {**stages, "out_hidden_size": 64}
+        extra["audio_token_id"] = tokenizer.convert_tokens_to_ids("<|audio|>")
+        extra["text_config"] = {"moe_hidden_size": 32, "mlp_layer_types": ["dense", "sparse"]}
+    _save_generic(model_type, target, tokenizer, processor, extra)
 
 
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
@@ -1987,6 +2001,7 @@ TORCHVISION_BUILDERS = frozenset(
         "minimax_m3_vl",
         "molmo2",
         "muse_glimmer",
+        "muse_spark",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -2047,6 +2062,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "minimax_m3_vl": build_minimax_m3_vl,
     "molmo2": build_molmo2,
     "muse_glimmer": build_muse_glimmer,
+    "muse_spark": lambda target: build_muse_glimmer(target, "muse_spark"),
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
