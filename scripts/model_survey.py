@@ -1977,6 +1977,41 @@ def build_muse_glimmer(target: Path, model_type: str = "muse_glimmer") -> None:
     _save_generic(model_type, target, tokenizer, processor, extra)
 
 
+def build_nemotron_h_omni(target: Path) -> None:
+    """Nemotron-H Omni: a RADIO tower (32 x 32 images, 4 px patches: 8 x 8) pixel-shuffled 2 x 2 to 16 `<image>`
+    tokens between `<img>` and `</img>`, into a Nemotron-H text model (Mamba and attention layers); its audio tower
+    (Parakeet) is optional and left out, the processor still carrying a feature extractor."""
+    from transformers import (
+        NemotronH_Omni_Reasoning_V3ImageProcessor,
+        NemotronH_Omni_Reasoning_V3Processor,
+        NemotronH_Omni_Reasoning_V3VideoProcessor,
+        ParakeetFeatureExtractor,
+    )
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ["<image>", "<video>", "<img>", "</img>", "<so_embedding>", "<so_start>", "<so_end>"]
+    template = _chatml_template("<image>")
+    tokenizer = build_tiny_tokenizer(markers, chat_template=template)
+    patches = {"patch_size": 4, "downsample_ratio": 0.5}
+    image_processor = NemotronH_Omni_Reasoning_V3ImageProcessor(min_num_patches=64, max_num_patches=64, **patches)
+    video_processor = NemotronH_Omni_Reasoning_V3VideoProcessor(video_target_num_patches=64, **patches)
+    processor = NemotronH_Omni_Reasoning_V3Processor(
+        image_processor, video_processor, tokenizer, ParakeetFeatureExtractor(), chat_template=template
+    )
+    radio = {"image_size": 32, "patch_size": 4, "max_img_size": 32, "num_cls_tokens": 1, "num_registers": 1}
+    extra = {
+        "vision_config": radio,
+        "audio_config": None,
+        "vision_hidden_size": 64,
+        "projector_hidden_size": 64,
+        "image_token_id": tokenizer.convert_tokens_to_ids("<image>"),
+        "video_token_id": tokenizer.convert_tokens_to_ids("<video>"),
+        "audio_token_id": tokenizer.convert_tokens_to_ids("<so_embedding>"),
+    }
+    _save_generic("nemotron_h_omni", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -2002,6 +2037,7 @@ TORCHVISION_BUILDERS = frozenset(
         "molmo2",
         "muse_glimmer",
         "muse_spark",
+        "nemotron_h_omni",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -2063,6 +2099,7 @@ VLM_BUILDERS: dict[str, Any] = {
     "molmo2": build_molmo2,
     "muse_glimmer": build_muse_glimmer,
     "muse_spark": lambda target: build_muse_glimmer(target, "muse_spark"),
+    "nemotron_h_omni": build_nemotron_h_omni,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
