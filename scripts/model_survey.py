@@ -2157,6 +2157,248 @@ def build_apertus1p5(target: Path) -> None:
     _save_generic("apertus1p5", target, tokenizer, processor, extra)
 
 
+def build_step3p7(target: Path) -> None:
+    """Step 3.7: a ViT (32 x 32 images, 4 px patches) whose 8 x 8 patches two stride-2 convolutions fold to 2 x 2 = 4
+    `<im_patch>` tokens between `<im_start>` and `<im_end>`; a 32 x 32 image fits the global view, so no local crops
+    (and their `<patch_start>` groups) are added. Its text model builds a sliding-window mask whatever its layers are,
+    so the config sets the window its checkpoints set (and one sliding layer, and one MoE layer after a dense one)."""
+    from transformers import Step3p7ImageProcessor, Step3p7Processor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ["<im_start>", "<im_end>", "<patch_start>", "<patch_end>", "<patch_newline>"]
+    template = _chatml_template("<im_patch>")
+    tokenizer = build_tiny_tokenizer([*markers, "<im_patch>"], chat_template=template)
+    image_processor = Step3p7ImageProcessor(
+        size={"height": 32, "width": 32}, patch_size=16, vision_patch_size=4, downsampler_stride=4
+    )
+    processor = Step3p7Processor(image_processor, tokenizer, chat_template=template)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 4, "max_position_embeddings": 64},
+        "text_config": {
+            "sliding_window": 64,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "mlp_layer_types": ["dense", "sparse"],
+        },
+        "image_token_id": tokenizer.convert_tokens_to_ids("<im_patch>"),
+    }
+    _save_generic("step3p7", target, tokenizer, processor, extra)
+
+
+def build_unlimited_ocr(target: Path) -> None:
+    """Unlimited-OCR: DeepSeek-OCR's layout, a SAM tower (128 x 128 images, 16 px patches: 8 x 8, folded 4 x 4 by two
+    strided convolutions to 2 x 2) read by a CLIP encoder, each row of features followed by a newline and the image by
+    a view separator: 2 x (2 + 1) + 1 = 7 `<image>` tokens per image, no local tiles."""
+    from transformers import UnlimitedOcrImageProcessor, UnlimitedOcrProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    template = _chatml_template("<image>")
+    tokenizer = build_tiny_tokenizer(chat_template=template, image_token="<image>")
+    image_processor = UnlimitedOcrImageProcessor(
+        size={"height": 128, "width": 128}, tile_size=128, crop_to_patches=False
+    )
+    processor = UnlimitedOcrProcessor(image_processor, tokenizer, chat_template=template)
+    sam = {
+        "hidden_size": 32,
+        "output_channels": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 128,
+        "patch_size": 16,
+        "window_size": 4,
+        "global_attn_indexes": [1],
+        "mlp_dim": 64,
+        "downsample_channels": [32, 32],
+    }
+    encoder = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    extra = {
+        "vision_config": {"sam_config": sam, "encoder_config": encoder},
+        "image_token_id": tokenizer.convert_tokens_to_ids("<image>"),
+    }
+    _save_generic("unlimited_ocr", target, tokenizer, processor, extra)
+
+
+def build_minicpmv(target: Path, model_type: str = "minicpmv4_6") -> None:
+    """MiniCPM-V 4.6 and 4.7 (and MiniCPM-OCR): a SigLIP-style tower (4 px patches) whose 32 x 32 image (8 x 8
+    patches) a 16x merger folds to 4 `<image_pad>` tokens (MiniCPM-OCR's 4x merger: 16) between `<image>` and
+    `</image>`, after an `<image_id>` tag; a 32 x 32 image needs no slices. The processor reads every marker from the
+    tokenizer's named tokens and always carries a video processor (torchvision)."""
+    import transformers
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    named = {
+        "image_token": "<image_pad>",
+        "video_token": "<video_pad>",
+        "image_start_token": "<image>",
+        "image_end_token": "</image>",
+        "slice_start_token": "<slice>",
+        "slice_end_token": "</slice>",
+        "image_id_start_token": "<image_id>",
+        "image_id_end_token": "</image_id>",
+    }
+    template = _chatml_template(named["image_token"])
+    tokenizer = build_tiny_tokenizer(chat_template=template, **named)
+    sizes = {"scale_resolution": 32, "patch_size": 4, "max_slice_nums": 1}
+    prefix = "MiniCPMOcr" if model_type == "minicpm_ocr" else "MiniCPMV4_6"  # MiniCPM-V 4.7 uses 4.6's processors
+    image_processor = getattr(transformers, f"{prefix}ImageProcessor")(**sizes)
+    video_processor = getattr(transformers, f"{prefix}VideoProcessor")(**sizes)
+    stock = transformers.models.auto.processing_auto.PROCESSOR_MAPPING_NAMES[model_type]
+    processor = getattr(transformers, stock)(image_processor, video_processor, tokenizer, chat_template=template)
+    extra = {
+        "vision_config": {"image_size": 32, "patch_size": 4, "num_hidden_layers": 2},
+        "image_size": 32,
+        "insert_layer_id": 0,
+        "image_token_id": tokenizer.convert_tokens_to_ids(named["image_token"]),
+        "video_token_id": tokenizer.convert_tokens_to_ids(named["video_token"]),
+    }
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
+def build_minimax_m3_vl(target: Path) -> None:
+    """MiniMax M3 VL: Qwen-VL-style patches at the tiny Qwen-VL sizes (4 px, merged 2 x 2, at most 16 x 16 px: 4
+    image tokens) between its bracketed image markers, into a MoE text model with a sparse-attention indexer layer
+    (its checkpoints mix them with full attention; the default has none) and a dense layer before a MoE one."""
+    from transformers import MiniMaxM3VLImageProcessor, MiniMaxM3VLProcessor, MiniMaxM3VLVideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    cls = MiniMaxM3VLProcessor
+    markers = [cls.VISION_START_TOKEN, cls.VISION_END_TOKEN, cls.IMAGE_TOKEN, cls.VIDEO_TOKEN]
+    template = _chatml_template(cls.IMAGE_TOKEN)
+    tokenizer = build_tiny_tokenizer(markers, chat_template=template)
+    patches = {"patch_size": tiny_qwen.PATCH_SIZE, "merge_size": tiny_qwen.MERGE_SIZE}
+    sizes = {"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS}
+    processor = cls(
+        MiniMaxM3VLImageProcessor(size=sizes, **patches),
+        tokenizer,
+        MiniMaxM3VLVideoProcessor(min_pixels=tiny_qwen.MIN_PIXELS, max_pixels=tiny_qwen.MAX_PIXELS, **patches),
+        chat_template=template,
+    )
+    indexer = {"index_n_heads": 2, "index_head_dim": 16, "index_block_size": 4, "index_topk_blocks": 2}
+    extra = {
+        "vision_config": {"patch_size": tiny_qwen.PATCH_SIZE, "spatial_merge_size": tiny_qwen.MERGE_SIZE},
+        "text_config": {
+            "layer_types": ["minimax_m3_sparse", "full_attention"],
+            "mlp_layer_types": ["dense", "sparse"],
+            "dense_intermediate_size": 128,
+            "shared_intermediate_size": 32,
+            **indexer,
+        },
+        "projector_hidden_size": 64,
+        "image_token_index": tokenizer.convert_tokens_to_ids(cls.IMAGE_TOKEN),
+        "video_token_index": tokenizer.convert_tokens_to_ids(cls.VIDEO_TOKEN),
+    }
+    _save_generic("minimax_m3_vl", target, tokenizer, processor, extra)
+
+
+def build_molmo2(target: Path) -> None:
+    """Molmo2: a ViT (32 x 32 crops, 4 px patches: 8 x 8) whose last two layers an attention adapter pools 2 x 2, for
+    a low-resolution view of the whole image and one high-resolution crop (`max_crops: 1`): each view 4 rows of 4
+    `<im_patch>` tokens and an `<im_col>`, between its start and end tokens. The processor starts each text with
+    the tokenizer's BOS (its EOS here, which has none)."""
+    from transformers import Molmo2ImageProcessor, Molmo2Processor, Molmo2VideoProcessor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    layout = ["<im_patch>", "<im_col>", "<im_start>", "<low_res_im_start>", "<frame_start>", "<im_end>"]
+    layout += ["<frame_end>", "<im_low>"]
+    template = _chatml_template("<|image|>")
+    tokenizer = build_tiny_tokenizer(layout, chat_template=template, image_token="<|image|>", video_token="<|video|>")
+    crops = {"size": {"height": 32, "width": 32}, "patch_size": 4, "pooling_size": [2, 2]}
+    image_processor = Molmo2ImageProcessor(max_crops=1, overlap_margins=[1, 1], **crops)
+    processor = Molmo2Processor(image_processor, Molmo2VideoProcessor(**crops), tokenizer, chat_template=template)
+    ids = dict(zip(layout, tokenizer.convert_tokens_to_ids(layout), strict=True))
+    extra = {
+        "vision_config": {"image_size": [32, 32], "patch_size": 4, "num_position_embeddings": 64, "head_dim": 16},
+        "adapter_config": {"vision_feature_layer": [-1, -2], "head_dim": 16, "text_hidden_size": 64},
+        "text_config": {"additional_vocab_size": 0},
+        "image_start_token_id": ids["<im_start>"],
+        "low_res_image_start_token_id": ids["<low_res_im_start>"],
+        "image_end_token_id": ids["<im_end>"],
+        "image_patch_id": ids["<im_patch>"],
+        "frame_start_token_id": ids["<frame_start>"],
+        "frame_end_token_id": ids["<frame_end>"],
+    }
+    _save_generic("molmo2", target, tokenizer, processor, extra)
+
+
+def build_muse_glimmer(target: Path, model_type: str = "muse_glimmer") -> None:
+    """Muse Glimmer: Qwen-VL-style patches (4 px, merged 2 x 2: a 32 x 32 image gives 16 `<|patch|>` tokens) between
+    image start and end tokens, into a text model of sliding-window layers and a full-attention layer without RoPE.
+    Muse Spark adds an audio tower (shrunk to four 16-wide stages) and its feature extractor, and MoE text layers."""
+    from transformers import (
+        MuseGlimmerImageProcessor,
+        MuseGlimmerProcessor,
+        MuseGlimmerVideoProcessor,
+        MuseSparkFeatureExtractor,
+        MuseSparkProcessor,
+    )
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ["<|patch|>", "<|image_start|>", "<|image_end|>", "<|video|>", "<|vid_frame_separator|>"]
+    markers += ["<|vid_start|>", "<|vid_end|>", "<|audio|>", "<|soft_audio_start|>", "<|soft_audio_end|>"]
+    template = _chatml_template("<|patch|>")
+    tokenizer = build_tiny_tokenizer(markers, chat_template=template)
+    patches = {"patch_size": 4, "merge_size": 2}
+    processors = (MuseGlimmerImageProcessor(**patches), MuseGlimmerVideoProcessor(**patches), tokenizer)
+    if model_type == "muse_spark":
+        processor = MuseSparkProcessor(*processors, MuseSparkFeatureExtractor(), chat_template=template)
+    else:
+        processor = MuseGlimmerProcessor(*processors, chat_template=template)
+    extra = {
+        "vision_config": {"patch_size": 4, "pos_emb_height": 8, "pos_emb_width": 8, "max_position_embeddings": 64},
+        "out_hidden_size": 4 * 64,  # the merger folds 2 x 2 patches of the (shrunk) 64-wide tower into channels
+        "projector_hidden_size": 64,
+        "image_token_id": tokenizer.convert_tokens_to_ids("<|patch|>"),
+        "video_token_id": tokenizer.convert_tokens_to_ids("<|video|>"),
+    }
+    if model_type == "muse_spark":
+        stages = {"hidden_sizes": [16] * 4, "depths": [1] * 4, "patch_sizes": [16, 6, 5, 4], "num_hidden_layers": 4}
+        extra["audio_config"] = {**stages, "out_hidden_size": 64}
+        extra["audio_token_id"] = tokenizer.convert_tokens_to_ids("<|audio|>")
+        extra["text_config"] = {"moe_hidden_size": 32, "mlp_layer_types": ["dense", "sparse"]}
+    _save_generic(model_type, target, tokenizer, processor, extra)
+
+
+def build_nemotron_h_omni(target: Path) -> None:
+    """Nemotron-H Omni: a RADIO tower (32 x 32 images, 4 px patches: 8 x 8) pixel-shuffled 2 x 2 to 16 `<image>`
+    tokens between `<img>` and `</img>`, into a Nemotron-H text model (Mamba and attention layers); its audio tower
+    (Parakeet) is optional and left out, the processor still carrying a feature extractor."""
+    from transformers import (
+        NemotronH_Omni_Reasoning_V3ImageProcessor,
+        NemotronH_Omni_Reasoning_V3Processor,
+        NemotronH_Omni_Reasoning_V3VideoProcessor,
+        ParakeetFeatureExtractor,
+    )
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+
+    markers = ["<image>", "<video>", "<img>", "</img>", "<so_embedding>", "<so_start>", "<so_end>"]
+    template = _chatml_template("<image>")
+    tokenizer = build_tiny_tokenizer(markers, chat_template=template)
+    patches = {"patch_size": 4, "downsample_ratio": 0.5}
+    image_processor = NemotronH_Omni_Reasoning_V3ImageProcessor(min_num_patches=64, max_num_patches=64, **patches)
+    video_processor = NemotronH_Omni_Reasoning_V3VideoProcessor(video_target_num_patches=64, **patches)
+    processor = NemotronH_Omni_Reasoning_V3Processor(
+        image_processor, video_processor, tokenizer, ParakeetFeatureExtractor(), chat_template=template
+    )
+    radio = {"image_size": 32, "patch_size": 4, "max_img_size": 32, "num_cls_tokens": 1, "num_registers": 1}
+    extra = {
+        "vision_config": radio,
+        "audio_config": None,
+        "vision_hidden_size": 64,
+        "projector_hidden_size": 64,
+        "image_token_id": tokenizer.convert_tokens_to_ids("<image>"),
+        "video_token_id": tokenizer.convert_tokens_to_ids("<video>"),
+        "audio_token_id": tokenizer.convert_tokens_to_ids("<so_embedding>"),
+    }
+    _save_generic("nemotron_h_omni", target, tokenizer, processor, extra)
+
+
 # The builders whose processors are torchvision classes or carry a video processor: without torchvision these types
 # read `not surveyed` with the reason.
 TORCHVISION_BUILDERS = frozenset(
@@ -2183,6 +2425,16 @@ TORCHVISION_BUILDERS = frozenset(
         "inkling2_loop",
         "inkling_mm_model",
         "apertus1p5",
+        "step3p7",
+        "unlimited_ocr",
+        "minicpmv4_6",
+        "minicpmv4_7",
+        "minicpm_ocr",
+        "minimax_m3_vl",
+        "molmo2",
+        "muse_glimmer",
+        "muse_spark",
+        "nemotron_h_omni",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
@@ -2247,6 +2499,16 @@ VLM_BUILDERS: dict[str, Any] = {
     "inkling_mm_model": build_inkling,
     "apertus1p5": build_apertus1p5,
     "inkling2_loop": lambda target: build_inkling2(target, "inkling2_loop"),
+    "step3p7": build_step3p7,
+    "unlimited_ocr": build_unlimited_ocr,
+    "minicpmv4_6": build_minicpmv,
+    "minicpmv4_7": lambda target: build_minicpmv(target, "minicpmv4_7"),
+    "minicpm_ocr": lambda target: build_minicpmv(target, "minicpm_ocr"),
+    "minimax_m3_vl": build_minimax_m3_vl,
+    "molmo2": build_molmo2,
+    "muse_glimmer": build_muse_glimmer,
+    "muse_spark": lambda target: build_muse_glimmer(target, "muse_spark"),
+    "nemotron_h_omni": build_nemotron_h_omni,
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),

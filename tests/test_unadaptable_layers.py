@@ -19,6 +19,7 @@ from hellbender.models.fixes.unadaptable_layers import (
     MAMBA_MODEL_TYPES,
     MAMBA_REFUSED_LEAVES,
     WEIGHTS_READ_DIRECTLY,
+    unadaptable_layers,
 )
 from hellbender.models.tiny import build_tiny_tokenizer
 from tests.helpers import base_config, model_survey
@@ -170,3 +171,22 @@ def test_a_named_layer_the_indexer_shares_is_adapted_outside_it_and_one_only_it_
     _trains(adapted)
     with pytest.raises(ConfigError, match=r"`weights_proj`: the sparse-attention indexer only chooses"):
         apply_adapter(_lora(tmp_path, lora_target_modules=["q_b_proj", "weights_proj"]), _tiny("deepseek_v4"))
+
+
+def test_a_vision_language_model_with_a_mamba_language_model_leaves_out_what_the_mixer_bypasses():
+    """Nemotron-H Omni's language model is a Nemotron-H: its mixers' `out_proj` is left out as in the text model
+    (by the text config's type; PEFT, which goes by the top-level type, refuses nothing there)."""
+    from transformers import CONFIG_MAPPING, AutoModelForImageTextToText
+
+    tokenizer = build_tiny_tokenizer()
+    text = survey.shrunk_kwargs(CONFIG_MAPPING["nemotron_h"](), len(tokenizer))
+    vision = {"image_size": 32, "patch_size": 4, "max_img_size": 32, "num_cls_tokens": 1, "num_registers": 1}
+    vision |= {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "video_temporal_patch_size": 2}
+    config = CONFIG_MAPPING["nemotron_h_omni"](
+        text_config=text, vision_config=vision, audio_config=None, vision_hidden_size=32, projector_hidden_size=32
+    )
+    model = AutoModelForImageTextToText.from_config(config)
+    left_out = unadaptable_layers(model)
+    mixers = {name for name, m in model.named_modules() if hasattr(m, "conv1d")}
+    assert mixers and set(left_out) == {f"{name}.out_proj" for name in mixers}
+    assert all("multiplies by this layer's weight directly" in reason for reason in left_out.values())

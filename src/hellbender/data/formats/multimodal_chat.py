@@ -200,8 +200,10 @@ def vision_row(ids: list[int], labels: list[int], paths: list[Any], images: list
 
 def expand(processor: Any, text: str, images: list[Any]) -> list[int]:
     """The processor's token ids for one rendered conversation with its images."""
+    # What a family's processor needs in this call, set where it was loaded (models/fixes/ovis2.py: arrays).
+    extra = getattr(processor, "hellbender_row_call_kwargs", {})
     try:
-        out = processor(text=[text], images=[images] if images else None, add_special_tokens=False)
+        out = processor(text=[text], images=[images] if images else None, add_special_tokens=False, **extra)
     except (ValueError, TypeError) as exc:
         raise RowError(f"the processor refused the row: {exc}") from None
     ids = out["input_ids"][0]

@@ -101,10 +101,13 @@ def processor_loader(source: str) -> Callable[..., Any] | None:
 
 def adjust_processor(source: str, processor: Any) -> Any:
     """The loaded processor with its family's settings fixed (unchanged for most families)."""
-    from hellbender.models.fixes import cosmos3_edge
+    from hellbender.models.fixes import cosmos3_edge, ovis2
 
-    if model_type_of(source) in cosmos3_edge.MODEL_TYPES:
+    model_type = model_type_of(source)
+    if model_type in cosmos3_edge.MODEL_TYPES:
         return cosmos3_edge.adjust_processor(processor)
+    if model_type in ovis2.MODEL_TYPES:
+        return ovis2.adjust_processor(processor)
     return processor
 
 

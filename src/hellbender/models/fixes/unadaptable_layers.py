@@ -10,7 +10,7 @@ wraps wrongly, and training would stop inside PEFT or the forward pass. hellbend
   kernels take `out_proj.weight` (and Mamba-1's `x_proj.weight`), and Mamba-1 and Jamba multiply by `dt_proj.weight`
   on every path. An adapter on such a layer is never used: it trains nothing, silently (on CPU, Mamba-1's `dt_proj`
   adapter gets no gradient at all). Some of these families are not in PEFT's list (Jamba, Bamba, Granite hybrid,
-  Zamba2).
+  Zamba2). A vision-language model whose language model is one of these (Nemotron-H Omni) has the same mixers.
 - Linear subclasses whose forward computes something other than `x @ W.T + b`: a LoRA pair adds `x @ A.T @ B.T` to the
   layer's output, which only fits a plain linear map. Routers that return a tuple (Llama 4, PhiMoE) and DeepSeek-V4's
   grouped output projection (each head group times its own slice of the weight, so the input is wider than
@@ -66,9 +66,14 @@ def unadaptable_layers(model: Any) -> dict[str, str]:
     """Full module name -> why LoRA must leave it out, for every such layer of `model` (empty for most models)."""
     import torch
 
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
     mamba = model_type in MAMBA_MODEL_TYPES
-    read_directly = WEIGHTS_READ_DIRECTLY.get(model_type, ())
+    # A vision-language composite builds its language model from `text_config` (Nemotron-H Omni's is a Nemotron-H):
+    # its Mamba mixers read the same weights directly. PEFT's refusal goes by the top-level type only, so it does
+    # not apply there.
+    text_type = getattr(getattr(config, "text_config", None), "model_type", None)
+    read_directly = WEIGHTS_READ_DIRECTLY.get(model_type) or WEIGHTS_READ_DIRECTLY.get(text_type, ())
     found = {}
     indexers: list[str] = []  # named_modules lists a module before its children
     for name, module in model.named_modules():
