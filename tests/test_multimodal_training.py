@@ -120,7 +120,9 @@ def seeing_gemma4(tmp_path_factory) -> Path:
         # in 14 of 60 rows) takes longer: at 100 steps all 12 held-out images were right on 2 of 4 seeds tried, 8 of 12
         # on the others; at 150 steps 12 of 12 on 3 of 3 seeds (smallest margin 1.2 nats).
         ("gemma4", 150, 1e-3, ["embed_tokens", "lm_head"], 12),
-        ("qwen2.5-vl", 150, 3e-3, ["embed_tokens", "lm_head"], 12),  # 12 of 12 on 4 of 4 seeds tried
+        # Qwen2.5-VL at 150 steps and 3e-3 gave 12 of 12 on 4 of 4 seeds on one CPU but 11 (and 9 at 200 steps) on
+        # an AMD EPYC: too fast to be stable. At 300 steps and 1e-3, 12 of 12 on 3 of 3 seeds there.
+        ("qwen2.5-vl", 300, 1e-3, ["embed_tokens", "lm_head"], 12),
     ],
 )
 def test_vlm_learns_the_colour_of_the_square_from_the_image(
