@@ -1247,10 +1247,10 @@ def build_cohere2_vision(target: Path) -> None:
     _save_generic("cohere2_vision", target, tokenizer, processor, extra)
 
 
-def build_exaone4_5(target: Path) -> None:
-    """EXAONE 4.5: Qwen2-VL's image and video processors and token layout (the tiny Qwen-VL tokenizer, template and
-    sizes) with a Qwen2.5-VL-like windowed tower into an EXAONE 4 text model; the video processor needs torchvision."""
-    from transformers import Exaone4_5_Processor, Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor
+def _qwen2_vl_processor(processor_class: type) -> tuple[Any, Any]:
+    """The tiny Qwen-VL tokenizer and a `processor_class` built as Qwen2-VL's processor is (image processor, tokenizer,
+    video processor, template) at the tiny Qwen-VL sizes; the video processor needs torchvision."""
+    from transformers import Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor
 
     from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
 
@@ -1262,12 +1262,23 @@ def build_exaone4_5(target: Path) -> None:
         "min_pixels": tiny_qwen.MIN_PIXELS,
         "max_pixels": tiny_qwen.MAX_PIXELS,
     }
-    processor = Exaone4_5_Processor(
+    processor = processor_class(
         Qwen2VLImageProcessorPil(**patches),
         tokenizer,
         Qwen2VLVideoProcessor(**patches),
         chat_template=tiny_qwen.CHAT_TEMPLATE,
     )
+    return tokenizer, processor
+
+
+def build_exaone4_5(target: Path) -> None:
+    """EXAONE 4.5: Qwen2-VL's image and video processors and token layout (the tiny Qwen-VL tokenizer, template and
+    sizes) with a Qwen2.5-VL-like windowed tower into an EXAONE 4 text model; the video processor needs torchvision."""
+    from transformers import Exaone4_5_Processor
+
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    tokenizer, processor = _qwen2_vl_processor(Exaone4_5_Processor)
     extra = {
         "vision_config": {
             "depth": 2,
@@ -1818,24 +1829,11 @@ def build_hyperclovax_vision_v2(target: Path) -> None:
     """HyperCLOVA X Vision V2: a Qwen2.5-VL tower at the tiny Qwen-VL sizes (4 px patches merged 2 x 2, windowed
     block 0, full block 1) into a HyperCLOVA X text model; its processor expands `<|image_pad|>` per merged patch and
     always carries a Qwen2-VL video processor (torchvision)."""
-    from transformers import HyperCLOVAXVisionV2Processor, Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor
+    from transformers import HyperCLOVAXVisionV2Processor
 
     from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
 
-    tokenizer = tiny_qwen.build_tokenizer()
-    pixels = {
-        "min_pixels": tiny_qwen.MIN_PIXELS,
-        "max_pixels": tiny_qwen.MAX_PIXELS,
-        "patch_size": tiny_qwen.PATCH_SIZE,
-        "merge_size": tiny_qwen.MERGE_SIZE,
-        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
-    }
-    processor = HyperCLOVAXVisionV2Processor(
-        Qwen2VLImageProcessorPil(**pixels),
-        tokenizer,
-        Qwen2VLVideoProcessor(**pixels),
-        chat_template=tiny_qwen.CHAT_TEMPLATE,
-    )
+    tokenizer, processor = _qwen2_vl_processor(HyperCLOVAXVisionV2Processor)
     vision = {
         "depth": 2,
         "hidden_size": 32,
