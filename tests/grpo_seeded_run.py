@@ -109,9 +109,11 @@ class RowSeededSampling(TrainerCallback):
 
 def main(config: str) -> None:
     from hellbender.config import load_config
+    from hellbender.train.distributed import close_process_group
     from hellbender.train.run import train
 
     train(load_config(config), callbacks=[RowSeededSampling()])
+    close_process_group()
 
 
 if __name__ == "__main__":

@@ -47,7 +47,17 @@ def run_torchrun(script: Path, *args: str, timeout: float = 300, nproc: int = 2,
         timeout=timeout,
         cwd=repo,
     )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
+    assert done.returncode == 0, why_processes_failed(done.stdout + done.stderr)
+
+
+# Lines that say why a training process died (a Python error, a C++ exception, a fatal interpreter error); shown
+# ahead of the output's tail, which a long log would otherwise cut.
+FAILURE_MARKERS = ("Error", "error:", "terminate called", "what():", "Fatal Python", "Traceback", "Signal ")
+
+
+def why_processes_failed(output: str) -> str:
+    reasons = [line for line in output.splitlines() if any(marker in line for marker in FAILURE_MARKERS)]
+    return "\n".join(["why:", *reasons[:40], "tail:", output[-6000:]])
 
 
 def train_in_two_processes(config: Path, timeout: float = 300, **env: str) -> str:
@@ -60,7 +70,7 @@ def train_in_two_processes(config: Path, timeout: float = 300, **env: str) -> st
         env={**os.environ, "OMP_NUM_THREADS": "1", **env},
         timeout=timeout,
     )
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, why_processes_failed(done.stderr)
     return done.stderr
 
 

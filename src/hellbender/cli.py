@@ -168,6 +168,9 @@ def train(
         if restricted:
             logging.getLogger("hellbender").warning(restricted)
         metrics = run_training(cfg)
+        from hellbender.train.distributed import close_process_group
+
+        close_process_group()  # a process of `--nproc N`: leaves with the others
         if metrics.get("exit_code"):  # stopped by a signal or the loss watchdog, after saving a checkpoint
             raise typer.Exit(metrics["exit_code"])
         from hellbender.train.report import REPORT_DIR, SUMMARY_NAME

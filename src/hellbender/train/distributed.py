@@ -79,3 +79,14 @@ def sum_over_processes(values: list[int]) -> list[int]:
     totals = torch.tensor(values, dtype=torch.int64, device=device)
     dist.all_reduce(totals)
     return [int(v) for v in totals.tolist()]
+
+
+def close_process_group() -> None:
+    """Every process waits for the others, then the process group is closed. Called once a process has nothing
+    left to do with the others: a process that exits with the group open can be torn down while a peer still talks
+    to it, which kills that peer (torch asks for `destroy_process_group` before exit)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

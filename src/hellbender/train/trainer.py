@@ -197,6 +197,7 @@ class HellbenderMixin:
             self.state.save_to_json(str(staging / "trainer_state.json"))
             write_manifest(staging, FINAL_MANIFEST, run=self.run.record() if self.run is not None else None)
             move_files_into(staging, final, FINAL_MANIFEST, remove=superseded_outputs(final, staging))
+        self.accelerator.wait_for_everyone()  # no process returns before the final model is in place
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:  # training logs, not evaluation or the final summary
