@@ -54,6 +54,8 @@ DOC = ROOT / "docs" / "models.md"
 CHAT_DATA = ROOT / "examples" / "data" / "chat.jsonl"
 MODES = ("lora", "packing", "full")
 NOT_SURVEYED = "not surveyed yet"
+# The start of hellbender's refusal of `gradient_checkpointing` for a family (the survey then trains it without).
+CHECKPOINTING_REFUSED = "`gradient_checkpointing` is set"
 # The start of hellbender's one-line notice when `lora_target_linear` leaves layers out (models/fixes/unadaptable_layers).
 LEFT_OUT = "`lora_target_linear` leaves out"
 
@@ -116,6 +118,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # defaults (the Gemma 4 text config's) are refused by its own validation
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},
 }
+# Keys a type's runs add to the survey's config: what hellbender's refusal asks for, with the shrink above.
+RUN_KEYS: dict[str, tuple[str, ...]] = {"reformer": ("pad_to_sequence_len: true",)}
 # Types hellbender already builds tiny (with their own tokenizer): "module:function" saving into a directory.
 OWN_BUILDERS = {"gemma4_text": "hellbender.models.tiny_vlm.gemma4:build_text"}
 
@@ -335,7 +339,9 @@ def sees_the_future(model: Any) -> bool | None:
     return not torch.allclose(before, after, atol=1e-5)
 
 
-def run_config(model_dir: Path, mode: str, output_dir: Path) -> str:
+def run_config(
+    model_dir: Path, mode: str, output_dir: Path, checkpointing: bool = True, extra: tuple[str, ...] = ()
+) -> str:
     lines = [
         f"base_model: {model_dir}",
         "datasets:",
@@ -348,14 +354,14 @@ def run_config(model_dir: Path, mode: str, output_dir: Path) -> str:
         "micro_batch_size: 2",
         f"max_steps: {1 if mode == 'full' else 2}",
         "learning_rate: 1.0e-4",
-        "gradient_checkpointing: true",
+        f"gradient_checkpointing: {str(checkpointing).lower()}",
         f"output_dir: {output_dir}",
     ]
     if mode != "full":
         lines += ["adapter: lora", "lora_r: 4", "lora_alpha: 8", "lora_target_linear: true"]
     if mode == "packing":
         lines.append("sample_packing: true")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *extra]) + "\n"
 
 
 def adapter_facts(output_dir: Path) -> dict[str, Any]:
@@ -443,11 +449,22 @@ def worker(model_type: str, work: Path, partial: Path, section: str = "causal_lm
     for mode in VLM_MODES if vlm else MODES:
         output_dir = work / f"out-{mode}"
         config = work / f"{mode}.yml"
-        config.write_text((vlm_run_config if vlm else run_config)(model_dir, mode, output_dir))
+        extra = RUN_KEYS.get(model_type, ())
+        config.write_text(
+            vlm_run_config(model_dir, mode, output_dir) if vlm else run_config(model_dir, mode, output_dir, extra=extra)
+        )
         start = time.monotonic()
         del notices[:]
+        checkpointing_refused = None
         try:
-            metrics = train(load_config(config))
+            try:
+                metrics = train(load_config(config))
+            except Exception as exc:  # a family whose checkpointing hellbender refuses trains without it
+                if vlm or not _is_refusal(exc) or not str(exc).startswith(CHECKPOINTING_REFUSED):
+                    raise
+                checkpointing_refused = describe(exc)
+                config.write_text(run_config(model_dir, mode, output_dir, checkpointing=False, extra=extra))
+                metrics = train(load_config(config))
         except Exception as exc:
             # the same text on every run and checkout
             status = describe(exc).replace(str(model_dir), "<model dir>").replace(f"{ROOT}/", "")
@@ -461,6 +478,8 @@ def worker(model_type: str, work: Path, partial: Path, section: str = "causal_lm
             facts.update(status="ok", reload=(vlm_reload_status if vlm else reload_status)(model_dir, output_dir, mode))
         if left_out := [n for n in notices if n.startswith(LEFT_OUT)]:
             facts["left_out"] = left_out[0]
+        if checkpointing_refused:
+            facts["checkpointing_refused"] = checkpointing_refused
         record(mode, seconds=round(time.monotonic() - start, 1), **facts)
 
 
@@ -2736,6 +2755,8 @@ def _note(model_type: str, entry: dict[str, Any] | None) -> str:
         notes.append("no SDPA path in transformers: hellbender loads it with `attn_implementation: eager`")
     if left_out := next((entry[m]["left_out"] for m in MODES if entry.get(m, {}).get("left_out")), None):
         notes.append(f"`{_quote(left_out)}`")
+    if refused := next((entry[m]["checkpointing_refused"] for m in MODES if entry[m].get("checkpointing_refused")), ""):
+        notes.append(f"trained without activation checkpointing, which hellbender refuses for it: `{_quote(refused)}`")
     seen = set()
     for mode in MODES:
         status = entry.get(mode, {}).get("status", "")
@@ -2779,7 +2800,12 @@ def render(results: dict[str, Any], model_types: list[str], vlm_types: list[str]
         "Family rules hellbender applies at load time (src/hellbender/models/fixes/): encoder families that "
         "transformers lists as causal LMs (BERT and its descendants, XLM, XLNet) attend both ways as built, so "
         "hellbender sets the config switch their classes honour (`is_decoder`, `causal`, `attn_type: uni`) and they "
-        "train causally; CPM-Ant has none and is refused (encoders.py). `lora_target_linear` leaves out, in one "
+        "train causally; CPM-Ant has none and is refused (encoders.py). Families whose transformers classes offer no "
+        "activation checkpointing (CTRL, GPT-1, GPT-NeoX Japanese, XLNet, XLM) are checkpointed by hellbender over "
+        "their per-layer module lists (models/layer_list_checkpointing.py); Reformer's reversible layers recompute "
+        "their activations already, so it refuses `gradient_checkpointing` and the survey trains it without "
+        "(reformer.py). A causal XLNet drops the padding mask of right-padded batches, which transformers cannot "
+        "add to its causal mask and which changes nothing there (xlnet.py). `lora_target_linear` leaves out, in one "
         "notice line, the layers LoRA cannot adapt: what PEFT refuses in Mamba families, Mamba-mixer projections whose "
         "weight the mixer reads directly (an adapter there would never be used), linear subclasses that are no "
         "linear map (Llama 4 and PhiMoE routers, DeepSeek-V4's grouped output projection), and the layers of a "

@@ -35,6 +35,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from hellbender.models.activation_offload import ActivationOffloader
 from hellbender.models.fixes.contract import Contract, Requirement
+from hellbender.models.fixes.reformer import refuse_checkpointing_reversible_layers
+from hellbender.models.layer_list_checkpointing import checkpoint_layer_modules, per_layer_modules
 
 MUTABLE_CONTAINERS = (MutableMapping, MutableSequence, MutableSet)
 CHANNEL_ATTRIBUTE = "hellbender_checkpoint_side_channel"
@@ -146,6 +148,8 @@ def layers_left_unchecked(model: Any, count: int) -> list[Any]:
     leaves them unchecked); refuses a count above the number of decoder layers. Works on a meta-device skeleton,
     so the count is checked before any data work."""
     decoder_layers = [m for m in model.get_decoder().modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not decoder_layers:  # a model whose per-layer modules hellbender checkpoints itself
+        decoder_layers = per_layer_modules(model)
     if count > len(decoder_layers):
         from hellbender.errors import ConfigError
 
@@ -185,18 +189,15 @@ def enable_activation_checkpointing(
     checkpointed layer call, and each decoder layer left unchecked as a module."""
     CONTRACT.check()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if not getattr(base, "supports_gradient_checkpointing", False):
-        from hellbender.errors import ConfigError
-
-        raise ConfigError(
-            f"`gradient_checkpointing` is set, but {type(base).__name__} does not support activation checkpointing. "
-            "Set `gradient_checkpointing: false`."
-        )
+    own_layers = _layers_transformers_cannot_checkpoint(base)
     channel = SideChannel()
     offloader = ActivationOffloader() if offload else None
     checkpointed = checkpoint_function(channel if side_channel else None, offloader, compile_options)
-    base._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=checkpointed)
-    if layers is not None:
+    if own_layers is not None:
+        checkpoint_layer_modules(own_layers[:layers], checkpointed)
+    else:
+        base._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=checkpointed)
+    if layers is not None and own_layers is None:
         for layer in layers_left_unchecked(base, layers):  # transformers reads each layer's own flag
             layer.gradient_checkpointing = False
             if compile_options is not None:
@@ -215,6 +216,24 @@ def enable_activation_checkpointing(
         setattr(model, OFFLOADER_ATTRIBUTE, offloader)
         model.register_forward_pre_hook(lambda module, args: offloader.new_step() if torch.is_grad_enabled() else None)
     return channel
+
+
+def _layers_transformers_cannot_checkpoint(base: Any) -> list[list[Any]] | None:
+    """None where transformers checkpoints the model's layers itself (its `GradientCheckpointingLayer`s, also in
+    JetMoE, whose class says it does not support checkpointing: its gradients are the same with and without, tested);
+    else the per-layer modules hellbender checkpoints, or a refusal where there are none."""
+    if any(isinstance(module, GradientCheckpointingLayer) for module in base.modules()):
+        return None
+    refuse_checkpointing_reversible_layers(base.config)
+    layers = per_layer_modules(base)
+    if not layers:
+        from hellbender.errors import ConfigError
+
+        raise ConfigError(
+            f"`gradient_checkpointing` is set, but {type(base).__name__} does not support activation checkpointing "
+            "and keeps no per-layer module lists hellbender could checkpoint. Set `gradient_checkpointing: false`."
+        )
+    return layers
 
 
 def side_channel_of(model: Any) -> SideChannel | None:

@@ -18,6 +18,8 @@ from hellbender.models.attention_choice import NOT_SUPPORTED, eager_notice, fall
 from hellbender.models.fixes.encoders import causal_notice, make_causal
 from hellbender.models.fixes.gemma4_assistant import refuse_assistant
 from hellbender.models.fixes.musicgen import refuse_audio_decoder
+from hellbender.models.fixes.reformer import check_training_length
+from hellbender.models.fixes.xlnet import drop_trailing_padding_mask
 from hellbender.models.fixes.xmod import check_language
 from hellbender.models.hub_kernels import check_hub_kernel_packing, require_kernels_package
 from hellbender.models.mistral_tokenizer import load_mistral_common_tokenizer
@@ -254,6 +256,7 @@ def model_config(cfg: HellbenderConfig, source: str | Path) -> Any:
     check_language(config)
     refuse_assistant(config)  # draft models that run on their target's states, not on token ids
     refuse_audio_decoder(config)  # causal LMs of audio codes
+    check_training_length(config, cfg.sequence_len, cfg.pad_to_sequence_len)
     if cfg.reward_model:  # the score head: one number per sequence (`num_labels` is 1)
         config.num_labels = cfg.num_labels or 1
     return config
@@ -383,6 +386,7 @@ def load_model(cfg: HellbenderConfig, tokenizer: Any, source: str | Path | None 
         logger.warning(notice)
     check_hub_kernel_packing(cfg, model)
     check_router_aux_loss(cfg, model)
+    drop_trailing_padding_mask(model)
     if cfg.sample_packing or cfg.eval_sample_packing:
         check_packed_masks(model)
         if cfg.is_multimodal:

@@ -113,8 +113,9 @@ def adjust_processor(source: str, processor: Any) -> Any:
 
 def prepare_for_training(model: Any, attn_implementation: str) -> Any:
     """What the model's family must change or check before training (nothing for most families)."""
-    from hellbender.models.fixes import gemma4
+    from hellbender.models.fixes import gemma4, reformer
 
+    reformer.let_reversible_layers_train(model)
     if getattr(model.config, "model_type", None) in gemma4.TEXT_MODEL_TYPES:
         return gemma4.prepare_for_training(model, attn_implementation)
     return model
