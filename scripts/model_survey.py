@@ -118,6 +118,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 }
 # Types hellbender already builds tiny (with their own tokenizer): "module:function" saving into a directory.
 OWN_BUILDERS = {"gemma4_text": "hellbender.models.tiny_vlm.gemma4:build_text"}
+# Causal-LM types whose full model carries a timm vision tower (Gemma 3n's MobileNetV5): surveyed with an interpreter
+# that has timm, their entries record its version.
+CAUSAL_TIMM_TYPES = frozenset({"gemma3n"})
 
 
 def _int_attr(config: Any, name: str) -> int | None:
@@ -2728,6 +2731,11 @@ def _note(model_type: str, entry: dict[str, Any] | None) -> str:
     if build.get("status") != "ok":
         return f"tiny model not built: `{_quote(build.get('status', ''))}`"
     notes = []
+    if timm := entry.get("timm"):
+        notes.append(
+            f"its vision tower is a timm model: surveyed with timm {timm} (torch {entry.get('torch', '?')}), which "
+            "the project's own environment lacks"
+        )
     if build.get("bidirectional"):
         notes.append(_bidirectional_note(model_type))
     if build.get("moe") and not any(entry.get(m, {}).get("experts_adapted") for m in ("lora", "packing")):
@@ -3009,6 +3017,11 @@ def main() -> None:
                 continue
             start = time.monotonic()
             results[model_type] = survey(model_type, args.timeout)
+            if model_type in CAUSAL_TIMM_TYPES and importlib.util.find_spec("timm") is not None:
+                import timm
+                import torch
+
+                results[model_type].update(timm=timm.__version__, torch=torch.__version__.split("+")[0])
             results["_transformers"] = transformers.__version__
             write_results(results)  # after each type, so an interrupted survey resumes where it stopped
             summary = "  ".join(f"{m}={results[model_type][m]['status'][:70]}" for m in ("build", *MODES))
