@@ -116,12 +116,18 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [16, 48], "axial_pos_shape": [8, 16]},
     # a drafter that reads every layer's K/V from its target model, without per-layer inputs; its config class's
     # defaults (the Gemma 4 text config's) are refused by its own validation
+    # Mistral 4's `head_dim` is the whole query-key head (unrotated plus rotated channels, which its rotary embedding
+    # takes `partial_rotary_factor` of), not only the rotated part as the shrink sets for latent attention
+    "mistral4": {"head_dim": 16},
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},
 }
 # Keys a type's runs add to the survey's config: what hellbender's refusal asks for, with the shrink above.
 RUN_KEYS: dict[str, tuple[str, ...]] = {"reformer": ("pad_to_sequence_len: true",)}
 # Types hellbender already builds tiny (with their own tokenizer): "module:function" saving into a directory.
 OWN_BUILDERS = {"gemma4_text": "hellbender.models.tiny_vlm.gemma4:build_text"}
+# Causal-LM types whose full model carries a timm vision tower (Gemma 3n's MobileNetV5): surveyed with an interpreter
+# that has timm, their entries record its version.
+CAUSAL_TIMM_TYPES = frozenset({"gemma3n"})
 
 
 def _int_attr(config: Any, name: str) -> int | None:
@@ -580,6 +586,7 @@ QWEN_PROCESSOR_FAMILIES = {
     "qwen3_5": "Qwen3VLProcessor",
     "qwen3_5_moe": "Qwen3VLProcessor",
     "qwen4_exp": "Qwen3VLProcessor",
+    "cosmos3_omni": "Qwen3VLProcessor",  # Cosmos3's reasoner, Qwen3-VL's model under its own type
 }
 
 
@@ -954,7 +961,7 @@ def build_hunyuan_vl(target: Path) -> None:
     _save_generic("hunyuan_vl", target, tokenizer, processor, extra)
 
 
-def build_mistral3(target: Path, model_type: str = "mistral3") -> None:
+def build_mistral3(target: Path, model_type: str = "mistral3", text_type: str | None = None) -> None:
     """Mistral 3 (and Mistral Large 4, the same layout on a DeepSeek-like MoE text model): a Pixtral tower (8 px patches) merged 2 x 2 into the text model; `PixtralProcessor` (a torchvision
     class) writes `[IMG]` per merged patch, `[IMG_BREAK]` after each row and `[IMG_END]` after the image."""
     from transformers import PixtralImageProcessorPil, PixtralProcessor
@@ -973,6 +980,123 @@ def build_mistral3(target: Path, model_type: str = "mistral3") -> None:
         "vision_config": {"image_size": 32, "patch_size": 8, "head_dim": 16},
         "spatial_merge_size": 2,
         "image_token_index": tokenizer.convert_tokens_to_ids(named["image_token"]),
+    }
+    if text_type is None:
+        _save_generic(model_type, target, tokenizer, processor, extra)
+        return
+    # Mistral Small 4: a `mistral3` checkpoint whose text model is a `mistral4` (shrunk as the causal-LM survey does)
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    config = tiny_config(model_type, tokenizer, extra)
+    config.text_config = tiny_config(text_type, tokenizer, OVERRIDES.get(text_type))
+    torch.manual_seed(0)
+    AutoModelForImageTextToText.from_config(config).save_pretrained(target)
+    processor.save_pretrained(target)
+
+
+def build_mistral4(target: Path) -> None:
+    """Mistral 4: the `mistral4` type is the text model (`Mistral4ForCausalLM`, which the image-text mapping names);
+    its image-text checkpoints (Mistral Small 4) are Mistral 3's composite (`mistral3`: Pixtral tower, 2 x 2 merge,
+    `PixtralProcessor`) with a `mistral4` text config, built so here."""
+    build_mistral3(target, "mistral3", text_type="mistral4")
+
+
+def build_fast_vlm(target: Path) -> None:
+    """FastVLM: a hybrid convolutional tower (timm; its small `test_convnext` in place of FastViT-HD: a 64 x 64 image
+    gives 2 x 2 features of 64 channels) whose feature map, flattened, is projected into a Qwen2. Its checkpoints name
+    `LlavaProcessor`: on the tiny LLaVA's tokenizer and template, with the tower's stride (32 px) as the patch size
+    and the `full` strategy (no CLS position), each `<image>` becomes 4 image tokens."""
+    from transformers import CLIPImageProcessorPil, LlavaProcessor
+
+    from hellbender.models.tiny_vlm.llava import IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64})
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=32,
+        vision_feature_select_strategy="full",
+        num_additional_image_tokens=0,
+        image_token=IMAGE_TOKEN,
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+    extra = {
+        "vision_config": {"architecture": "test_convnext", "hidden_size": 64, "model_args": None},
+        "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        "image_seq_length": 4,
+    }
+    _save_generic("fast_vlm", target, tokenizer, processor, extra)
+
+
+# The audio markers that the Qwen Omni thinkers' processors read from the tokenizer (beside the Qwen-VL vision ones).
+OMNI_AUDIO_TOKENS = {
+    "audio_token": "<|audio_pad|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
+
+
+def build_qwen_omni_thinker(target: Path, model_type: str) -> None:
+    """Qwen2.5-Omni's and Qwen3-Omni-MoE's thinkers (the text-generating half of the omni models): a Qwen-VL tower
+    on Qwen-VL patches (the tiny Qwen-VL tokenizer, template and sizes: 4 px, merged 2 x 2) and an audio tower beside
+    the text model. Their checkpoints name the omni processor (`Qwen2_5OmniProcessor` / `Qwen3OmniMoeProcessor`:
+    Qwen2-VL's image and video processors, a Whisper feature extractor), whose tokenizer names the vision and audio
+    markers."""
+    import transformers
+    from transformers import Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor, WhisperFeatureExtractor
+
+    from hellbender.models.tiny import build_tiny_tokenizer
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    named = {
+        "image_token": tiny_qwen.IMAGE_PAD,
+        "video_token": tiny_qwen.VIDEO_PAD,
+        "vision_bos_token": tiny_qwen.VISION_START,
+        "vision_eos_token": tiny_qwen.VISION_END,
+        **OMNI_AUDIO_TOKENS,
+    }
+    tokenizer = build_tiny_tokenizer(chat_template=tiny_qwen.CHAT_TEMPLATE, **named)
+    patches = {
+        "patch_size": tiny_qwen.PATCH_SIZE,
+        "merge_size": tiny_qwen.MERGE_SIZE,
+        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
+        "min_pixels": tiny_qwen.MIN_PIXELS,
+        "max_pixels": tiny_qwen.MAX_PIXELS,
+    }
+    processor = getattr(transformers, CHECKPOINT_PROCESSORS[model_type])(
+        Qwen2VLImageProcessorPil(**patches),
+        Qwen2VLVideoProcessor(**patches),
+        WhisperFeatureExtractor(feature_size=128),
+        tokenizer,
+        chat_template=tiny_qwen.CHAT_TEMPLATE,
+    )
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in named.items()}
+    vision = {
+        "depth": 2,
+        "num_heads": 2,
+        "patch_size": tiny_qwen.PATCH_SIZE,
+        "spatial_merge_size": tiny_qwen.MERGE_SIZE,
+        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
+        "out_hidden_size": 64,
+    }
+    if model_type == "qwen3_omni_moe_thinker":
+        vision.update(num_position_embeddings=16, deepstack_visual_indexes=[0])
+    else:
+        vision.update(window_size=8, fullatt_block_indexes=[1])
+    rope = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [2, 3, 3]}
+    extra = {
+        "vision_config": vision,
+        "audio_config": {"output_dim": 64},
+        "text_config": {"rope_parameters": rope, "head_dim": 16},
+        "image_token_id": ids["image_token"],
+        "video_token_id": ids["video_token"],
+        "audio_token_id": ids["audio_token"],
+        "audio_start_token_id": ids["audio_bos_token"],
+        "audio_end_token_id": ids["audio_eos_token"],
+        "vision_start_token_id": ids["vision_bos_token"],
+        "vision_end_token_id": ids["vision_eos_token"],
     }
     _save_generic(model_type, target, tokenizer, processor, extra)
 
@@ -1104,8 +1228,17 @@ def build_llava_next_video(target: Path) -> None:
     _save_generic("llava_next_video", target, tokenizer, processor, extra)
 
 
+# GLM-4V-layout types whose checkpoints use other classes than Glm4v's: type -> (image and video processor prefix,
+# processor prefix)
+GLM_PROCESSOR_PREFIXES = {
+    "glm46v": ("Glm46V", "Glm46V"),
+    "glm_ocr": ("Glm46V", "Glm46V"),
+    "glmga": ("Glmga", "Glm46V"),
+}
+
+
 def build_glm4v(target: Path, model_type: str = "glm4v") -> None:
-    """GLM-4V (and GLM-4.5V, its MoE, and GLM-4.6V): Qwen-VL-like patches at the tiny Qwen-VL sizes (4 px, merged 2 x 2) between
+    """GLM-4V (and GLM-4.5V, its MoE, GLM-4.6V, GLM-OCR and Glmga): Qwen-VL-like patches at the tiny Qwen-VL sizes (4 px, merged 2 x 2) between
     `<|begin_of_image|>` and `<|end_of_image|>`, on the tiny tokenizer; its processor always carries a video
     processor (torchvision)."""
     import transformers
@@ -1120,10 +1253,12 @@ def build_glm4v(target: Path, model_type: str = "glm4v") -> None:
     )
     patches = {"patch_size": tiny_qwen.PATCH_SIZE, "merge_size": tiny_qwen.MERGE_SIZE, "temporal_patch_size": 2}
     sizes = {"shortest_edge": tiny_qwen.MIN_PIXELS, "longest_edge": tiny_qwen.MAX_PIXELS}
-    prefix = "Glm46V" if model_type == "glm46v" else "Glm4v"  # GLM-4.6V has its own classes of the same layout
+    # GLM-4.6V has its own classes of the same layout, which GLM-OCR's checkpoints name too; Glmga's checkpoints pair
+    # GLM-4.6V's processor with Glmga's own image and video processors
+    prefix, processor_prefix = GLM_PROCESSOR_PREFIXES.get(model_type, ("Glm4v", "Glm4v"))
     image_processor = getattr(transformers, f"{prefix}ImageProcessorPil")(size=sizes, **patches)
     video_processor = getattr(transformers, f"{prefix}VideoProcessor")(size=sizes, **patches)
-    processor = getattr(transformers, f"{prefix}Processor")(
+    processor = getattr(transformers, f"{processor_prefix}Processor")(
         image_processor, tokenizer, video_processor, chat_template=template
     )
     ids = tokenizer.convert_tokens_to_ids
@@ -2452,10 +2587,29 @@ TORCHVISION_BUILDERS = frozenset(
         "muse_glimmer",
         "muse_spark",
         "nemotron_h_omni",
+        "mistral4",
+        "glm_ocr",
+        "glmga",
+        "cosmos3_omni",  # its Qwen3-VL processor is loaded whole, video processor included
+        "qwen2_5_omni_thinker",
+        "qwen3_omni_moe_thinker",
     }
 )
 # Builders whose tiny model takes its vision tower from timm (which imports torchvision): surveyed beside those above.
-TIMM_BUILDERS = frozenset({"gemma3n"})
+TIMM_BUILDERS = frozenset({"gemma3n", "fast_vlm"})
+# Processor classes that checkpoints of these types name in their processor configs, where transformers maps none to
+# the type itself.
+CHECKPOINT_PROCESSORS = {
+    "cosmos3_omni": "Qwen3VLProcessor",
+    "fast_vlm": "LlavaProcessor",
+    "glm_ocr": "Glm46VProcessor",
+    "glmga": "Glm46VProcessor",
+    "kosmos-2": "Kosmos2Processor",
+    "kosmos-2.5": "Kosmos2_5Processor",
+    "mistral4": "PixtralProcessor",
+    "qwen2_5_omni_thinker": "Qwen2_5OmniProcessor",
+    "qwen3_omni_moe_thinker": "Qwen3OmniMoeProcessor",
+}
 # model type -> a function saving a tiny model with its processor into a directory: hellbender's own tiny VLMs, and
 # families built here from their pieces
 VLM_BUILDERS: dict[str, Any] = {
@@ -2526,6 +2680,12 @@ VLM_BUILDERS: dict[str, Any] = {
     "muse_glimmer": build_muse_glimmer,
     "muse_spark": lambda target: build_muse_glimmer(target, "muse_spark"),
     "nemotron_h_omni": build_nemotron_h_omni,
+    "mistral4": build_mistral4,
+    "fast_vlm": build_fast_vlm,
+    "glm_ocr": lambda target: build_glm4v(target, "glm_ocr"),
+    "glmga": lambda target: build_glm4v(target, "glmga"),
+    "qwen2_5_omni_thinker": lambda target: build_qwen_omni_thinker(target, "qwen2_5_omni_thinker"),
+    "qwen3_omni_moe_thinker": lambda target: build_qwen_omni_thinker(target, "qwen3_omni_moe_thinker"),
     "llava_next_video": build_llava_next_video,
     "blip-2": build_blip2,
     "instructblip": lambda target: build_blip2(target, "instructblip"),
@@ -2588,7 +2748,7 @@ def vlm_not_surveyed_reason(model_type: str, torchvision: bool | None = None) ->
         return None
     if model_type in VLM_BUILDERS and (torchvision or model_type not in TORCHVISION_BUILDERS | TIMM_BUILDERS):
         return None
-    processor = PROCESSOR_MAPPING_NAMES.get(model_type)
+    processor = PROCESSOR_MAPPING_NAMES.get(model_type) or CHECKPOINT_PROCESSORS.get(model_type)
     if model_type in TIMM_BUILDERS:
         return (
             "the survey's tiny model takes its vision tower from timm, which needs torchvision, and this machine "
@@ -2747,6 +2907,11 @@ def _note(model_type: str, entry: dict[str, Any] | None) -> str:
     if build.get("status") != "ok":
         return f"tiny model not built: `{_quote(build.get('status', ''))}`"
     notes = []
+    if timm := entry.get("timm"):
+        notes.append(
+            f"its vision tower is a timm model: surveyed with timm {timm} (torch {entry.get('torch', '?')}), which "
+            "the project's own environment lacks"
+        )
     if build.get("bidirectional"):
         notes.append(_bidirectional_note(model_type))
     if build.get("moe") and not any(entry.get(m, {}).get("experts_adapted") for m in ("lora", "packing")):
@@ -2887,7 +3052,7 @@ def _torchvision_paragraph(results: dict[str, Any], vlm_types: list[str]) -> lis
         "families' processors are torchvision classes or always load a video processor, so the rows named here were "
         f"surveyed in a second environment, with {'; '.join(parts)}, CUDA builds run on the CPU (and `num2words`, "
         "which SmolVLM's processor imports, and timm, whose small `test_convnext` and `test_vit` stand in for "
-        "Gemma 3n's MobileNetV5 and PerceptionLM's Perception Encoder, and SciPy, which Inkling's vision tower imports "
+        "Gemma 3n's MobileNetV5, FastVLM's FastViT-HD and PerceptionLM's Perception Encoder, and SciPy, which Inkling's vision tower imports "
         "to plan its output scales). Without torchvision these rows keep their recorded status: the survey "
         "does not redo them, and the test reads their reason as it was with torchvision. Training these families "
         "with hellbender needs torchvision too, since their processors do.",
@@ -2912,12 +3077,16 @@ def render_vlm_section(results: dict[str, Any], vlm_types: list[str], model_type
         "reuse their pieces where they share a processor or a token layout (the tiny LLaVA's, Idefics3's or "
         "Qwen-VL's tokenizer, template and image processor sizes) or get a small processor of their own on the "
         "tiny tokenizer with the family's image tokens, and their configs get the generic shrink with tiny vision "
-        "settings (`VLM_BUILDERS` in the script). Cosmos3 Edge's loaded processor is set to return "
+        "settings (`VLM_BUILDERS` in the script). A type that transformers maps no processor class to is built with "
+        "the class its checkpoints name (`CHECKPOINT_PROCESSORS`); the `mistral4` type itself is Mistral 4's text model "
+        "(`Mistral4ForCausalLM`), so its row is Mistral Small 4's image-text layout: a `mistral3` checkpoint whose text "
+        "model is a `mistral4`. Cosmos3 Edge's loaded processor is set to return "
         "`mm_token_type_ids`, which its model requires and its processor class does not return by default "
         "(models/fixes/cosmos3_edge.py). `trains`: both modes pass and reload; "
         "`refused`: hellbender stops at start with an error naming the family and the reason (quoted in the note: "
         "Mllama feeds images through cross-attention layers, ShieldGemma 2's processor replaces the text with policy "
-        "prompts, Llama 4's image-text forward fails in transformers 5.24, DiffusionGemma is a block-diffusion model without a next-token loss, and image-text encoder-decoders such as T5Gemma 2 need decoder inputs that a chat row does not "
+        "prompts, Kosmos-2's and Kosmos-2.5's processors write their own image prompt in front of each text, Llama 4's "
+        "image-text forward fails in transformers 5.24, DiffusionGemma is a block-diffusion model without a next-token loss, and image-text encoder-decoders such as T5Gemma 2 need decoder inputs that a chat row does not "
         "give; models/fixes/__init__.py; a refused family without a builder here is saved as its default config only); "
         "`fails`: any other error; `not built`: the survey could not build the tiny model; `not surveyed`: no "
         "offline processor is built for the family yet (the note says why), so its status is unknown.",
@@ -3035,6 +3204,11 @@ def main() -> None:
                 continue
             start = time.monotonic()
             results[model_type] = survey(model_type, args.timeout)
+            if model_type in CAUSAL_TIMM_TYPES and importlib.util.find_spec("timm") is not None:
+                import timm
+                import torch
+
+                results[model_type].update(timm=timm.__version__, torch=torch.__version__.split("+")[0])
             results["_transformers"] = transformers.__version__
             write_results(results)  # after each type, so an interrupted survey resumes where it stopped
             summary = "  ".join(f"{m}={results[model_type][m]['status'][:70]}" for m in ("build", *MODES))

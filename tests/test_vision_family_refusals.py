@@ -23,6 +23,8 @@ from tests.helpers import base_config
         ({"model_type": "fuyu"}, "Fuyu's processor puts the image in front of each text"),
         ({"model_type": "got_ocr2"}, "GOT-OCR2's processor refuses images grouped per text"),
         ({"model_type": "pp_chart2table"}, "PP-Chart2Table's processor expands no image placeholder"),
+        ({"model_type": "kosmos-2"}, "Kosmos-2's processor writes its own image prompt in front of each text"),
+        ({"model_type": "kosmos-2.5"}, "Kosmos-2.5's processor writes its own image prompt in front of each text"),
         ({"model_type": "blip-2"}, "BLIP-2's processor puts the Q-Former's query tokens in front"),
         ({"model_type": "florence2", "is_encoder_decoder": True}, "florence2: it is an encoder-decoder model"),
     ],

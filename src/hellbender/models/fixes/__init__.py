@@ -47,6 +47,13 @@ UNSUPPORTED_VISION_FAMILIES = {
             ("instructblipvideo", "InstructBLIP Video"),
         )
     },
+    # their processors put `<image>`, the image tokens and `</image>` at the start of each text (Kosmos-2.5's after BOS)
+    # and mark only that place in the `image_embeds_position_mask` they build
+    **{
+        family: f"{name}'s processor writes its own image prompt in front of each text instead of expanding an image "
+        "placeholder the chat template writes, so a chat row's image cannot stay where the row has it"
+        for family, name in (("kosmos-2", "Kosmos-2"), ("kosmos-2.5", "Kosmos-2.5"))
+    },
     "got_ocr2": "GOT-OCR2's processor refuses images grouped per text, the form hellbender passes them in (it reads "
     "such a group as the pages of one document, only with `multi_page`), so a chat row's image cannot reach it",
     "pp_chart2table": "PP-Chart2Table's processor expands no image placeholder and names no image token (the prompt "
