@@ -193,15 +193,18 @@ def test_trainer_and_evaluate_score_packed_gpt_oss_rows_like_the_documents_alone
     assert trainer.evaluate()["eval_loss"] == pytest.approx(alone, abs=1e-5)
 
 
-def test_a_family_whose_layer_masks_hellbender_cannot_build_is_refused_at_load():
+def test_a_family_whose_layers_carry_state_along_the_row_is_refused_with_any_attention():
+    """Granite hybrid's Mamba layers read every earlier token of the row: flash attention keeps its attention layers'
+    documents apart, not those."""
     from transformers import GraniteMoeHybridConfig
 
     config = GraniteMoeHybridConfig(num_hidden_layers=2, layer_types=["mamba", "attention"])
-    config._attn_implementation = "sdpa"
-    with pytest.raises(ConfigError, match=r"`sample_packing` with `attn_implementation: sdpa` cannot keep"):
-        check_packed_masks(SimpleNamespace(config=config))
-    config._attn_implementation = "flash_attention_2"  # the kernel reads the documents from the positions
-    check_packed_masks(SimpleNamespace(config=config))
+    for attention in ("sdpa", "flash_attention_2"):
+        config._attn_implementation = attention
+        with pytest.raises(
+            ConfigError, match=r"`granitemoehybrid` model apart: its layers carry a state along the row"
+        ):
+            check_packed_masks(SimpleNamespace(config=config))
 
 
 def test_bloom_is_refused_with_packing_naming_its_alibi():

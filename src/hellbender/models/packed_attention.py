@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from hellbender.errors import ConfigError
+from hellbender.models.unpackable_families import refuse_unpackable
 
 # Causal-LM model types whose forward calls transformers' mask builders without `position_ids` (transformers 5.24;
 # tests/test_packed_attention.py reads the installed transformers' model code to keep this list complete). A type
@@ -152,6 +153,7 @@ def check_packed_masks(model: Any) -> None:
     import transformers
 
     config = text_config(model)
+    refuse_unpackable(config)  # no mask keeps these families' documents apart
     if needs_packed_masks(config) and config.model_type in NEEDS_A_PADDING_MASK:
         raise ConfigError(
             f"`sample_packing` cannot keep the packed documents of this `{config.model_type}` model apart: its forward "

@@ -74,9 +74,39 @@ def with_saved_adapter(cfg: HellbenderConfig, base: Any, adapter_dir: Path) -> A
 
     loftq_arguments(cfg)  # a LoftQ adapter's config makes PEFT quantize the base again on loading: check it can
     try:
-        return PeftModel.from_pretrained(base, str(adapter_dir))
+        model = PeftModel.from_pretrained(base, str(adapter_dir))
     except (ValueError, RuntimeError, KeyError) as exc:  # shapes or module names that do not fit the base
         raise ConfigError(
             f"The adapter in {adapter_dir} does not fit `base_model: {cfg.base_model}`: {exc}. Use the config the "
             "adapter was trained with."
         ) from None
+    refuse_partly_loaded_adapter(model, adapter_dir)
+    return model
+
+
+def refuse_partly_loaded_adapter(model: Any, adapter_dir: Path) -> None:
+    """Every tensor saved in `adapter_dir` must be in `model` after PEFT loaded it. PEFT only warns about saved
+    tensors it could not place, and the layers they belong to then keep their initial weights (PEFT 0.21 renames the
+    keys of linear layers whose names contain a module adapted through `lora_target_parameters`, such as
+    `shared_experts` beside `experts`, and drops them: tests/test_adapter_reload.py)."""
+    import peft
+    import torch
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    saved_file = Path(adapter_dir) / "adapter_model.safetensors"
+    if not saved_file.is_file():
+        return
+    loaded = get_peft_model_state_dict(model)
+    dropped = sorted(
+        key
+        for key, saved in load_file(saved_file).items()
+        if "lora_" in key and (key not in loaded or not torch.equal(loaded[key].detach().cpu().to(saved.dtype), saved))
+    )
+    if dropped:
+        raise ConfigError(
+            f"PEFT {peft.__version__} loaded the adapter in {adapter_dir} only in part: {len(dropped)} saved tensor(s) "
+            f"did not reach the model (e.g. `{dropped[0]}`), so their layers would run with initial weights. The file "
+            "holds them; this PEFT release does not place them. Use a PEFT release that loads the adapter whole, or "
+            "train without adapting those layers."
+        )

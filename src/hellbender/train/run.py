@@ -64,6 +64,7 @@ from hellbender.train.run_identity import claim_output_dir, record_owner
 from hellbender.train.schedule import plan_schedule
 from hellbender.train.tokens import StreamPosition, TokenCounter
 from hellbender.train.trainer import HellbenderMixin, HellbenderTrainer
+from hellbender.train.unused_weights import UnusedWeightsNotice
 
 logger = logging.getLogger("hellbender")
 RESOLVED_CONFIG_NAME = "hellbender_config.yml"
@@ -153,6 +154,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
         divergence=divergence,
         callbacks=[
             TokenCounter(),
+            UnusedWeightsNotice(),
             *([StreamPosition()] if streams_images else []),
             *([watchdog] if watchdog else []),
             *([SaveFirstStep()] if cfg.save_first_step else []),

@@ -1,0 +1,208 @@
+"""Causal-LM architectures of the installed transformers, each built tiny from its config class with the model
+survey's shrink (scripts/model_survey.py, seeded) and loaded through hellbender's own path (`build_trainable_model`:
+family fixes, attention fallback, LoRA on every linear layer it can adapt):
+
+- two LoRA steps on one batch give finite losses and a lower loss, and change every adapter weight except those the
+  first backward never reached, which are exactly the ones hellbender's run names (train/unused_weights.py);
+- the saved adapter on the base loaded with plain transformers + PEFT gives the trained model's logits;
+- gradients are the same with activation checkpointing and without;
+- with `sample_packing`, a packed batch scores every token as its documents alone, or packing is refused by name
+  (models/unpackable_families.py lists the families where it does not).
+
+CI runs `REPRESENTATIVE`; `HELLBENDER_ALL_ARCHITECTURES=1` runs every type the survey's table lists as training
+(docs/models.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from hellbender.config import validate_config
+from hellbender.data.collator import CausalLMCollator
+from hellbender.errors import ConfigError
+from hellbender.models.architecture_class import class_for_config
+from hellbender.models.fixes.encoders import make_causal
+from hellbender.models.stack import build_trainable_model, refuse_partly_loaded_adapter
+from hellbender.train.unused_weights import unused_modules, weights_without_gradient
+from tests.helpers import base_config, model_survey
+from tests.test_packed_attention import documents, packed_rows, per_token_nll
+
+survey = model_survey()
+
+# Dense, sliding-window, MLA, fused-expert MoE, attention sinks, gated delta-net and convolution hybrids, a Mamba
+# hybrid (packing refused), GPT-2's Conv1D, an encoder made causal, and a family hellbender checkpoints itself.
+REPRESENTATIVE = (
+    "llama",
+    "gemma3_text",
+    "deepseek_v3",
+    "qwen3_moe",
+    "gpt_oss",
+    "qwen3_next",
+    "lfm2",
+    "granitemoehybrid",
+    "gpt2",
+    "bert",
+    "ctrl",
+)
+# Reformer trains only on batches of the product of its `axial_pos_shape` (the survey's shrink: 128), and refuses
+# checkpointing (its reversible layers recompute already).
+LENGTHS = {"reformer": 128}
+NOT_CHECKPOINTED = {"reformer"}
+# Adapters PEFT 0.21 loads only in part (tests/test_adapter_reload.py): a `*_proj` inside a module named like the one
+# `target_parameters` adapts (Laguna's `shared_experts` beside `experts`, Inkling 2's `sconv.weight_proj`).
+PEFT_LOADS_IN_PART = {"laguna", "inkling2_text", "inkling2_loop_text"}
+# Findings not explained yet: the check fails for these, and says so rather than pass.
+OPEN_FINDINGS = {
+    "longcat_flash": "layer 0's expert LoRA A gets an exactly zero gradient in the second step although its B has "
+    "moved (the tiny config routes most tokens to zero-computation experts); cause not found",
+}
+
+
+def surveyed_as_training() -> list[str]:
+    results = survey.load_results()
+    return sorted(t for t in survey.causal_lm_types() if t in results and survey._passes(results[t]))
+
+
+TYPES = surveyed_as_training() if os.environ.get("HELLBENDER_ALL_ARCHITECTURES") == "1" else REPRESENTATIVE
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    return {}
+
+
+def tiny_dir(model_type: str, cache: dict[str, Path], tmp_path_factory) -> Path:
+    if model_type not in cache:
+        if model_type in survey.TIMM_BUILDERS or model_type == "gemma3n":
+            pytest.importorskip("timm", reason="its vision tower is a timm model (the survey's row was run with timm)")
+        target = tmp_path_factory.mktemp(model_type)
+        survey.build(model_type, target)
+        cache[model_type] = target
+    return cache[model_type]
+
+
+def trainable(model_dir: Path, tmp_path: Path, **settings):
+    cfg = validate_config(
+        base_config(
+            tmp_path,
+            base_model=str(model_dir),
+            adapter="lora",
+            lora_r=4,
+            lora_alpha=8,
+            lora_dropout=0.0,
+            lora_target_linear=True,
+            sequence_len=LENGTHS.get(model_dir.name.rstrip("0123456789"), 128),
+            pad_to_sequence_len=True,
+            **settings,
+        )
+    )
+    return build_trainable_model(cfg, AutoTokenizer.from_pretrained(model_dir))
+
+
+def token_batch(model, length: int, seed: int = 0) -> torch.Tensor:
+    vocab = model.config.get_text_config().vocab_size
+    return torch.randint(5, min(vocab, 250), (2, length), generator=torch.Generator().manual_seed(seed))
+
+
+def loss_of(model, ids: torch.Tensor, seed: int = 1) -> torch.Tensor:
+    """Next-token cross-entropy from the logits, as hellbender's loss computes it (a model's own loss may assume more:
+    GIT's cuts the image positions it expects in front of the text), from a forward without cache, as the Trainer's."""
+    torch.manual_seed(seed)  # the same dropout masks wherever the same forward runs
+    logits = model(input_ids=ids, use_cache=False).logits
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+def adapter_weights(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [
+        pytest.param(t, marks=pytest.mark.xfail(reason=OPEN_FINDINGS[t], strict=True)) if t in OPEN_FINDINGS else t
+        for t in TYPES
+    ],
+)
+def test_lora_trains_and_reloads_with_plain_peft(model_type, tiny_dirs, tmp_path_factory, tmp_path):
+    from peft import PeftModel
+
+    model_dir = tiny_dir(model_type, tiny_dirs, tmp_path_factory)
+    model = trainable(model_dir, tmp_path, gradient_checkpointing=model_type not in NOT_CHECKPOINTED)
+    ids = token_batch(model, LENGTHS.get(model_type, 24))
+    before = adapter_weights(model)
+    assert before, "no adapter weights"
+    # no weight decay: a weight changes only where a gradient moves it
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0)
+    model.eval()
+    with torch.no_grad():
+        first = loss_of(model, ids)
+    model.train()
+    unreached = None
+    for _ in range(2):
+        loss = loss_of(model, ids)
+        assert torch.isfinite(loss)
+        loss.backward()
+        unreached = set(unused_modules(weights_without_gradient(model))) if unreached is None else unreached
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    with torch.no_grad():
+        last = loss_of(model, ids)
+    assert torch.isfinite(last) and last < first, (first.item(), last.item())
+    unchanged = {n for n, p in adapter_weights(model).items() if torch.equal(p, before[n])}
+    assert set(unused_modules(sorted(unchanged))) == unreached, (sorted(unchanged)[:5], sorted(unreached)[:5])
+    assert len(unchanged) < len(before), "no adapter weight changed"
+
+    model.save_pretrained(tmp_path / "adapter")
+    config = AutoConfig.from_pretrained(model_dir)
+    make_causal(config, {})  # an encoder family needs the causal switch its notes name, as a user sets it
+    base = class_for_config(AutoModelForCausalLM, config).from_pretrained(model_dir, config=config)
+    reloaded = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    try:
+        refuse_partly_loaded_adapter(reloaded, tmp_path / "adapter")
+    except ConfigError:  # hellbender's own loading refuses it too; only the families where PEFT is known to do this
+        assert model_type in PEFT_LOADS_IN_PART
+        return
+    with torch.no_grad():
+        expected = model(input_ids=ids, use_cache=False).logits
+        torch.testing.assert_close(reloaded(input_ids=ids, use_cache=False).logits, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_gradients_are_the_same_with_and_without_checkpointing(model_type, tiny_dirs, tmp_path_factory, tmp_path):
+    model_dir = tiny_dir(model_type, tiny_dirs, tmp_path_factory)
+    gradients = []
+    if model_type in NOT_CHECKPOINTED:
+        with pytest.raises(ConfigError, match="`gradient_checkpointing: false`"):
+            trainable(model_dir, tmp_path, gradient_checkpointing=True)
+        return
+    for checkpointing in (False, True):
+        model = trainable(model_dir, tmp_path, gradient_checkpointing=checkpointing).train()
+        loss_of(model, token_batch(model, LENGTHS.get(model_type, 24))).backward()
+        gradients.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad and p.grad is not None})
+    plain, checkpointed = gradients
+    assert plain.keys() == checkpointed.keys() and plain
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, msg=name)
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_packed_documents_score_as_alone_or_packing_is_refused(model_type, tiny_dirs, tmp_path_factory, tmp_path):
+    model_dir = tiny_dir(model_type, tiny_dirs, tmp_path_factory)
+    if model_type in LENGTHS:
+        pytest.skip("trains on one fixed length only; its packed rows are checked by the survey's run")
+    try:
+        model = trainable(model_dir, tmp_path, sample_packing=True).eval()
+    except ConfigError as refusal:
+        assert str(refusal).startswith("`sample_packing`"), refusal
+        return
+    pad = AutoTokenizer.from_pretrained(model_dir).pad_token_id
+    collate = CausalLMCollator(pad)
+    docs = documents()
+    alone = torch.cat([per_token_nll(model, collate([d])) for d in docs])
+    packed = per_token_nll(model, collate(packed_rows(docs)))
+    torch.testing.assert_close(packed, alone, rtol=1e-4, atol=1e-4)
