@@ -4,7 +4,8 @@ family fixes, attention fallback, LoRA on every linear layer it can adapt):
 
 - two LoRA steps on one batch give finite losses and a lower loss, and change every adapter weight except those the
   first backward never reached, which are exactly the ones hellbender's run names (train/unused_weights.py);
-- the saved adapter on the base loaded with plain transformers + PEFT gives the trained model's logits;
+- the saved adapter on the base loaded with plain transformers + PEFT gives the trained model's logits (once
+  hellbender places what PEFT 0.21 leaves out for a few MoE families: models/adapter_loading.py);
 - gradients are the same with activation checkpointing and without;
 - with `sample_packing`, a packed batch scores every token as its documents alone, or packing is refused by name
   (models/unpackable_families.py lists the families where it does not).
@@ -24,9 +25,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from hellbender.config import validate_config
 from hellbender.data.collator import CausalLMCollator
 from hellbender.errors import ConfigError
+from hellbender.models.adapter_loading import complete_adapter_load
 from hellbender.models.architecture_class import class_for_config
 from hellbender.models.fixes.encoders import make_causal
-from hellbender.models.stack import build_trainable_model, refuse_partly_loaded_adapter
+from hellbender.models.stack import build_trainable_model
 from hellbender.train.unused_weights import unused_modules, weights_without_gradient
 from tests.helpers import base_config, model_survey
 from tests.test_packed_attention import documents, packed_rows, per_token_nll
@@ -52,8 +54,8 @@ REPRESENTATIVE = (
 # checkpointing (its reversible layers recompute already).
 LENGTHS = {"reformer": 128}
 NOT_CHECKPOINTED = {"reformer"}
-# Adapters PEFT 0.21 loads only in part (tests/test_adapter_reload.py): a `*_proj` inside a module named like the one
-# `target_parameters` adapts (Laguna's `shared_experts` beside `experts`, Inkling 2's `sconv.weight_proj`).
+# Adapters PEFT 0.21 loads only in part (models/adapter_loading.py): linear layers whose names share a part with
+# a module adapted through `target_parameters` (Laguna's `shared_experts` beside `experts`, Inkling 2's `sconv.weight_proj`).
 PEFT_LOADS_IN_PART = {"laguna", "inkling2_text", "inkling2_loop_text"}
 # Findings not explained yet: the check fails for these, and says so rather than pass.
 OPEN_FINDINGS = {
@@ -63,8 +65,12 @@ OPEN_FINDINGS = {
 
 
 def surveyed_as_training() -> list[str]:
+    """The types whose LoRA and full fine-tuning runs the survey recorded as training (packing may be refused)."""
     results = survey.load_results()
-    return sorted(t for t in survey.causal_lm_types() if t in results and survey._passes(results[t]))
+    trained = ("lora", "full")
+    return sorted(
+        t for t in survey.causal_lm_types() if all(results.get(t, {}).get(m, {}).get("status") == "ok" for m in trained)
+    )
 
 
 TYPES = surveyed_as_training() if os.environ.get("HELLBENDER_ALL_ARCHITECTURES") == "1" else REPRESENTATIVE
@@ -162,11 +168,8 @@ def test_lora_trains_and_reloads_with_plain_peft(model_type, tiny_dirs, tmp_path
     make_causal(config, {})  # an encoder family needs the causal switch its notes name, as a user sets it
     base = class_for_config(AutoModelForCausalLM, config).from_pretrained(model_dir, config=config)
     reloaded = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
-    try:
-        refuse_partly_loaded_adapter(reloaded, tmp_path / "adapter")
-    except ConfigError:  # hellbender's own loading refuses it too; only the families where PEFT is known to do this
-        assert model_type in PEFT_LOADS_IN_PART
-        return
+    # plain PEFT drops some saved tensors of these families; hellbender's loading places them (models/adapter_loading.py)
+    assert (complete_adapter_load(reloaded, tmp_path / "adapter") > 0) == (model_type in PEFT_LOADS_IN_PART)
     with torch.no_grad():
         expected = model(input_ids=ids, use_cache=False).logits
         torch.testing.assert_close(reloaded(input_ids=ids, use_cache=False).logits, expected, rtol=1e-4, atol=1e-4)
