@@ -1058,13 +1058,7 @@ def build_qwen_omni_thinker(target: Path, model_type: str) -> None:
         **OMNI_AUDIO_TOKENS,
     }
     tokenizer = build_tiny_tokenizer(chat_template=tiny_qwen.CHAT_TEMPLATE, **named)
-    patches = {
-        "patch_size": tiny_qwen.PATCH_SIZE,
-        "merge_size": tiny_qwen.MERGE_SIZE,
-        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
-        "min_pixels": tiny_qwen.MIN_PIXELS,
-        "max_pixels": tiny_qwen.MAX_PIXELS,
-    }
+    patches = _tiny_qwen_patches()
     processor = getattr(transformers, CHECKPOINT_PROCESSORS[model_type])(
         Qwen2VLImageProcessorPil(**patches),
         Qwen2VLVideoProcessor(**patches),
@@ -1401,6 +1395,19 @@ def build_cohere2_vision(target: Path) -> None:
     _save_generic("cohere2_vision", target, tokenizer, processor, extra)
 
 
+def _tiny_qwen_patches() -> dict[str, int]:
+    """The tiny Qwen-VL patch sizes, as Qwen2-VL's image and video processors take them."""
+    from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
+
+    return {
+        "patch_size": tiny_qwen.PATCH_SIZE,
+        "merge_size": tiny_qwen.MERGE_SIZE,
+        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
+        "min_pixels": tiny_qwen.MIN_PIXELS,
+        "max_pixels": tiny_qwen.MAX_PIXELS,
+    }
+
+
 def _qwen2_vl_processor(processor_class: type) -> tuple[Any, Any]:
     """The tiny Qwen-VL tokenizer and a `processor_class` built as Qwen2-VL's processor is (image processor, tokenizer,
     video processor, template) at the tiny Qwen-VL sizes; the video processor needs torchvision."""
@@ -1409,13 +1416,7 @@ def _qwen2_vl_processor(processor_class: type) -> tuple[Any, Any]:
     from hellbender.models.tiny_vlm import qwen2_5_vl as tiny_qwen
 
     tokenizer = tiny_qwen.build_tokenizer()
-    patches = {
-        "patch_size": tiny_qwen.PATCH_SIZE,
-        "merge_size": tiny_qwen.MERGE_SIZE,
-        "temporal_patch_size": tiny_qwen.TEMPORAL_PATCH_SIZE,
-        "min_pixels": tiny_qwen.MIN_PIXELS,
-        "max_pixels": tiny_qwen.MAX_PIXELS,
-    }
+    patches = _tiny_qwen_patches()
     processor = processor_class(
         Qwen2VLImageProcessorPil(**patches),
         tokenizer,

@@ -208,3 +208,33 @@ def model_survey():
         sys.modules["model_survey"] = module
         spec.loader.exec_module(module)
     return sys.modules["model_survey"]
+
+
+def assert_two_lora_steps_learn(model, loss) -> None:
+    """Two AdamW steps of `model`'s trainable weights on `loss()` (one fixed batch): finite losses, a lower loss after
+    them (both measured in eval mode), and every trainable weight changed except exactly those of the modules the
+    first backward did not reach, as hellbender's run names them (train/unused_weights.py). No weight decay, so a
+    weight changes only where a gradient moves it."""
+    import torch
+
+    from hellbender.train.unused_weights import unused_modules, weights_without_gradient
+
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert before, "no trainable weights"
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0)
+    with torch.no_grad():
+        first = loss(model.eval())
+    unreached = None
+    for _ in range(2):
+        step_loss = loss(model.train())
+        assert torch.isfinite(step_loss)
+        step_loss.backward()
+        unreached = set(unused_modules(weights_without_gradient(model))) if unreached is None else unreached
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        last = loss(model.eval())
+    assert torch.isfinite(last) and last < first, (first.item(), last.item())
+    unchanged = sorted(n for n, p in model.named_parameters() if p.requires_grad and torch.equal(p, before[n]))
+    assert set(unused_modules(unchanged)) == unreached, (unchanged[:5], sorted(unreached)[:5])
+    assert len(unchanged) < len(before), "no trainable weight changed"
