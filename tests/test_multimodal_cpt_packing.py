@@ -134,14 +134,14 @@ SOURCES = ["prepared", "pretokenized"]
 
 @pytest.mark.parametrize("source", SOURCES)
 @PACKABLE
-def test_packed_cpt_documents_each_get_the_per_token_loss_they_have_alone(tmp_path, name, source):
+def test_packed_cpt_documents_each_get_the_per_token_loss_they_have_alone(tmp_path, name, bidirectional, source):
     from hellbender.data.collator import REAL_TOKENS_KEY
 
     row, alone, collator = packed_and_alone(tmp_path, name, source)
     singles = [collator.documents([doc]) for doc in alone]
     # Bins are filled by each document's full length, its image tokens included, measured before training.
     assert row["seq_lens"] == sorted((int(one[REAL_TOKENS_KEY][0]) for one in singles), reverse=True)
-    model = lora_model(name)
+    model = lora_model(name, bidirectional_images=bidirectional)
 
     batch = collator([row])
     assert "attention_mask" not in batch
@@ -192,15 +192,15 @@ def image_rows(batch: dict, name: str, row: dict, collator) -> list[slice | tupl
 
 @pytest.mark.parametrize("source", SOURCES)
 @PACKABLE
-def test_no_gradient_crosses_packed_cpt_documents(tmp_path, name, source):
+def test_no_gradient_crosses_packed_cpt_documents(tmp_path, name, bidirectional, source):
     """Doc i's loss has an exactly zero gradient with respect to every other document's pixel values and input
     embeddings (and a non-zero one with respect to its own)."""
     from hellbender.data.collator import REAL_TOKENS_KEY
-    from hellbender.models.packed_vision import packed_vision_positions
+    from hellbender.models.packed_vision import packed_vision_inputs
 
     row, _, collator = packed_and_alone(tmp_path, name, source)
     batch = collator([row])
-    model = lora_model(name)
+    model = lora_model(name, bidirectional_images=bidirectional)
     images_per_doc = [len(doc["images"]) for doc in row["documents"]]
     per_image = image_rows(batch, name, row, collator)
     assert len(per_image) == sum(images_per_doc) == 4
@@ -221,7 +221,7 @@ def test_no_gradient_crosses_packed_cpt_documents(tmp_path, name, source):
             model.zero_grad()
             inputs = {k: v for k, v in batch.items() if k not in (REAL_TOKENS_KEY, "labels")}
             inputs["pixel_values"] = batch["pixel_values"].clone().requires_grad_(True)
-            inputs.update(packed_vision_positions(model, inputs))
+            inputs.update(packed_vision_inputs(model, inputs))
             logits = model(**inputs, use_cache=False).logits
             losses = token_losses(logits, batch["labels"])[0]
             losses[starts[i] : starts[i] + n - 1].sum().backward()

@@ -1,4 +1,5 @@
-"""Sample packing of image+text chat rows (Qwen2.5-VL, Qwen3-VL, Gemma 4, LLaVA, Idefics3): a packed row of several image
+"""Sample packing of image+text chat rows (Qwen2.5-VL, Qwen3-VL, Gemma 4 with and without image tokens attending both
+ways, LLaVA, Idefics3): a packed row of several image
 documents computes what each document computes alone — the same logits for every token and the same LoRA gradients —
 and other vision-language families are refused by name."""
 
@@ -16,7 +17,9 @@ from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN, QWEN3
 
 # The families whose packing is checked here, with their test ids.
 PACKABLE = pytest.mark.parametrize(
-    "name", [QWEN, QWEN3, GEMMA4, LLAVA, IDEFICS3], ids=["qwen", "qwen3", "gemma4", "llava", "idefics3"]
+    "name, bidirectional",
+    [(QWEN, False), (QWEN3, False), (GEMMA4, False), (GEMMA4, True), (LLAVA, False), (IDEFICS3, False)],
+    ids=["qwen", "qwen3", "gemma4", "gemma4-bidirectional-images", "llava", "idefics3"],
 )
 
 # Max |logit difference| packed vs alone, fp32 CPU, measured: Qwen2.5-VL 3.0e-7, Qwen3-VL 4.8e-7, Gemma 4 8.0e-7,
@@ -100,13 +103,13 @@ def lora_model(name: str, bidirectional_images: bool = False):
 
 def forward(model, batch: dict, packed_positions: bool = True):
     from hellbender.data.collator import REAL_TOKENS_KEY
-    from hellbender.models.packed_vision import packed_vision_positions
+    from hellbender.models.packed_vision import packed_vision_inputs
 
     inputs = {k: v for k, v in batch.items() if k not in (REAL_TOKENS_KEY, "labels")}
     # The collator's pixels are float32; the model is float64 (`lora_model`).
     inputs = {k: v.to(model.dtype) if v.is_floating_point() else v for k, v in inputs.items()}
     if packed_positions:
-        inputs.update(packed_vision_positions(model, inputs))
+        inputs.update(packed_vision_inputs(model, inputs))
     return model(**inputs, use_cache=False).logits
 
 
@@ -117,13 +120,13 @@ def summed_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 @PACKABLE
-def test_a_packed_row_of_image_documents_computes_what_each_document_computes_alone(tmp_path, name):
+def test_a_packed_row_of_image_documents_computes_what_each_document_computes_alone(tmp_path, name, bidirectional):
     packed_rows, collator = prepared(tmp_path, name, packing=True)
     alone_rows, _ = prepared(tmp_path, name, packing=False)
     assert len(packed_rows) == 1 and len(packed_rows[0]["seq_lens"]) == 3  # all three documents in one bin
     row = packed_rows[0]
     assert row["seq_lens"] == sorted(alone_rows["length"], reverse=True)  # full lengths, image tokens included
-    model = lora_model(name)
+    model = lora_model(name, bidirectional_images=bidirectional)
 
     batch = collator([row])
     assert "attention_mask" not in batch
@@ -153,27 +156,26 @@ def test_a_packed_row_of_image_documents_computes_what_each_document_computes_al
             scale = p.grad.abs().max().item()
             assert (packed_grads[n] - p.grad).abs().max().item() <= 1e-5 * scale + 1e-9, n
 
-    if name in (QWEN, QWEN3):  # the test can fail: without each document's own 3-D positions the logits move
+    if name in (QWEN, QWEN3) or bidirectional:  # the test can fail: without hellbender's packed inputs (each
+        # document's own 3-D positions; Gemma 4's image blocks kept per document) the logits move
         wrong = forward(model, batch, packed_positions=False)
         assert (wrong - packed_logits).abs().max().item() > 1e-2
 
 
-def test_gemma4_with_bidirectional_image_attention_is_refused_because_packed_image_blocks_go_wrong(tmp_path):
-    """transformers 5.24 reads the image blocks of a packed row from its start for every document: the test shows
-    the packed logits wrong, and that loading such a model with packing is refused."""
+@pytest.mark.parametrize("attention", ["flash_attention_2", "flex_attention"])
+def test_gemma4_with_bidirectional_image_attention_is_refused_where_hellbender_builds_no_masks(attention):
+    """hellbender keeps a packed document's image blocks its own with masks for SDPA and eager attention only."""
     from hellbender.errors import ConfigError
     from hellbender.models.packed_vision import check_packable_vision_model
 
-    packed_rows, collator = prepared(tmp_path, GEMMA4, packing=True)
-    alone_rows, _ = prepared(tmp_path, GEMMA4, packing=False)
     model = lora_model(GEMMA4, bidirectional_images=True)
-    row = packed_rows[0]
-    with torch.no_grad():
-        packed = forward(model, collator([row]))
-        last = row["documents"][-1]["text"]
-        alone = forward(model, collator.documents([r for r in alone_rows if r["text"] == last]))
-    assert (packed[0, -alone.shape[1] :] - alone[0]).abs().max().item() > 1e-2
-    with pytest.raises(ConfigError, match="use_bidirectional_attention: vision"):
+    check_packable_vision_model(model)  # SDPA, as loaded
+    model.config.get_text_config()._attn_implementation = attention
+    with pytest.raises(
+        ConfigError,
+        match=f"use_bidirectional_attention: vision.*attn_implementation: {attention}|"
+        f"attn_implementation: {attention}.*use_bidirectional_attention: vision",
+    ):
         check_packable_vision_model(model)
 
 

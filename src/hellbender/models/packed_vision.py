@@ -5,8 +5,10 @@ A packed vision-language batch has 1-D position ids that restart at every docume
 family's forward does with it (transformers 5.24):
 
 - Gemma 4 hands the position ids to its mask builders, which keep each document apart, its sliding-window masks
-  included. Gemma 4 models whose image tokens attend both ways (`use_bidirectional_attention: vision`) are refused:
-  transformers 5.24 reads their image blocks from the start of the packed row instead of each document's.
+  included. For Gemma 4 models whose image tokens attend both ways (`use_bidirectional_attention: vision`)
+  transformers 5.24 would read the image blocks from the start of the packed row instead of each document's, so
+  hellbender builds their masks itself (`fixes/gemma4.packed_image_block_masks`, SDPA and eager; other attention
+  implementations are refused).
 - LLaVA and Idefics3 encode every image (Idefics3: every tile; the blank tiles that pad a document's images to the
   batch's most are dropped by the model) on its own, scatter the features into the image tokens in order, and hand
   the position ids to their language model's mask builder: the collator's batch is all they need.
@@ -26,6 +28,7 @@ import importlib
 from typing import Any
 
 from hellbender.errors import ConfigError
+from hellbender.models.fixes import gemma4
 from hellbender.models.packed_attention import unwrapped
 
 # model_type -> how packed batches are kept exact (see the module docstring).
@@ -59,26 +62,37 @@ def check_packable_vision_model(model: Any) -> None:
             f"positions its own for {families}, and this family may build positions or masks from the whole packed "
             "row. Set `sample_packing: false` and `eval_sample_packing: false`."
         )
-    if getattr(unwrapped(model).config.get_text_config(), "use_bidirectional_attention", None) == "vision":
-        # transformers 5.24 remaps a packed row's mask functions to each document's positions, the image-block
-        # overlay included, which then reads the image blocks of the row's start (measured: logits 0.96 off).
+    text_config = unwrapped(model).config.get_text_config()
+    attention = text_config._attn_implementation
+    if _image_blocks_attend_both_ways(text_config) and attention not in gemma4.PACKED_IMAGE_BLOCK_ATTENTION:
         raise ConfigError(
-            f"`sample_packing` (or `eval_sample_packing`) with this `{model_type}` model is not supported yet: its "
-            "image tokens attend to each other both ways (`use_bidirectional_attention: vision`), and transformers "
-            "builds those image blocks from the start of the packed row, not of each document, so packed documents "
-            "would attend to the wrong tokens. Set `sample_packing: false` and `eval_sample_packing: false`."
+            f"`sample_packing` (or `eval_sample_packing`) with this `{model_type}` model and `attn_implementation: "
+            f"{attention}` is not supported: its image tokens attend to each other both ways "
+            "(`use_bidirectional_attention: vision`), and hellbender keeps those image blocks inside each packed "
+            "document with masks it builds for SDPA and eager attention only. Use `attn_implementation: sdpa`, or "
+            "set `sample_packing: false` and `eval_sample_packing: false`."
         )
     if model_type in ROPE_3D_FAMILIES:
         _rope_3d_fix(model_type).PACKED_POSITIONS_CONTRACT.check()
 
 
-def packed_vision_positions(model: Any, batch: dict[str, Any]) -> dict[str, Any]:
-    """`{"position_ids": ...}` for a packed batch of a family whose positions are not 1-D; else `{}`."""
+def _image_blocks_attend_both_ways(text_config: Any) -> bool:
+    return getattr(text_config, "use_bidirectional_attention", None) == "vision"
+
+
+def packed_vision_inputs(model: Any, batch: dict[str, Any]) -> dict[str, Any]:
+    """What a packed batch of a vision-language family needs besides the collator's: `position_ids` for a family
+    whose positions are not 1-D, per-layer `attention_mask`s for Gemma 4 with image tokens attending both ways;
+    else `{}`."""
     if "position_ids" not in batch or "attention_mask" in batch or batch["position_ids"].ndim != 2:
         return {}
     if "mm_token_type_ids" not in batch:  # not a vision-language batch
         return {}
     base = unwrapped(model)
+    text_config = base.config.get_text_config()
+    if base.config.model_type in gemma4.MODEL_TYPES and _image_blocks_attend_both_ways(text_config):
+        dtype = base.get_input_embeddings().weight.dtype
+        return {"attention_mask": gemma4.packed_image_block_masks(text_config, batch, dtype)}
     if base.config.model_type not in ROPE_3D_FAMILIES:
         return {}
     from hellbender.models.fixes.qwen2_5_vl import packed_rope_positions

@@ -21,7 +21,7 @@ from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.models.activation_checkpointing import side_channel_of
 from hellbender.models.packed_attention import packed_attention_mask
-from hellbender.models.packed_vision import packed_vision_positions
+from hellbender.models.packed_vision import packed_vision_inputs
 from hellbender.models.pixel_dtype import pixels_in_model_dtype
 from hellbender.models.router_aux_loss import router_aux_coefficient
 from hellbender.storage import FINAL_MANIFEST, complete_checkpoints, listed_files, move_files_into, write_manifest
@@ -242,7 +242,7 @@ class HellbenderTrainer(HellbenderMixin, Trainer):
             self._callback(StreamPosition).advance(int(stream_rows.max()))
         inputs.update(forward_kwargs(inputs))
         inputs.update(packed_attention_mask(model, inputs))
-        inputs.update(packed_vision_positions(model, inputs))
+        inputs.update(packed_vision_inputs(model, inputs))
         inputs.update(pixels_in_model_dtype(model, inputs))
         if self.router_aux_coefficient is None:
             return super().compute_loss(

@@ -52,7 +52,7 @@ def token_metrics(
     from hellbender.data.streaming import STREAM_ROW_KEY
     from hellbender.data.teacher_targets import TARGET_IDS, TARGET_LOGPROBS, TARGET_MASK
     from hellbender.models.packed_attention import packed_attention_mask
-    from hellbender.models.packed_vision import packed_vision_positions
+    from hellbender.models.packed_vision import packed_vision_inputs
 
     target_device = model.device if hasattr(model, "device") else device()
     loss_sum, correct, tokens = 0.0, 0, 0
@@ -68,7 +68,7 @@ def token_metrics(
             inputs = {k: v.to(target_device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             teacher_inputs = dict(inputs)  # before the packed masks: the teacher builds its own
             inputs.update(packed_attention_mask(model, inputs))  # packed rows of a family that needs them
-            inputs.update(packed_vision_positions(model, inputs))
+            inputs.update(packed_vision_inputs(model, inputs))
             all_logits = model(**inputs, use_cache=False).logits
             if distillation is not None:
                 distillation.add(all_logits, all_labels, stored, teacher_inputs)

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import Gemma4Processor, PreTrainedTokenizerBase
 from transformers.utils import CHAT_TEMPLATE_FILE, PROCESSOR_NAME
 
@@ -178,3 +179,35 @@ def prepare_for_training(model: Any, attn_implementation: str) -> Any:
     if attn_implementation == "sdpa" and widest_head_dim(model) > FLASH_MAX_HEAD_DIM:
         model.set_attn_implementation(register_large_head_sdpa())
     return model
+
+
+# With packing, the attention implementations whose masks hellbender can build with image blocks kept per document.
+PACKED_IMAGE_BLOCK_ATTENTION = ("sdpa", "eager")
+
+
+def packed_image_block_masks(text_config: Any, batch: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """Each layer pattern's mask for a packed batch of a Gemma 4 model whose image tokens attend both ways
+    (`use_bidirectional_attention: vision`), as transformers builds them for one document alone: full-attention
+    layers causal, sliding layers `(causal or same image) and within the window`, and no token ever sees another
+    document. transformers' own builder would read a packed row's image blocks from the row's start (its mask
+    functions are remapped to each document's positions while the block ids stay the row's), so hellbender builds
+    them here from the row's documents (where the 1-D position ids restart) and image blocks (runs of image or
+    video tokens in `mm_token_type_ids`). Boolean for SDPA (true: attend), additive in `dtype` for eager."""
+    positions = batch["position_ids"]
+    document = (torch.diff(positions, dim=-1, prepend=positions[:, :1] - 1) != 1).cumsum(-1)
+    vision = (batch["mm_token_type_ids"] == 1) | (batch["mm_token_type_ids"] == 2)  # image, video (not audio)
+    starts = vision & ~torch.nn.functional.pad(vision, (1, 0))[:, :-1]
+    block = torch.where(vision, starts.cumsum(-1), -1)
+    index = torch.arange(positions.shape[-1], device=positions.device)
+    causal = index[None, :, None] >= index[None, None, :]
+    same_document = document[:, :, None] == document[:, None, :]
+    same_block = (block[:, :, None] == block[:, None, :]) & (block[:, :, None] >= 0)
+    window = index[None, None, :] > index[None, :, None] - text_config.sliding_window
+    masks = {
+        "full_attention": causal & same_document,
+        "sliding_attention": (causal | same_block) & same_document & window,
+    }
+    if text_config._attn_implementation == "eager":
+        low = torch.finfo(dtype).min
+        masks = {k: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, low) for k, m in masks.items()}
+    return {k: m[:, None] for k, m in masks.items()}
