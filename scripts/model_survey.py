@@ -702,10 +702,25 @@ def _shrunk_composite(model_type: str, name: str, tokenizer: Any, extra: dict[st
     return {**shrunk, **{k: v for k, v in extra.items() if k not in composite.sub_configs}}
 
 
+def _llava_next_tiles() -> Any:
+    """LLaVA-NeXT's image processor at the tiny LLaVA's size: a 32 x 32 base view and the tiles of the best-fitting
+    grid among 1 x 1, 1 x 2 and 2 x 1."""
+    from transformers import LlavaNextImageProcessorPil
+
+    from hellbender.models.tiny_vlm.llava import IMAGE_SIZE
+
+    pinpoints = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
+    return LlavaNextImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=pinpoints,
+    )
+
+
 def build_llava_next(target: Path) -> None:
     """LLaVA-NeXT: the tiny LLaVA's tokenizer and template, any-resolution tiles of 32 x 32 (a base view and the
     tiles of the best-fitting grid) through a CLIP tower."""
-    from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor
+    from transformers import LlavaNextProcessor
 
     from hellbender.models.tiny_vlm.llava import (
         IMAGE_SIZE,
@@ -716,12 +731,7 @@ def build_llava_next(target: Path) -> None:
     )
 
     tokenizer = build_tokenizer()
-    pinpoints = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
-    image_processor = LlavaNextImageProcessorPil(
-        size={"shortest_edge": IMAGE_SIZE},
-        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-        image_grid_pinpoints=pinpoints,
-    )
+    image_processor = _llava_next_tiles()
     processor = LlavaNextProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
@@ -733,7 +743,7 @@ def build_llava_next(target: Path) -> None:
     )
     extra = {
         "vision_config": {"image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE},
-        "image_grid_pinpoints": pinpoints,
+        "image_grid_pinpoints": image_processor.image_grid_pinpoints,
         "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
         "vision_feature_select_strategy": "default",
         "vision_feature_layer": -2,
@@ -1119,7 +1129,7 @@ def build_llava_onevision(target: Path) -> None:
     )
     extra = {
         "vision_config": {"image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE},
-        "image_grid_pinpoints": pinpoints,
+        "image_grid_pinpoints": image_processor.image_grid_pinpoints,
         "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
         "video_token_index": tokenizer.convert_tokens_to_ids("<video>"),
         "vision_feature_select_strategy": "full",
@@ -1187,18 +1197,13 @@ def build_internvl(target: Path) -> None:
 def build_llava_next_video(target: Path) -> None:
     """LLaVA-NeXT-Video: LLaVA-NeXT's tiles (`build_llava_next`'s sizes) with a `<video>` token and a video
     processor (torchvision) beside the image processor."""
-    from transformers import LlavaNextImageProcessorPil, LlavaNextVideoProcessor, LlavaNextVideoVideoProcessor
+    from transformers import LlavaNextVideoProcessor, LlavaNextVideoVideoProcessor
 
     from hellbender.models.tiny import build_tiny_tokenizer
     from hellbender.models.tiny_vlm.llava import IMAGE_SIZE, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, PATCH_SIZE
 
     tokenizer = build_tiny_tokenizer(chat_template=LLAVA_CHAT_TEMPLATE, image_token=IMAGE_TOKEN, video_token="<video>")
-    pinpoints = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
-    image_processor = LlavaNextImageProcessorPil(
-        size={"shortest_edge": IMAGE_SIZE},
-        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-        image_grid_pinpoints=pinpoints,
-    )
+    image_processor = _llava_next_tiles()
     video_processor = LlavaNextVideoVideoProcessor(
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
     )
@@ -1213,7 +1218,7 @@ def build_llava_next_video(target: Path) -> None:
     )
     extra = {
         "vision_config": {"image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE},
-        "image_grid_pinpoints": pinpoints,
+        "image_grid_pinpoints": image_processor.image_grid_pinpoints,
         "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
         "video_token_index": tokenizer.convert_tokens_to_ids("<video>"),
         "vision_feature_select_strategy": "default",
@@ -1943,18 +1948,13 @@ def build_granite4_vision(target: Path) -> None:
     tower of 4 px patches (8 x 8 per tile, the class token dropped), whose window Q-Former projectors halve each side
     (`downsample_rate` 1/2: 4 x 4 per tile) and inject features of two tower layers into the two text layers
     (deepstack) besides the four spatial-offset groups."""
-    from transformers import Granite4VisionProcessor, LlavaNextImageProcessorPil
+    from transformers import Granite4VisionProcessor
 
     from hellbender.models.tiny_vlm.llava import IMAGE_SIZE, IMAGE_TOKEN, LLAVA_CHAT_TEMPLATE, build_tokenizer
 
     tokenizer = build_tokenizer()
     patch, rate = 4, "1/2"
-    pinpoints = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
-    image_processor = LlavaNextImageProcessorPil(
-        size={"shortest_edge": IMAGE_SIZE},
-        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-        image_grid_pinpoints=pinpoints,
-    )
+    image_processor = _llava_next_tiles()
     processor = Granite4VisionProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
@@ -1969,7 +1969,7 @@ def build_granite4_vision(target: Path) -> None:
         # the Q-Former's width is the tower's, one head per 64 channels
         "vision_config": {"image_size": IMAGE_SIZE, "patch_size": patch, "hidden_size": 64},
         "qformer_config": {"intermediate_size": 64},
-        "image_grid_pinpoints": pinpoints,
+        "image_grid_pinpoints": image_processor.image_grid_pinpoints,
         "image_token_index": tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
         "vision_feature_select_strategy": "default",
         "vision_feature_layer": -1,
