@@ -2974,7 +2974,7 @@ def render(results: dict[str, Any], model_types: list[str], vlm_types: list[str]
         "add to its causal mask and which changes nothing there (xlnet.py). `sample_packing` is refused for the families "
         "whose packed rows do not score as their documents alone: layers that carry a state along the row (Mamba and "
         "its hybrids, gated delta-nets, RWKV, ...) or positions taken from the place in the row (BART and RoBERTa kin, "
-        "GPT-1, XLNet, XLM) (models/unpackable_families.py). tests/test_architectures.py checks each trained type "
+        "GPT-1, XLNet, XLM; Reformer's LSH attention) (models/unpackable_families.py). tests/test_architectures.py checks each trained type "
         "further (CI a subset, `HELLBENDER_ALL_ARCHITECTURES=1` all of them): two LoRA steps lower the loss and change "
         "every adapter weight the backward reaches (a run names the modules it does not reach), the adapter reloaded "
         "with plain PEFT gives the same logits (PEFT 0.21 leaves some LoRA tensors of a few MoE families out when "

@@ -169,8 +169,6 @@ def test_gradients_are_the_same_with_and_without_checkpointing(model_type, tiny_
 @pytest.mark.parametrize("model_type", TYPES)
 def test_packed_documents_score_as_alone_or_packing_is_refused(model_type, tiny_dirs, tmp_path_factory, tmp_path):
     model_dir = tiny_dir(model_type, tiny_dirs, tmp_path_factory)
-    if model_type in LENGTHS:
-        pytest.skip("trains on one fixed length only; its packed rows are checked by the survey's run")
     try:
         model = trainable(model_dir, tmp_path, sample_packing=True).eval()
     except ConfigError as refusal:

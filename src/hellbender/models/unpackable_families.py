@@ -13,6 +13,8 @@ first document matches and a later one is off by 1e-3 to 2 in loss, so a later d
 - Positions: the forward derives positions from a token's place in the row (learned or sinusoidal absolute positions,
   RoBERTa's positions counted from the padding, XLNet's and XLM's own), not from the position ids that restart with
   each packed document, so a later document's tokens get other positions than alone.
+- Reformer: its LSH and local attention sort and chunk the tokens of the whole row, not of each document, and its
+  axial position embeddings are the row's (measured on its one training length, 128: losses 1.07 off).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ STATE = (
     "its layers carry a state along the row (recurrent, linear-attention, state-space or convolution layers, or a "
     "compression of the sequence into blocks) that transformers does not restart where a packed document starts, so "
     "each document would read the ones packed before it"
+)
+REFORMER = (
+    "its LSH and local attention group the tokens of the whole row into buckets and chunks, whatever the documents, "
+    "and its axial position embeddings follow the place in the row"
 )
 POSITIONS = (
     "its forward takes positions from a token's place in the row, not from the position ids that restart with each "
@@ -98,6 +104,7 @@ UNPACKABLE: dict[str, str] = {
         ),
         POSITIONS,
     ),
+    "reformer": REFORMER,
 }
 
 
