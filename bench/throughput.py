@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import random
@@ -84,6 +85,9 @@ GIB = 1024**3
 SEED = 0
 VARIANTS = ("baseline", "hellbender")
 GPU_WORKLOADS = ("W1", "W2", "W3", "W4", "W7")
+# `--gc frozen` (passed to the children in this variable): freeze and disable Python's automatic garbage collection
+# when training begins, to see how much of the step-time spread it causes.
+GC_EXPERIMENT_ENV = "HB_BENCH_GC"
 ALL_WORKLOADS = (*GPU_WORKLOADS, "cpu")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # W7's expert weights (transformers 5's fused experts): what LORA_TARGETS' MLP projections name in an OLMoE layer.
@@ -679,6 +683,14 @@ class StepRecorder:
         self._begin = 0.0
         self._image_token_id: int | None = None
         self._pad_id: int | None = None
+        self._gc_s = 0.0  # time inside Python's garbage collector since the last step end
+        self._gc_started = 0.0
+
+    def _time_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self._gc_s += time.perf_counter() - self._gc_started
 
     def _sync(self) -> float:
         if self.cuda:
@@ -728,6 +740,12 @@ class StepRecorder:
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+        if os.environ.get(GC_EXPERIMENT_ENV) == "frozen":  # experiment: no automatic collection during the steps
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+            self.features["gc"] = "frozen and disabled"
+        gc.callbacks.append(self._time_gc)
         print(
             f"[{self.label}] training: {count(self.params['trainable'])} of {count(self.params['total'])} parameters "
             f"train; {self.features}",
@@ -749,7 +767,15 @@ class StepRecorder:
         flops = sum(self.flops.row(n, i) for n, i in self.rows) if self.flops else 0.0
         self.rows = []
         # `compute_s`: forward, backward and optimizer step; the rest of `seconds` is fetching and collating the batch.
-        record = {"step": step, "seconds": seconds, "compute_s": now - self._begin, "tokens": tokens, "flops": flops}
+        record = {
+            "step": step,
+            "seconds": seconds,
+            "compute_s": now - self._begin,
+            "gc_s": self._gc_s,
+            "tokens": tokens,
+            "flops": flops,
+        }
+        self._gc_s = 0.0
         self.steps.append(record)
         line = f"[{self.label}] step {step}/{self.total_steps}: {seconds:.3f} s, {tokens / seconds:,.0f} tok/s"
         if self.peak:
@@ -806,6 +832,10 @@ class StepRecorder:
             result["tokens_per_s"] = statistics.median(s["tokens"] / s["seconds"] for s in steady)
             result["step_s"] = statistics.median(s["seconds"] for s in steady)
             result["tokens_per_step"] = statistics.median(s["tokens"] for s in steady)
+            if len(steady) >= 2:  # the spread of step times (issue: QLoRA's steps swing from one to the next)
+                deciles = statistics.quantiles([s["seconds"] for s in steady], n=10)
+                result["step_p10_s"], result["step_p90_s"] = deciles[0], deciles[-1]
+            result["gc_s_per_step"] = statistics.mean(s["gc_s"] for s in steady)
             result["data_share"] = sum(s["seconds"] - s["compute_s"] for s in steady) / sum(
                 s["seconds"] for s in steady
             )
@@ -1397,6 +1427,11 @@ def features_text(result: dict[str, Any]) -> str:
     parts = [str(v) if k != "overrides" else f"overrides {v}" for k, v in f.items() if k not in ("bf16",)]
     if result.get("data_share") is not None:
         parts.append(f"{result['data_share']:.0%} of step time waits for the batch")
+    if result.get("step_p10_s"):
+        p10, p90 = result["step_p10_s"], result["step_p90_s"]
+        parts.append(f"steps p10 {p10:.3f} s / p90 {p90:.3f} s (spread {p90 / p10:.2f}x)")
+    if result.get("gc_s_per_step") is not None:
+        parts.append(f"garbage collection {result['gc_s_per_step'] * 1e3:.1f} ms/step")
     if result.get("all_steps_s") is not None:
         parts.append(
             f"{len(result.get('steps') or [])} steps, {result['all_tokens']:,} tokens in {result['all_steps_s']:.1f} s"
@@ -1459,6 +1494,8 @@ def markdown_table(results: list[dict[str, Any]], titles: dict[str, str]) -> str
 
 
 def parent_main(args: argparse.Namespace) -> int:
+    if args.gc == "frozen":
+        os.environ[GC_EXPERIMENT_ENV] = "frozen"  # read by the children, which inherit the environment
     selected = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = sorted(set(selected) - set(ALL_WORKLOADS))
     if unknown:
@@ -1580,6 +1617,13 @@ def parser() -> argparse.ArgumentParser:
         "gives each run's steps, tokens and wall time over all of them",
     )
     p.add_argument("--warmup", type=int, help="steps left out of the medians (default 5; --tiny: 2)")
+    p.add_argument(
+        "--gc",
+        choices=("automatic", "frozen"),
+        default="automatic",
+        help="Python's garbage collection in the training runs: as usual, or frozen and disabled from the first step "
+        "(an experiment on the step-time spread)",
+    )
     p.add_argument("--workdir", type=Path, default=Path("/tmp/hb-bench"), help="models, data, runs (reused)")
     p.add_argument("--json", type=Path, help="also write every result to this JSON file")
     p.add_argument("--tiny", "--dry-run", action="store_true", help="toy-sized models (CPU without a GPU)")

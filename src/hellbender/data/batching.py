@@ -16,14 +16,23 @@ from hellbender.data.vision_tokens import vision_token_ids
 
 
 def build_collator(
-    cfg: HellbenderConfig, tokenizer: Any, processor: Any | None, packed_tail_token_id: int | None = None
+    cfg: HellbenderConfig,
+    tokenizer: Any,
+    processor: Any | None,
+    packed_tail_token_id: int | None = None,
+    one_row_per_batch: bool = False,
 ) -> CausalLMCollator | MultimodalCollator | PackedMultimodalCollator | MistralImageCollator:
     """`packed_tail_token_id`: what fills a packed text row after its last document, where the model needs other
-    than padding there (the training recipe asks the model's family fixes)."""
+    than padding there (the training recipe asks the model's family fixes). `one_row_per_batch`: join a batch's
+    packed rows into one, for a model whose attention finds packed documents only in a batch of one row
+    (`models/packed_attention.documents_need_one_row`)."""
     if processor is None:
         pad_to = cfg.sequence_len if cfg.pad_to_sequence_len else None
         return CausalLMCollator(
-            tokenizer.pad_token_id, pad_to_multiple_of=pad_to, packed_tail_token_id=packed_tail_token_id
+            tokenizer.pad_token_id,
+            pad_to_multiple_of=pad_to,
+            packed_tail_token_id=packed_tail_token_id,
+            one_row_per_batch=one_row_per_batch,
         )
     if is_mistral_common(processor.tokenizer):  # rows hold every token; only the pixels are made here
         return MistralImageCollator(processor, image_policy(cfg))
@@ -31,5 +40,5 @@ def build_collator(
         processor, image_policy(cfg), frozenset(vision_token_ids(processor, cfg.vision_tokens_to_mask))
     )
     if cfg.sample_packing or cfg.eval_sample_packing:
-        return PackedMultimodalCollator(documents, processor.tokenizer.pad_token_id)
+        return PackedMultimodalCollator(documents, processor.tokenizer.pad_token_id, one_row_per_batch)
     return documents

@@ -64,6 +64,22 @@ def teacher_target_batch(rows: list[dict[str, Any]], longest: int) -> dict[str, 
     return {TARGET_IDS: ids, TARGET_LOGPROBS: logprobs, TARGET_MASK: mask}
 
 
+def one_packed_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Packed rows joined end to end, without the padding between them. transformers' flash attention (and the hub
+    kernels called through its wrapper) finds packed documents from restarting position ids only in a batch of one
+    row; a batch of several rows would attend across the documents of each row. Joined, every row's documents stay
+    documents, and each row's first token, which no earlier token predicts within its own row, stays unpredicted."""
+    joined: dict[str, list] = {key: [] for key in ("input_ids", "labels", "seq_lens", TARGET_IDS, TARGET_LOGPROBS)}
+    for row in rows:
+        joined["input_ids"] += row["input_ids"]
+        joined["labels"] += [IGNORE_INDEX, *row["labels"][1:]]
+        joined["seq_lens"] += row["seq_lens"]
+        if TARGET_IDS in row:  # the teacher's targets predict each token from the one before it, like the labels
+            joined[TARGET_IDS] += [[], *row[TARGET_IDS][1:]]
+            joined[TARGET_LOGPROBS] += [[], *row[TARGET_LOGPROBS][1:]]
+    return {key: value for key, value in joined.items() if key in rows[0]}
+
+
 @dataclass
 class CausalLMCollator:
     pad_token_id: int
@@ -72,8 +88,13 @@ class CausalLMCollator:
     # have all-zero hidden states, which a model that takes their root without an epsilon turns into NaN gradients
     # (models/fixes/gemma3n.py).
     packed_tail_token_id: int | None = None
+    # Join a batch's packed rows into one row (see `one_packed_row`): for attention that reads the documents from
+    # the position ids (flash attention), which transformers does for a batch of one row only.
+    one_row_per_batch: bool = False
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if self.one_row_per_batch and "seq_lens" in rows[0] and len(rows) > 1:
+            rows = [one_packed_row(rows)]
         longest = max(len(r["input_ids"]) for r in rows)
         if self.pad_to_multiple_of:
             longest = -(-longest // self.pad_to_multiple_of) * self.pad_to_multiple_of

@@ -37,11 +37,16 @@ PER_IMAGE_KEYS = frozenset(
 class PackedMultimodalCollator:
     documents: MultimodalCollator
     pad_token_id: int
+    # Every document of the batch in one row, without padding (as `collator.one_packed_row` for text): for attention
+    # that reads the documents from the position ids (flash attention) only in a batch of one row.
+    one_row_per_batch: bool = False
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if "seq_lens" not in rows[0]:  # unpacked rows (evaluation with `eval_sample_packing: false`)
             return self.documents(rows)
         docs = [doc for row in rows for doc in _documents(row)]
+        if self.one_row_per_batch:  # every document starts unpredicted already, so the rows join as they are
+            rows = [{"seq_lens": [n for row in rows for n in row["seq_lens"]]}]
         batch = self.documents(docs)
         lengths = batch.pop(REAL_TOKENS_KEY).tolist()
         stream_rows = batch.pop(STREAM_ROW_KEY, None)  # streamed documents' row numbers, for resuming

@@ -22,6 +22,7 @@ from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.models.activation_checkpointing import layers_left_unchecked
 from hellbender.models.fixes.gemma3n import packed_tail_token_id
 from hellbender.models.loading import load_tokenizer_and_processor, model_skeleton
+from hellbender.models.packed_attention import documents_need_one_row
 from hellbender.models.stack import build_trainable_model
 from hellbender.storage import (
     WRITE_ERRNOS,
@@ -287,7 +288,7 @@ def _method_trainer(
             args=args,
             train_dataset=train_data,
             eval_dataset=eval_data,
-            data_collator=build_collator(cfg, tokenizer, processor, packed_tail_token_id(model, tokenizer)),
+            data_collator=_collator(cfg, model, tokenizer, processor),
             processing_class=tokenizer,
             **hellbender,
         )
@@ -298,9 +299,19 @@ def _method_trainer(
         args=args,
         train_dataset=train_data,
         eval_dataset=eval_data,
-        data_collator=build_collator(cfg, tokenizer, processor, packed_tail_token_id(model, tokenizer)),
+        data_collator=_collator(cfg, model, tokenizer, processor),
         processing_class=processor or tokenizer,
         **hellbender,
+    )
+
+
+def _collator(cfg: HellbenderConfig, model: Any, tokenizer: Any, processor: Any) -> Any:
+    return build_collator(
+        cfg,
+        tokenizer,
+        processor,
+        packed_tail_token_id(model, tokenizer),
+        one_row_per_batch=documents_need_one_row(model),
     )
 
 

@@ -98,6 +98,7 @@ def evaluate(
     from hellbender.data.batching import build_collator
     from hellbender.data.prepare import prepare_datasets
     from hellbender.models.loading import load_tokenizer_and_processor
+    from hellbender.models.packed_attention import documents_need_one_row
 
     if not cfg.has_eval_data:
         raise ConfigError(
@@ -133,7 +134,7 @@ def evaluate(
             from hellbender.use.evaluate_distillation import DistillationScore
 
             distillation = DistillationScore.from_config(cfg, tokenizer)
-        collator = build_collator(cfg, tokenizer, processor)
+        collator = build_collator(cfg, tokenizer, processor, one_row_per_batch=documents_need_one_row(model))
         metrics = token_metrics(model, prepared.eval, collator, cfg.eval_batch_size, distillation)
     results = {
         **metrics,
