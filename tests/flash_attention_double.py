@@ -77,21 +77,25 @@ def torch_varlen(
     window_size=(-1, -1),
 ) -> torch.Tensor:
     """flash attention's varlen call through PyTorch's flash-attention varlen kernel (CUDA only)."""
+    import inspect
+
     from torch.nn.attention.varlen import varlen_attn
 
-    left, right = window_size
-    return varlen_attn(
-        q,
-        k,
-        v,
-        cu_seqlens_q.to(torch.int32),
-        cu_seqlens_k.to(torch.int32),
-        int(max_seqlen_q),
-        int(max_seqlen_k),
-        scale=softmax_scale,
-        window_size=(left, 0 if causal else right),
-        enable_gqa=k.shape[-2] != q.shape[-2],
-    )
+    groups = q.shape[-2] // k.shape[-2]  # grouped-query attention: older kernels take equal head counts
+    k, v = (t.repeat_interleave(groups, dim=-2) for t in (k, v))
+    accepted = inspect.signature(varlen_attn).parameters
+    options: dict[str, Any] = {}
+    if "window_size" in accepted:  # torch 2.13
+        options["window_size"] = (window_size[0], 0 if causal else window_size[1])
+    else:  # torch 2.11: causal or not, no window
+        assert window_size[0] < 0, "this torch's varlen kernel takes no sliding window"
+        options["is_causal"] = causal
+    if "scale" in accepted:
+        options["scale"] = softmax_scale
+    else:
+        assert softmax_scale is None or abs(softmax_scale - q.shape[-1] ** -0.5) < 1e-9, "kernel scales by 1/sqrt(d)"
+    bounds_q, bounds_k = cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32)
+    return varlen_attn(q, k, v, bounds_q, bounds_k, int(max_seqlen_q), int(max_seqlen_k), **options)
 
 
 def use_flash_attention(monkeypatch: Any, model: Any, varlen=exact_varlen) -> None:
