@@ -282,7 +282,7 @@ class PreferenceRecorder(tp.StepRecorder):
                 recorder.on_train_begin_with(args, model, train_dataloader)
 
             def on_step_begin(self, args, state, control, **kwargs):
-                recorder.on_step_begin()
+                recorder.on_step_begin(state.global_step + 1)
 
             def on_step_end(self, args, state, control, **kwargs):
                 recorder.on_step_end(state.global_step)

@@ -88,6 +88,7 @@ GPU_WORKLOADS = ("W1", "W2", "W3", "W4", "W7")
 # `--gc frozen` (passed to the children in this variable): freeze and disable Python's automatic garbage collection
 # when training begins, to see how much of the step-time spread it causes.
 GC_EXPERIMENT_ENV = "HB_BENCH_GC"
+PROFILE_ENV = "HB_BENCH_PROFILE"  # `--profile-steps A-B`, passed to the children
 ALL_WORKLOADS = (*GPU_WORKLOADS, "cpu")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # W7's expert weights (transformers 5's fused experts): what LORA_TARGETS' MLP projections name in an OLMoE layer.
@@ -664,6 +665,60 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+class ProfiledSteps:
+    """`--profile-steps A-B`: the PyTorch profiler over steps A..B; per step, how long the GPU ran kernels against
+    the step's wall time (a GPU idle inside the step means the host did not keep it fed), and the top host and device
+    operators over those steps."""
+
+    def __init__(self, first: int, last: int):
+        self.first, self.last = first, last
+        self._profile: Any = None
+        self._ranges: dict[int, Any] = {}
+
+    def step_begins(self, step: int) -> None:
+        import torch
+
+        if step == self.first:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._profile = torch.profiler.profile(activities=activities)
+            self._profile.__enter__()
+        if self._profile is not None and step <= self.last:
+            self._ranges[step] = torch.profiler.record_function(f"hb_step_{step}")
+            self._ranges[step].__enter__()
+
+    def step_ends(self, step: int) -> None:
+        if self._profile is None or step not in self._ranges:
+            return
+        self._ranges[step].__exit__(None, None, None)
+        if step == self.last:
+            self._profile.__exit__(None, None, None)
+            self.report()
+            self._profile = None
+
+    def report(self) -> None:
+        from torch.autograd import DeviceType
+
+        events = self._profile.events()
+        windows = {e.name: e.time_range for e in events if e.name.startswith("hb_step_")}
+        kernels = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
+        print("| step | wall ms | GPU busy ms | GPU idle ms | kernels |")
+        print("|---|---|---|---|---|")
+        for name, window in sorted(windows.items(), key=lambda item: int(item[0].rsplit("_", 1)[1])):
+            inside = [(a, b) for a, b in kernels if window.start <= a < window.end]
+            busy, reach = 0.0, float("-inf")
+            for a, b in inside:  # union of the kernel intervals
+                if b > reach:
+                    busy += b - max(a, reach)
+                    reach = b
+            wall = window.end - window.start
+            print(f"| {name[8:]} | {wall / 1e3:.1f} | {busy / 1e3:.1f} | {(wall - busy) / 1e3:.1f} | {len(inside)} |")
+        averages = self._profile.key_averages()
+        print(averages.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+        print(averages.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
+
+
 class StepRecorder:
     """Times every optimizer step and counts its tokens and model FLOPs; prints one progress line per step."""
 
@@ -685,6 +740,8 @@ class StepRecorder:
         self._pad_id: int | None = None
         self._gc_s = 0.0  # time inside Python's garbage collector since the last step end
         self._gc_started = 0.0
+        steps = os.environ.get(PROFILE_ENV)
+        self.profiled = ProfiledSteps(*map(int, steps.split("-"))) if steps else None
 
     def _time_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -752,9 +809,11 @@ class StepRecorder:
             flush=True,
         )
 
-    def on_step_begin(self) -> None:
+    def on_step_begin(self, step: int) -> None:
         # The GPU is idle here (synchronised at the last step end): this sync only timestamps the batch's arrival.
         self._begin = self._sync()
+        if self.profiled is not None:
+            self.profiled.step_begins(step)
         if self._last is None:  # the first step; later steps are timed from the previous step's end
             self._last = self._begin
 
@@ -762,6 +821,8 @@ class StepRecorder:
         import torch
 
         now = self._sync()
+        if self.profiled is not None:
+            self.profiled.step_ends(step)
         seconds, self._last = now - (self._last or now), now
         tokens = sum(n for n, _ in self.rows)
         flops = sum(self.flops.row(n, i) for n, i in self.rows) if self.flops else 0.0
@@ -803,7 +864,7 @@ class StepRecorder:
                 recorder.on_train_begin(args, model)
 
             def on_step_begin(self, args, state, control, **kwargs):
-                recorder.on_step_begin()
+                recorder.on_step_begin(state.global_step + 1)
 
             def on_step_end(self, args, state, control, **kwargs):
                 recorder.on_step_end(state.global_step)
@@ -1496,6 +1557,8 @@ def markdown_table(results: list[dict[str, Any]], titles: dict[str, str]) -> str
 def parent_main(args: argparse.Namespace) -> int:
     if args.gc == "frozen":
         os.environ[GC_EXPERIMENT_ENV] = "frozen"  # read by the children, which inherit the environment
+    if args.profile_steps:
+        os.environ[PROFILE_ENV] = args.profile_steps
     selected = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = sorted(set(selected) - set(ALL_WORKLOADS))
     if unknown:
@@ -1617,6 +1680,12 @@ def parser() -> argparse.ArgumentParser:
         "gives each run's steps, tokens and wall time over all of them",
     )
     p.add_argument("--warmup", type=int, help="steps left out of the medians (default 5; --tiny: 2)")
+    p.add_argument(
+        "--profile-steps",
+        metavar="A-B",
+        help="profile steps A..B of each training run: per step, GPU busy against wall time, and the "
+        "top host and device operators",
+    )
     p.add_argument(
         "--gc",
         choices=("automatic", "frozen"),
