@@ -701,11 +701,16 @@ class ProfiledSteps:
         from torch.autograd import DeviceType
 
         events = self._profile.events()
-        windows = {e.name: e.time_range for e in events if e.name.startswith("hb_step_")}
-        kernels = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
-        print("| step | wall ms | GPU busy ms | GPU idle ms | kernels |")
-        print("|---|---|---|---|---|")
-        for name, window in sorted(windows.items(), key=lambda item: int(item[0].rsplit("_", 1)[1])):
+        steps = {e.name: e for e in events if e.name.startswith("hb_step_") and e.device_type == DeviceType.CPU}
+        kernels = sorted(  # the step ranges are mirrored on the device too: not kernels
+            (e.time_range.start, e.time_range.end)
+            for e in events
+            if e.device_type == DeviceType.CUDA and not e.name.startswith("hb_step_")
+        )
+        print("| step | wall ms | GPU busy ms | GPU idle ms | kernels | host time outside operators ms |")
+        print("|---|---|---|---|---|---|")
+        for name, event in sorted(steps.items(), key=lambda item: int(item[0].rsplit("_", 1)[1])):
+            window = event.time_range
             inside = [(a, b) for a, b in kernels if window.start <= a < window.end]
             busy, reach = 0.0, float("-inf")
             for a, b in inside:  # union of the kernel intervals
@@ -713,7 +718,10 @@ class ProfiledSteps:
                     busy += b - max(a, reach)
                     reach = b
             wall = window.end - window.start
-            print(f"| {name[8:]} | {wall / 1e3:.1f} | {busy / 1e3:.1f} | {(wall - busy) / 1e3:.1f} | {len(inside)} |")
+            print(
+                f"| {name[8:]} | {wall / 1e3:.1f} | {busy / 1e3:.1f} | {(wall - busy) / 1e3:.1f} | {len(inside)} "
+                f"| {event.self_cpu_time_total / 1e3:.1f} |"
+            )
         averages = self._profile.key_averages()
         print(averages.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
         print(averages.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
@@ -1684,7 +1692,7 @@ def parser() -> argparse.ArgumentParser:
         "--profile-steps",
         metavar="A-B",
         help="profile steps A..B of each training run: per step, GPU busy against wall time, and the "
-        "top host and device operators",
+        "top host and device operators (the profiler's own work makes that run's timings incomparable)",
     )
     p.add_argument(
         "--gc",
