@@ -170,3 +170,11 @@ def test_a_vision_tower_is_reported_as_not_modelled_per_image(tmp_path):
     assert text.rstrip().endswith(", without what is NOT MODELLED above")
     text_only = plan_for(validate_config(base_config(tmp_path, base_model="hellbender/tiny-gemma4")))
     assert "NOT MODELLED" not in render(text_only)
+
+
+def test_torch_compile_is_reported_as_not_modelled(tmp_path):
+    """Compiled layers change the step's kernels, time and memory (measured on GPU); the plan says it gives the
+    uncompiled run's numbers instead of presenting them as the compiled run's."""
+    compiled = render(plan_for(validate_config(base_config(tmp_path, torch_compile=True))))
+    assert "NOT MODELLED: `torch_compile`" in compiled
+    assert "NOT MODELLED" not in render(plan_for(validate_config(base_config(tmp_path))))
