@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import CHAT_DATA, logged_losses
+from tests.helpers import CHAT_DATA, logged_losses, trainer_state
 from tests.test_distributed import run_torchrun
 
 pytestmark = [
@@ -346,3 +346,34 @@ def test_fsdp2_distills_from_an_online_teacher_like_ddp(tmp_path, small_llama):
         assert expected["kd_loss"] > 0 and expected["ce_loss"] > 0
         for key, value in expected.items():
             assert got[step][key] == pytest.approx(value, rel=2e-2), (step, key, got, want)
+
+
+def test_context_parallelism_over_two_gpus_trains_like_one_gpu(tmp_path, small_llama):
+    """`context_parallel_size: 2`: each row's sequence split over the two GPUs (PyTorch's ring attention over SDPA),
+    the same rows per step as one GPU alone: the same losses (bf16), the same token counts, and an adapter."""
+    common = dict(
+        adapter="lora",
+        lora_r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        lora_target_linear=True,
+        sequence_len=256,
+        sample_packing=False,
+        max_steps=3,
+        save_steps=10,
+        learning_rate=2e-3,
+    )
+    alone = config(tmp_path / "alone", small_llama, **common)
+    for key in ("fsdp_version", "fsdp_config"):
+        alone.pop(key)
+    split = config(tmp_path / "split", small_llama, context_parallel_size=2, **common)
+    torchrun(tmp_path, alone, "alone", nproc=1)
+    torchrun(tmp_path, split, "split", nproc=2)
+    expected, got = logged_losses(alone["output_dir"]), logged_losses(split["output_dir"])
+    assert len(got) == 3 and all(torch.isfinite(torch.tensor(list(got.values())))), got
+    for step, loss in expected.items():  # bf16: the ring attention sums its blocks in another order
+        assert got[step] == pytest.approx(loss, rel=2e-2), (got, expected)
+    last = [entry for entry in trainer_state(split["output_dir"])["log_history"] if "trained_tokens" in entry][-1]
+    last_alone = [entry for entry in trainer_state(alone["output_dir"])["log_history"] if "trained_tokens" in entry][-1]
+    assert (last["input_tokens"], last["trained_tokens"]) == (last_alone["input_tokens"], last_alone["trained_tokens"])
+    assert (Path(split["output_dir"]) / "adapter_model.safetensors").is_file()

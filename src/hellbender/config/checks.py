@@ -483,8 +483,54 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`fp32_norms` with hybrid sharding (`dp_replicate_size` > 1) is not supported yet: the norm groups would be "
             "sharded over all processes while the layers are sharded within groups. Use one of them."
         )
+    problems += _context_parallel_problems(cfg)
     if cfg.uses_fsdp2 and cfg.deepspeed:
         problems.append("`deepspeed` and `fsdp_version: 2` are both set; choose one engine.")
     if cfg.uses_fsdp2 and cfg.load_in_8bit:
         problems.append("`load_in_8bit` with FSDP2 is not supported yet; use a bf16 base (`load_in_8bit: false`).")
+    return problems
+
+
+def _context_parallel_problems(cfg: HellbenderConfig) -> list[str]:
+    """What `context_parallel_size` cannot be combined with: PyTorch's context parallelism shards FSDP2 processes,
+    runs causal attention over a whole row through SDPA, and is checked here for supervised text training only."""
+    if not cfg.splits_sequences:
+        return []
+    key = f"`context_parallel_size: {cfg.context_parallel_size}`"
+    problems = []
+    if not cfg.uses_fsdp2:
+        problems.append(
+            f"{key} splits sequences over FSDP2 processes (accelerate's context parallelism needs FSDP2): add "
+            "`fsdp_version: 2` with an `fsdp_config:` block, or remove the key."
+        )
+    if cfg.sample_packing or cfg.eval_sample_packing:
+        problems.append(
+            f"{key} with `sample_packing` is not supported: PyTorch's ring attention runs plain causal attention "
+            "over each whole row, so packed documents would attend to each other. Set `sample_packing: false` (and "
+            "`eval_sample_packing: false`)."
+        )
+    if cfg.attn_implementation not in (None, "sdpa"):
+        problems.append(
+            f"{key} needs `attn_implementation: sdpa` (PyTorch's ring attention replaces SDPA's kernels), not "
+            f"`{cfg.attn_implementation}`."
+        )
+    others = [
+        name
+        for name, used in (
+            ("`processor_type` (image+text rows)", cfg.processor_type is not None),
+            ("preference and RL methods (`rl`)", cfg.rl is not None),
+            ("a reward model (`reward_model`)", bool(cfg.reward_model)),
+            ("distillation (`kd_trainer`)", cfg.distills),
+            ("`torch_compile`", bool(cfg.torch_compile)),
+            ("`gradient_checkpointing: offload`", cfg.gradient_checkpointing == "offload"),
+            ("fused cross-entropy (`liger_fused_linear_cross_entropy`, `cut_cross_entropy`)", cfg.fuses_the_loss),
+            ("`use_eaft`", bool(cfg.use_eaft)),
+        )
+        if used
+    ]
+    if others:
+        problems.append(
+            f"{key} is supported for supervised text training with the full logits only (tested there); not with "
+            f"{', '.join(others)}. Remove those keys, or `context_parallel_size`."
+        )
     return problems

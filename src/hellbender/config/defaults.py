@@ -123,6 +123,7 @@ UNSET_MEANS: dict[str, str] = {
     "fsdp_final_state_dict_type": "the final model is saved whole",
     "dp_shard_size": "FSDP2 shards over all processes (or those `dp_replicate_size` leaves)",
     "dp_replicate_size": "one copy of the model (or the groups `dp_shard_size` leaves)",
+    "context_parallel_size": "each process holds whole rows (no context parallelism)",
     "deepspeed": "no DeepSpeed",
     # fsdp_config
     "transformer_layer_cls_to_wrap": "the model's own `_no_split_modules`",

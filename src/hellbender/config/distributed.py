@@ -107,6 +107,15 @@ class DistributedSettings(BaseModel):
         "(default: the processes `dp_shard_size` leaves, else 1). `dp_shard_size` x `dp_replicate_size` must equal "
         "the number of processes.",
     )
+    context_parallel_size: Int | None = Field(
+        None,
+        ge=1,
+        description="Context parallelism under FSDP2: split every row's sequence over groups of this many processes "
+        "(PyTorch's ring attention over SDPA, through accelerate and the transformers Trainer), so each process "
+        "holds 1/N of the row's activations. The processes divide into `context_parallel_size` x the FSDP2 "
+        "groups; rows are padded to a multiple of 2 x N. Causal attention over whole rows only: `sample_packing` "
+        "is refused with it.",
+    )
     fp32_norms: bool = Field(
         False,
         description="Under FSDP2, keep RMSNorm / LayerNorm parameters (and their computation) in float32 under their "
@@ -145,6 +154,11 @@ class DistributedSettings(BaseModel):
     @property
     def uses_fsdp2(self) -> bool:
         return self.fsdp_version == 2
+
+    @property
+    def splits_sequences(self) -> bool:
+        """Context parallelism: each row's sequence is split over `context_parallel_size` processes."""
+        return (self.context_parallel_size or 1) > 1
 
     @property
     def fsdp_settings(self) -> FsdpSettings:

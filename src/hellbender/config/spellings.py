@@ -16,6 +16,7 @@ TOP_LEVEL: dict[str, str] = {
     "float16": "fp16",
     "pretrain_multipack_buffer_size": "streaming_multipack_buffer_size",
     "dpo_beta": "rl_beta",
+    "sequence_parallel_degree": "context_parallel_size",
 }
 # Axolotl's fused-module patches -> the Liger kernel that fuses the same computation (speed only, never the result)
 FUSED_PATCHES: dict[str, tuple[str, str]] = {

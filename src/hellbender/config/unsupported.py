@@ -27,7 +27,8 @@ PLANNED: dict[str, tuple[str, ...]] = {
     "the speed work (fused LoRA and attention kernels)": (
         "lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel", "fused_attn_kernel",
     ),
-    "context parallelism": ("context_parallel_size", "heads_k_stride", "ring_attn_func", "sequence_parallel_degree"),
+    "ring-flash-attn's context parallelism (hellbender's `context_parallel_size` runs PyTorch's ring attention over "
+    "SDPA, which takes no such setting)": ("heads_k_stride", "ring_attn_func"),
 }  # fmt: skip
 
 CLOUD_LAUNCHER = (

@@ -3,6 +3,7 @@ batches for vision-language models. Training and `hellbender evaluate` both buil
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from hellbender.config import HellbenderConfig
@@ -28,6 +29,8 @@ def build_collator(
     (`models/packed_attention.documents_need_one_row`)."""
     if processor is None:
         pad_to = cfg.sequence_len if cfg.pad_to_sequence_len else None
+        if cfg.splits_sequences:  # PyTorch's context parallelism cuts each row into 2 x N equal chunks
+            pad_to = math.lcm(pad_to or 1, 2 * cfg.context_parallel_size)
         return CausalLMCollator(
             tokenizer.pad_token_id,
             pad_to_multiple_of=pad_to,

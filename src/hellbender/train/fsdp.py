@@ -222,12 +222,26 @@ def hybrid_shape(cfg: HellbenderConfig, processes: int) -> tuple[int, int] | Non
 
 
 def parallelism_config(cfg: HellbenderConfig, processes: int) -> Any | None:
-    """accelerate's `ParallelismConfig` for hybrid sharding: it builds the 2-D device mesh (`dp_replicate` x
-    `dp_shard`) that accelerate passes to `fully_shard`, and spreads the data over all processes."""
-    shape = hybrid_shape(cfg, processes)
-    if shape is None:
+    """accelerate's `ParallelismConfig` for hybrid sharding and context parallelism: it builds the device mesh
+    (`dp_replicate` x `dp_shard` x `cp`) that accelerate passes to `fully_shard` and to PyTorch's context parallelism,
+    and spreads the data over the data-parallel processes (the `cp` processes of a group share their rows)."""
+    context = context_parallel_groups(cfg, processes)
+    shape = hybrid_shape(cfg, processes // context)
+    if shape is None and context == 1:
         return None
     from accelerate.parallelism_config import ParallelismConfig
 
-    replicate, shard = shape
-    return ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard)
+    replicate, shard = shape or (1, processes // context)
+    return ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard, cp_size=context)
+
+
+def context_parallel_groups(cfg: HellbenderConfig, processes: int) -> int:
+    """`context_parallel_size` (1 without it), checked to divide the processes into whole groups."""
+    context = cfg.context_parallel_size or 1
+    if processes % context or processes < context:
+        raise ConfigError(
+            f"`context_parallel_size: {context}` splits each row over groups of {context} processes, but this run has "
+            f"{processes} training process(es). Start a multiple of {context} processes (`--nproc`), or change "
+            "`context_parallel_size`."
+        )
+    return context

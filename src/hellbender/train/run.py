@@ -40,6 +40,7 @@ from hellbender.train.fsdp import (
     announce_host_offload,
     check_fsdp_processes,
     check_wrap_classes,
+    context_parallel_groups,
     hybrid_shape,
     prepare_quantized_for_fsdp,
     shard_norms_in_fp32,
@@ -117,7 +118,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
             if cfg.uses_fsdp2:
                 check_wrap_classes(cfg, skeleton)
                 check_fsdp_processes()
-                hybrid_shape(cfg, world_size())
+                hybrid_shape(cfg, world_size() // context_parallel_groups(cfg, world_size()))
             if cfg.gradient_checkpointing_layers is not None:
                 layers_left_unchecked(skeleton, cfg.gradient_checkpointing_layers)
         # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so

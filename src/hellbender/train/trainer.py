@@ -5,6 +5,7 @@ counting and packed attention (`HellbenderTrainer`)."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -38,16 +39,27 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_mo
 MODEL_FILE_PREFIXES = ("model.safetensors", "model-", "pytorch_model", "config.json", "generation_config.json")
 
 
-def causal_lm_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None):
+def causal_lm_loss(
+    outputs: Any,
+    labels: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    shift_labels: torch.Tensor | None = None,
+):
     """Next-token cross-entropy summed over trained tokens and divided by the trained tokens of the whole
     accumulated batch. Given to the Trainer as `compute_loss_func` so gradient accumulation is exact for every
     model: several vision-language models (Gemma 4, Qwen2.5-VL) declare `accepts_loss_kwargs = False`, and the
-    Trainer would then average each micro-batch on its own."""
+    Trainer would then average each micro-batch on its own. `shift_labels`: each position's next token, shifted
+    before the row was split (context parallelism: a process's slice of the row does not hold the token after
+    its last one)."""
     logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
     # ForCausalLMLoss flattens with `view`; some models return a strided slice (ProphetNet: the main stream of its
     # n-gram logits), which `view` refuses. A no-op for contiguous logits.
     logits = logits.contiguous()
-    return ForCausalLMLoss(logits, labels, logits.shape[-1], num_items_in_batch=num_items_in_batch)
+    if shift_labels is not None:
+        shift_labels = shift_labels.contiguous()  # flattened with `view` too
+    return ForCausalLMLoss(
+        logits, labels, logits.shape[-1], num_items_in_batch=num_items_in_batch, shift_labels=shift_labels
+    )
 
 
 def with_router_aux_loss(loss_func: Callable[..., torch.Tensor], coefficient: float) -> Callable[..., torch.Tensor]:
@@ -55,8 +67,8 @@ def with_router_aux_loss(loss_func: Callable[..., torch.Tensor], coefficient: fl
     that term only to a loss it computes itself from labels, and a `compute_loss_func` takes the labels away from
     it. Added before the Trainer's own scaling, so the term is weighted as in the model's own loss."""
 
-    def loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None):
-        value = loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+    def loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None, **kwargs: Any):
+        value = loss_func(outputs, labels, num_items_in_batch=num_items_in_batch, **kwargs)
         aux = outputs.get("aux_loss") if isinstance(outputs, dict) else None
         return value if aux is None else value + coefficient * aux.to(value.device)
 
@@ -235,15 +247,22 @@ class HellbenderTrainer(HellbenderMixin, Trainer):
     def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         real_tokens = inputs.pop(REAL_TOKENS_KEY, None)
         stream_rows = inputs.pop(STREAM_ROW_KEY, None)
+        # Context parallelism: the Trainer has cut the row into this process's slice, its next tokens shifted first.
+        shift_labels = inputs.pop("shift_labels", None)
         if model.training and real_tokens is not None:
-            trained = (inputs["labels"][..., 1:] != IGNORE_INDEX).sum()
-            self.token_counter().add(int(real_tokens.sum()), int(trained))
+            if shift_labels is None:
+                real, trained = real_tokens.sum(), (inputs["labels"][..., 1:] != IGNORE_INDEX).sum()
+            else:  # this slice's counts: the token counter sums them over the processes
+                real, trained = inputs["attention_mask"].sum(), (shift_labels != IGNORE_INDEX).sum()
+            self.token_counter().add(int(real), int(trained))
         if model.training and stream_rows is not None:
             self._callback(StreamPosition).advance(int(stream_rows.max()))
         inputs.update(forward_kwargs(inputs))
         inputs.update(packed_attention_mask(model, inputs))
         inputs.update(packed_vision_inputs(model, inputs))
         inputs.update(pixels_in_model_dtype(model, inputs))
+        if shift_labels is not None:
+            return self._loss_of_slice(model, inputs, return_outputs, num_items_in_batch, shift_labels)
         if self.router_aux_coefficient is None:
             return super().compute_loss(
                 model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
@@ -255,6 +274,17 @@ class HellbenderTrainer(HellbenderMixin, Trainer):
             self._router_aux = aux if self._router_aux is None else self._router_aux + aux
             self._router_aux_batches += 1
         return (loss, outputs) if return_outputs else loss
+
+    def _loss_of_slice(self, model, inputs, return_outputs, num_items_in_batch, shift_labels):
+        """The Trainer's loss with the slice's shifted labels handed to the loss function (context parallelism)."""
+        loss_func = self.compute_loss_func
+        self.compute_loss_func = functools.partial(loss_func, shift_labels=shift_labels)
+        try:
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
+        finally:
+            self.compute_loss_func = loss_func
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._router_aux is not None:  # a training log: every process is here
