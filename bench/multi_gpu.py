@@ -8,12 +8,14 @@ Variants (`--variants`, default all):
   fsdp2-full-fp32-norms the same with `fp32_norms: true`
   ddp-lora              LoRA r16 on the seven projections, DDP
   fsdp2-lora            the same LoRA, FSDP2
+  cp-lora               the same LoRA, FSDP2 with context parallelism over all the GPUs (each row split over them)
 
 Each variant is one `torchrun --nproc-per-node N` of this script in worker mode; every rank times its own steps
 with `throughput.StepRecorder` (steps 1..warm-up left out), rank 0 writes the JSON. tokens/s is per GPU (each
 rank's own tokens), peak memory is rank 0's. The parent prints one markdown table.
 
-Run on a machine with N >= 2 GPUs (see bench/README.md): `python3 bench/multi_gpu.py [--gpus 2] [--steps 20]`.
+Run on a machine with N >= 2 GPUs (see bench/README.md): `python3 bench/multi_gpu.py [--gpus 2] [--steps 20]`;
+long rows: `--shape W1 --seq 32768 --micro-batch 1 --variants cp-lora` (and `--gpus 1 --variants ddp-lora` for one GPU).
 `--tiny --variants ddp-full,ddp-lora` is a CPU smoke check (FSDP2 needs GPUs).
 """
 
@@ -42,17 +44,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fsdp2-full-fp32-norms": {**FSDP2, "fp32_norms": True},
     "ddp-lora": LORA,
     "fsdp2-lora": {**FSDP2, **LORA},
+    # context parallelism over all the run's GPUs (`context_parallel_size` set to `--gpus` when the config is made)
+    "cp-lora": {**FSDP2, **LORA, "sample_packing": False},
 }
 MICRO_BATCH, ROWS = 4, 1200
 
 
-def config(model: Path, data: Path, workdir: Path, variant: str, steps: int, seq: int) -> dict[str, Any]:
+def config(
+    model: Path, data: Path, workdir: Path, variant: str, steps: int, seq: int, gpus: int, micro_batch: int
+) -> dict[str, Any]:
+    split = {"context_parallel_size": gpus} if variant.startswith("cp-") else {}
     return {
         "base_model": str(model),
         "datasets": [{"path": str(data), "type": "pretokenized", "ds_type": "jsonl"}],
         "sequence_len": seq,
         "excess_length_strategy": "raise",
-        "micro_batch_size": MICRO_BATCH,
+        "micro_batch_size": micro_batch,
         "max_steps": steps,
         "learning_rate": 2e-5 if "lora" not in variant else 1e-4,
         "lr_scheduler": "constant",
@@ -65,6 +72,7 @@ def config(model: Path, data: Path, workdir: Path, variant: str, steps: int, seq
         "output_dir": str(workdir / "runs" / f"multi-{variant}"),
         "dataset_prepared_path": str(workdir / "prepared"),
         **VARIANTS[variant],
+        **split,
     }
 
 
@@ -98,7 +106,9 @@ def run_variant(args: argparse.Namespace, variant: str, model: Path, data: Path,
     config_file = workdir / "results" / f"multi-{variant}.config.json"
     result_file = workdir / "results" / f"multi-{variant}.json"
     config_file.parent.mkdir(parents=True, exist_ok=True)
-    config_file.write_text(json.dumps(config(model, data, workdir, variant, args.steps, seq)))
+    config_file.write_text(
+        json.dumps(config(model, data, workdir, variant, args.steps, seq, args.gpus, args.micro_batch))
+    )
     result_file.unlink(missing_ok=True)
     command = [
         sys.executable,
@@ -156,14 +166,17 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, default=600, help="cap of one variant's run")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--tiny", action="store_true", help="toy model and seq 128: a CPU smoke check of the DDP variants")
+    p.add_argument("--shape", default="W2", choices=("W1", "W2"), help="throughput.py's model shape (W1: 8B)")
+    p.add_argument("--seq", type=int, help="tokens per row (default: the shape's)")
+    p.add_argument("--micro-batch", type=int, default=MICRO_BATCH, help="rows per GPU per step")
     for hidden in ("--_variant", "--_config", "--_result"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._variant:
         worker(args)
         return
-    w = tp.workload("W2", tiny=args.tiny)
-    seq = w.seq
+    w = tp.workload(args.shape, tiny=args.tiny)
+    seq = args.seq or w.seq
     runner = tp.Runner(
         argparse.Namespace(
             workdir=args.workdir, tiny=args.tiny, peak_tflops=None, procs=None, tokenizer=None, hb_set=[]
@@ -172,7 +185,7 @@ def main() -> None:
     )
     if not runner.ensure_model(w):
         raise SystemExit("building the model failed")
-    rows = max(ROWS, args.steps * MICRO_BATCH * args.gpus)
+    rows = max(ROWS if seq <= 4096 else 0, args.steps * args.micro_batch * args.gpus)
     data = tp.pretokenized_rows(tp.Paths(args.workdir).causal_rows(seq, rows), rows, seq)
     results = [run_variant(args, v, tp.Paths(args.workdir).model(w), data, seq) for v in args.variants.split(",")]
     if args.json:

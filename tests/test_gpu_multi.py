@@ -367,8 +367,10 @@ def test_context_parallelism_over_two_gpus_trains_like_one_gpu(tmp_path, small_l
     for key in ("fsdp_version", "fsdp_config"):
         alone.pop(key)
     split = config(tmp_path / "split", small_llama, context_parallel_size=2, **common)
-    torchrun(tmp_path, alone, "alone", nproc=1)
-    torchrun(tmp_path, split, "split", nproc=2)
+    whole = torchrun(tmp_path, alone, "alone", nproc=1)["forward_lengths"]
+    halves = torchrun(tmp_path, split, "split", nproc=2)["forward_lengths"]
+    # Each process's forward sees half of each row, padded to a multiple of 4 (2 x 2 chunks): the split happened.
+    assert len(halves) == len(whole) == 3 and halves == [-(-n // 4) * 4 // 2 for n in whole], (halves, whole)
     expected, got = logged_losses(alone["output_dir"]), logged_losses(split["output_dir"])
     assert len(got) == 3 and all(torch.isfinite(torch.tensor(list(got.values())))), got
     for step, loss in expected.items():  # bf16: the ring attention sums its blocks in another order

@@ -45,15 +45,34 @@ class DtypeCapture(TrainerCallback):
         return record
 
 
+class LengthCapture(TrainerCallback):
+    """The sequence length of every training forward (under context parallelism: this process's slice)."""
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+        self._hook: Any = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._hook = model.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if module.training and kwargs.get("input_ids") is not None:
+            self.lengths.append(int(kwargs["input_ids"].shape[-1]))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._hook.remove()
+
+
 def main(config_path: str, result_path: str) -> None:
     cfg = validate_config(json.loads(Path(config_path).read_text()))
-    capture = DtypeCapture()
-    metrics = train(cfg, callbacks=[capture])
+    capture, lengths = DtypeCapture(), LengthCapture()
+    metrics = train(cfg, callbacks=[capture, lengths])
     if int(os.environ.get("RANK", "0")) == 0:
         result = {
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
             "stored": capture.stored,
             "compute": capture.compute,
+            "forward_lengths": lengths.lengths,
             "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         }
         Path(result_path).write_text(json.dumps(result, indent=1))
