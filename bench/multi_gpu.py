@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -69,11 +70,16 @@ def config(
         "logging_steps": steps + 1000,
         "memory_watchdog": "off",
         "seed": tp.SEED,
-        "output_dir": str(workdir / "runs" / f"multi-{variant}"),
+        "output_dir": str(run_dir(workdir, variant, gpus, seq)),
         "dataset_prepared_path": str(workdir / "prepared"),
         **VARIANTS[variant],
         **split,
     }
+
+
+def run_dir(workdir: Path, variant: str, gpus: int, seq: int) -> Path:
+    """Each setting trains into its own directory, emptied first: hellbender refuses to write over another run."""
+    return workdir / "runs" / f"multi-{variant}-{gpus}gpu-{seq}"
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -110,6 +116,7 @@ def run_variant(args: argparse.Namespace, variant: str, model: Path, data: Path,
         json.dumps(config(model, data, workdir, variant, args.steps, seq, args.gpus, args.micro_batch))
     )
     result_file.unlink(missing_ok=True)
+    shutil.rmtree(run_dir(workdir, variant, args.gpus, seq), ignore_errors=True)
     command = [
         sys.executable,
         "-m",
