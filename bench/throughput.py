@@ -1194,7 +1194,7 @@ def run_cpu_prepare(args: argparse.Namespace, paths: Paths, data: Path) -> dict[
         "datasets": [{"path": str(data), "type": "chat_template"}],
         "sequence_len": 2048,
         "sample_packing": True,
-        "dataset_processes": args.procs,
+        "dataset_num_proc": args.procs,
         "dataset_prepared_path": str(scratch / "prepared"),
         "output_dir": str(scratch / "out"),
     }
@@ -1220,7 +1220,7 @@ def run_cpu_prepare(args: argparse.Namespace, paths: Paths, data: Path) -> dict[
     prepare.tokenize_entries = timed("tokenize", originals["tokenize_entries"])
     prepare.pack_dataset = timed("pack", originals["pack_dataset"])
     try:
-        print(f"[cpu] preparing {data.name} with {cfg.dataset_processes or 1} process(es) ...", flush=True)
+        print(f"[cpu] preparing {data.name} with {cfg.dataset_num_proc or 1} process(es) ...", flush=True)
         started = time.perf_counter()
         prepared = prepare.prepare_datasets(cfg, tokenizer, processor=None)
         seconds = time.perf_counter() - started
@@ -1250,7 +1250,7 @@ def run_cpu_prepare(args: argparse.Namespace, paths: Paths, data: Path) -> dict[
             "other (shuffle, save, cache)": seconds - phases["tokenize"] - phases["pack"],
         },
         "tokenizer": args.tokenizer or "hellbender/tiny-llama (byte-level BPE, 512 tokens)",
-        "processes": cfg.dataset_processes or 1,
+        "processes": cfg.dataset_num_proc or 1,
         **environment(),
     }
     print(
@@ -1710,7 +1710,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--child-timeout-s", type=float, default=900, help="wall-clock cap of one training subprocess")
     p.add_argument("--rows", type=int, default=200_000, help="cpu: synthetic chat rows (default 200000)")
-    p.add_argument("--procs", type=int, help="cpu: dataset_processes (default: hellbender's, 1)")
+    p.add_argument("--procs", type=int, help="cpu: dataset_num_proc (default: hellbender's, 1)")
     p.add_argument("--tokenizer", help="cpu: a local tokenizer directory instead of the tiny built-in one")
     p.add_argument("--w4-budget-s", type=float, default=480, help="W4: total search time, split between variants")
     p.add_argument("--w4-trial-timeout-s", type=float, default=200, help="W4: cap of one trial subprocess")

@@ -79,6 +79,55 @@ def test_concat_documents_masks_first_label_of_every_document():
     }
 
 
+@pytest.mark.parametrize("in_order", [False, True], ids=["best-fit", "in-order"])
+@pytest.mark.parametrize("with_targets", [False, True], ids=["tokens", "teacher-targets"])
+def test_pack_dataset_builds_each_bin_as_its_documents_concatenated(in_order, with_targets):
+    """The packed rows `pack_dataset` writes (in Arrow, a batch of bins at a time) are exactly `concat_documents` of
+    each bin's rows, with the teacher's per-token targets moved with their tokens; more bins than one batch."""
+    import datasets
+
+    from hellbender.data.packing import pack_dataset, pack_lengths_in_order
+    from hellbender.data.teacher_targets import TARGET_IDS, TARGET_LOGPROBS
+
+    rng = random.Random(3)
+    rows = {"input_ids": [], "labels": [], "length": []}
+    if with_targets:
+        rows[TARGET_IDS], rows[TARGET_LOGPROBS] = [], []
+    for _ in range(3500):
+        n = rng.randint(1, 40)
+        ids = [rng.randrange(2, 500) for _ in range(n)]
+        rows["input_ids"].append(ids)
+        rows["labels"].append([t if rng.random() < 0.7 else IGNORE for t in ids])
+        rows["length"].append(n)
+        if with_targets:
+            rows[TARGET_IDS].append([[t, t + 1] if rng.random() < 0.8 else [] for t in ids])
+            rows[TARGET_LOGPROBS].append([[-0.25, -1.5] if k else [] for k in rows[TARGET_IDS][-1]])
+    features = {
+        "input_ids": datasets.List(datasets.Value("int32")),
+        "labels": datasets.List(datasets.Value("int32")),
+        "length": datasets.Value("int64"),
+    }
+    if with_targets:
+        features[TARGET_IDS] = datasets.List(datasets.List(datasets.Value("int32")))
+        features[TARGET_LOGPROBS] = datasets.List(datasets.List(datasets.Value("float32")))
+    ds = datasets.Dataset.from_dict(rows, features=datasets.Features(features))
+
+    packed = pack_dataset(ds, 64, in_order=in_order)
+    bins = (pack_lengths_in_order if in_order else pack_lengths)(rows["length"], 64)
+    assert len(packed) == len(bins) > 1000  # several map batches
+    for k in (0, 1, len(bins) // 2, len(bins) - 1):
+        members = bins[k]
+        expected = concat_documents([rows["input_ids"][i] for i in members], [rows["labels"][i] for i in members])
+        assert {key: packed[k][key] for key in expected} == expected
+        if with_targets:
+            for key in (TARGET_IDS, TARGET_LOGPROBS):
+                assert packed[k][key] == [position for i in members for position in rows[key][i]]
+    assert packed.features["input_ids"] == datasets.List(datasets.Value("int64"))
+    all_rows = packed.to_dict()
+    assert sum(map(len, all_rows["input_ids"])) == sum(rows["length"])
+    assert [n for lens in all_rows["seq_lens"] for n in lens] == [rows["length"][i] for b in bins for i in b]
+
+
 # --- pack_stream --------------------------------------------------------------------------------------------
 
 

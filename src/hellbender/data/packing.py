@@ -11,7 +11,7 @@ text and images in order, which the collator processes again at batch time (`dat
 
 from __future__ import annotations
 
-import bisect
+import heapq
 import itertools
 import random
 from collections.abc import Iterable, Sequence
@@ -23,23 +23,31 @@ from hellbender.data.teacher_targets import TARGET_COLUMNS
 
 
 def pack_lengths(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    """Group row indices into bins whose total length is at most `capacity` (best-fit decreasing)."""
+    """Group row indices into bins whose total length is at most `capacity` (best-fit decreasing: each row, longest
+    first, goes into the bin with the least room that still fits it, the earliest such bin on a tie)."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
-    # (remaining capacity, bin id), kept sorted so the tightest fitting bin is a bisect away.
-    free: list[tuple[int, int]] = []
+    # Bins by the room they have left: `waiting[r]` holds the ids of the bins with r tokens of room (a heap, so the
+    # earliest comes first), and bit r of `roomy` is set while there are any, so the tightest bin that fits n is
+    # the lowest set bit at or above n: a few integer operations instead of a search through every bin.
+    waiting: dict[int, list[int]] = {}
+    roomy = 0
     for i in order:
         n = lengths[i]
         if n > capacity:
             raise ValueError(f"row {i} has {n} tokens, more than the bin capacity {capacity}")
-        pos = bisect.bisect_left(free, (n, -1))
-        if pos < len(free):
-            remaining, bin_id = free.pop(pos)
+        fitting = roomy >> n
+        if fitting:
+            room = n + (fitting & -fitting).bit_length() - 1
+            bin_id = heapq.heappop(waiting[room])
+            if not waiting[room]:
+                roomy &= ~(1 << room)
             bins[bin_id].append(i)
         else:
-            remaining, bin_id = capacity, len(bins)
+            room, bin_id = capacity, len(bins)
             bins.append([i])
-        bisect.insort(free, (remaining - n, bin_id))
+        heapq.heappush(waiting.setdefault(room - n, []), bin_id)
+        roomy |= 1 << (room - n)
     return bins
 
 
@@ -85,7 +93,9 @@ def pack_dataset(ds, capacity: int, num_proc: int | None = None, in_order: bool 
     each row's whole length."""
     import datasets
 
-    bins = (pack_lengths_in_order if in_order else pack_lengths)(ds["length"], capacity)
+    # Read whole: `datasets` hands a column out lazily, one Arrow lookup per element (1.7 s for 20,000 rows).
+    lengths = ds.with_format("arrow")["length"].to_pylist()
+    bins = (pack_lengths_in_order if in_order else pack_lengths)(lengths, capacity)
     vision = "text" in ds.column_names
     # A teacher's per-token targets (knowledge distillation) are concatenated like the tokens, so each document's
     # targets stay on its own tokens.
@@ -109,15 +119,55 @@ def pack_dataset(ds, capacity: int, num_proc: int | None = None, in_order: bool 
         return out
 
     index = datasets.Dataset.from_dict({"rows": bins})
+    if not vision:  # token rows: joined column by column in Arrow, without a Python list per token
+        index = index.with_format("arrow")
+        gather = _token_gatherer(ds, targets)
     with quiet_progress():
         return index.map(
             gather,
             batched=True,
             remove_columns=["rows"],
-            num_proc=num_proc,
+            # Token rows join in Arrow faster than worker processes start (and receive the dataset): one process.
+            num_proc=num_proc if vision else None,
             desc="Packing",
             features=_packed_features(ds) if vision else _packed_target_features(ds) if targets else None,
-        )
+        ).with_format(None)  # rows as Python lists again, whatever the batch function read
+
+
+def _token_gatherer(ds, targets: list[str]):
+    """`pack_dataset`'s batch function for text rows, in Arrow: a batch of bins becomes one `take` of their rows in
+    bin order, whose token lists are re-cut at the bins' boundaries. The same packed rows as `concat_documents`
+    (each document's first label masked), at a small fraction of the time for long rows."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    source = ds.with_format("arrow")
+
+    def gather(batch: pa.Table) -> pa.Table:
+        bins = batch.column("rows").to_pylist()
+        docs = source[[row for members in bins for row in members]]
+        doc_lengths = pc.list_value_length(docs.column("input_ids")).to_numpy().astype(np.int64)
+        doc_starts = np.concatenate(([0], np.cumsum(doc_lengths)))
+        bin_docs = np.concatenate(([0], np.cumsum([len(members) for members in bins])))
+        bin_tokens = pa.array(doc_starts[bin_docs], pa.int32())
+
+        def per_bin(column: pa.ChunkedArray, value_type: pa.DataType | None = None) -> pa.Array:
+            values = pc.list_flatten(column).combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+            return pa.ListArray.from_arrays(bin_tokens, values if value_type is None else values.cast(value_type))
+
+        labels = pc.list_flatten(docs.column("labels")).to_numpy().astype(np.int64)  # a copy, to mask in place
+        labels[doc_starts[:-1]] = IGNORE_INDEX  # never predicted from the previous document's last token
+        columns = {
+            "input_ids": per_bin(docs.column("input_ids"), pa.int64()),
+            "labels": pa.ListArray.from_arrays(bin_tokens, pa.array(labels)),
+            "seq_lens": pa.ListArray.from_arrays(pa.array(bin_docs, pa.int32()), pa.array(doc_lengths)),
+        }
+        for key in targets:  # per token a list of the teacher's k entries: re-cut like the tokens
+            columns[key] = per_bin(docs.column(key))
+        return pa.table(columns)
+
+    return gather
 
 
 def _packed_features(ds):

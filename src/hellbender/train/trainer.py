@@ -175,7 +175,9 @@ class HellbenderMixin:
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         if self.args.train_sampling_strategy == "group_by_length" and "length" in getattr(dataset, "column_names", ()):
             return EpochSeededLengthGroupedSampler(
-                self.args.train_batch_size * self.args.gradient_accumulation_steps, dataset["length"], self.args.seed
+                self.args.train_batch_size * self.args.gradient_accumulation_steps,
+                list(dataset["length"]),
+                self.args.seed,
             )
         return super()._get_train_sampler(train_dataset)
 

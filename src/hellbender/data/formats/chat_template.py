@@ -461,12 +461,15 @@ def conversation_labels(
         for n, ((start, end), seg) in enumerate(rendered):
             if seg.reasoning and n + 1 < len(rendered):
                 end = rendered[n + 1][0][0]  # on to the answer: the markup that closes the reasoning is trained too
-            # Tokens that overlap the text are trained (" The" may start on the space before the content).
+            # Tokens that overlap the text are trained (" The" may start on the space before the content): from
+            # the first that ends after its start to the last that starts before its end (offsets run in order).
             token = bisect.bisect_right(ends, start)
-            while start < end and token < len(ids) and starts[token] < end:
-                if trained[i] and ids[token] not in image_ids:
-                    labels[token] = ids[token]
-                token += 1
+            if start >= end:
+                continue
+            past = bisect.bisect_left(starts, end, lo=token)
+            if trained[i]:
+                labels[token:past] = [t if t not in image_ids else IGNORE_INDEX for t in ids[token:past]]
+            token = past
         # The end-of-turn marker: a special token right after the message's last text, with only whitespace or
         # the message's trailing images between (with `eot_tokens`: other special tokens too).
         while token < len(ids) and (
