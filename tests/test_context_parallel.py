@@ -90,3 +90,43 @@ def test_the_slices_of_a_row_add_up_to_the_loss_of_the_whole_row():
     assert torch.allclose(sum(parts), whole, rtol=1e-6)  # the loss is computed in float32
     unshifted = sum(causal_lm_loss({"logits": logits[:, s]}, labels[:, s], num_items_in_batch=trained) for s in slices)
     assert not torch.allclose(unshifted, whole, rtol=1e-3)
+
+
+def test_the_trainer_scores_a_slice_with_the_labels_shifted_before_the_cut(tmp_path, tiny_model_path):
+    """What the Trainer hands `compute_loss` under context parallelism: one process's slice of the row with
+    `shift_labels`. hellbender's loss uses them (not the slice's own labels shifted again), and its token counts
+    are the slice's."""
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    from hellbender.data.collator import REAL_TOKENS_KEY
+    from hellbender.train.tokens import TokenCounter
+    from hellbender.train.trainer import HellbenderTrainer, causal_lm_loss
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, disable_tqdm=True)
+    trainer = HellbenderTrainer(model=model, args=args, callbacks=[TokenCounter()])
+    torch.manual_seed(0)
+    ids = torch.randint(5, 500, (1, 16))
+    labels = ids.clone()
+    labels[0, :5] = -100
+    shift = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+    part = slice(0, 8)  # the first half, as one of two processes holds it: its last token predicts the 9th
+    inputs = {
+        "input_ids": ids[:, part],
+        "labels": labels[:, part],
+        "shift_labels": shift[:, part],
+        "attention_mask": torch.ones(1, 8, dtype=torch.long),
+        "position_ids": torch.arange(8)[None],
+        REAL_TOKENS_KEY: torch.tensor([16]),
+    }
+    trained = (shift != -100).sum()
+    model.train()
+    loss = trainer.compute_loss(model, dict(inputs), num_items_in_batch=trained)
+    with torch.no_grad():
+        logits = model(input_ids=ids[:, part], position_ids=torch.arange(8)[None]).logits
+    expected = causal_lm_loss({"logits": logits}, None, num_items_in_batch=trained, shift_labels=shift[:, part])
+    assert torch.allclose(loss, expected, rtol=1e-5)
+    unshifted = causal_lm_loss({"logits": logits}, labels[:, part], num_items_in_batch=trained)
+    assert not torch.allclose(loss, unshifted, rtol=1e-3)
+    counter = trainer.token_counter()
+    assert (counter._step_input, counter._step_trained) == (8, 4)  # the slice's tokens; positions 4-7 are trained

@@ -5,9 +5,10 @@ counting and packed attention (`HellbenderTrainer`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -263,13 +264,14 @@ class HellbenderTrainer(HellbenderMixin, Trainer):
         inputs.update(packed_attention_mask(model, inputs))
         inputs.update(packed_vision_inputs(model, inputs))
         inputs.update(pixels_in_model_dtype(model, inputs))
-        if shift_labels is not None:
-            return self._loss_of_slice(model, inputs, return_outputs, num_items_in_batch, shift_labels)
-        if self.router_aux_coefficient is None:
-            return super().compute_loss(
-                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        with self._labels_of_slice(shift_labels):
+            if self.router_aux_coefficient is None:
+                return super().compute_loss(
+                    model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+                )
+            loss, outputs = super().compute_loss(
+                model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch
             )
-        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         aux = outputs.get("aux_loss") if isinstance(outputs, dict) else None
         if model.training and aux is not None:
             aux = aux.detach().float()
@@ -277,14 +279,16 @@ class HellbenderTrainer(HellbenderMixin, Trainer):
             self._router_aux_batches += 1
         return (loss, outputs) if return_outputs else loss
 
-    def _loss_of_slice(self, model, inputs, return_outputs, num_items_in_batch, shift_labels):
-        """The Trainer's loss with the slice's shifted labels handed to the loss function (context parallelism)."""
+    @contextlib.contextmanager
+    def _labels_of_slice(self, shift_labels: torch.Tensor | None) -> Iterator[None]:
+        """Context parallelism: the loss function gets the slice's next tokens, shifted before the row was cut."""
+        if shift_labels is None:
+            yield
+            return
         loss_func = self.compute_loss_func
         self.compute_loss_func = functools.partial(loss_func, shift_labels=shift_labels)
         try:
-            return super().compute_loss(
-                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
-            )
+            yield
         finally:
             self.compute_loss_func = loss_func
 
