@@ -178,3 +178,16 @@ def test_torch_compile_is_reported_as_not_modelled(tmp_path):
     compiled = render(plan_for(validate_config(base_config(tmp_path, torch_compile=True))))
     assert "NOT MODELLED: `torch_compile`" in compiled
     assert "NOT MODELLED" not in render(plan_for(validate_config(base_config(tmp_path))))
+
+
+def test_context_parallelism_plans_each_gpu_with_its_share_of_the_rows(tmp_path):
+    """`context_parallel_size: 2` on two GPUs: each holds half of every row's tokens, so its activations per layer
+    are half of one GPU's with whole rows (FSDP2 shards the weights alike in both); the ring is said not modelled."""
+    fsdp2 = {"fsdp_version": 2, "fsdp_config": {"transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+    common = dict(sample_packing=False, sequence_len=256, micro_batch_size=2, **fsdp2)
+    whole = plan_for(validate_config(base_config(tmp_path, **common)), gpus=2)
+    split = plan_for(validate_config(base_config(tmp_path, context_parallel_size=2, **common)), gpus=2)
+    assert split.settings.tokens * 2 == whole.settings.tokens == 512
+    assert [2 * n for n in split.memory.per_layer] == whole.memory.per_layer
+    assert split.memory.weights == whole.memory.weights
+    assert "NOT MODELLED: the ring attention of `context_parallel_size`" in render(split)

@@ -237,6 +237,12 @@ def describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
             "weights count in full, its activations not, its FLOPs as if every token went through its linear "
             "layers (an upper bound) and its kernels once per micro-batch"
         )
+    if cfg.splits_sequences:
+        facts.not_modelled.append(
+            "the ring attention of `context_parallel_size`: each GPU is planned with its share of every row's tokens "
+            "(activations, logits, FLOPs), but not the keys and values the GPUs pass around the ring, nor the time "
+            "that takes"
+        )
     if cfg.torch_compile:
         facts.not_modelled.append(
             "`torch_compile`: compiled decoder layers launch far fewer kernels and fuse their elementwise work, and "

@@ -32,6 +32,7 @@ class PlanSettings:
     method: MethodShape = SUPERVISED  # what one micro-batch runs (rows, reference forwards, the head)
     liger_rope: bool = False
     clips_gradients: bool = True  # `max_grad_norm` > 0: a norm over every gradient before the optimizer step
+    context_parallel: int = 1  # `context_parallel_size`: each GPU holds 1/N of every row's tokens
 
     @property
     def rows(self) -> int:
@@ -44,13 +45,14 @@ class PlanSettings:
 
     @property
     def tokens(self) -> int:
-        """Tokens through the policy with gradients per micro-batch."""
-        return self.method.tokens(self.micro_batch_size, self.sequence_len)
+        """Tokens through the policy with gradients per micro-batch, on one GPU (its slice of the rows under context
+        parallelism; each of them still attends to its whole row: `context`)."""
+        return -(-self.method.tokens(self.micro_batch_size, self.sequence_len) // self.context_parallel)
 
     @property
     def scored_tokens(self) -> int:
-        """Tokens the output head projects per micro-batch."""
-        return self.method.scored_tokens(self.micro_batch_size, self.sequence_len)
+        """Tokens the output head projects per micro-batch, on one GPU."""
+        return -(-self.method.scored_tokens(self.micro_batch_size, self.sequence_len) // self.context_parallel)
 
     def context(self, window: int | None) -> float:
         """Keys a query attends to on average in a layer with attention `window` (None: full attention)."""
@@ -89,6 +91,7 @@ def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None
         method=method_shape(cfg, facts),
         liger_rope=cfg.liger_rope,
         clips_gradients=bool(cfg.max_grad_norm),
+        context_parallel=min(cfg.context_parallel_size or 1, gpus),
     )
 
 
