@@ -212,6 +212,20 @@ def small_llama(tmp_path_factory, tiny_tokenizer) -> Path:
     return target
 
 
+# Three LoRA steps of the small Llama, compared between two ways of spreading them over the GPUs.
+SMALL_LORA_RUN = dict(
+    adapter="lora",
+    lora_r=16,
+    lora_alpha=32,
+    lora_dropout=0.0,
+    lora_target_linear=True,
+    sequence_len=256,
+    max_steps=3,
+    save_steps=10,
+    learning_rate=2e-3,
+)
+
+
 def qlora_config(tmp_path: Path, model: Path, **overrides) -> dict:
     keys = dict(
         adapter="qlora",
@@ -299,17 +313,7 @@ def test_fsdp2_with_parameters_offloaded_to_host_memory_trains(tmp_path, small_l
 
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs four CUDA GPUs")
 def test_hybrid_sharding_two_by_two_trains_like_fsdp2_over_four_gpus(tmp_path, small_llama):
-    common = dict(
-        adapter="lora",
-        lora_r=16,
-        lora_alpha=32,
-        lora_dropout=0.0,
-        lora_target_linear=True,
-        sequence_len=256,
-        max_steps=3,
-        save_steps=10,
-        learning_rate=2e-3,
-    )
+    common = SMALL_LORA_RUN
     plain = config(tmp_path / "plain", small_llama, **common)
     hybrid = config(tmp_path / "hybrid", small_llama, dp_shard_size=2, dp_replicate_size=2, **common)
     torchrun(tmp_path, plain, "plain", nproc=4)
@@ -351,18 +355,7 @@ def test_fsdp2_distills_from_an_online_teacher_like_ddp(tmp_path, small_llama):
 def test_context_parallelism_over_two_gpus_trains_like_one_gpu(tmp_path, small_llama):
     """`context_parallel_size: 2`: each row's sequence split over the two GPUs (PyTorch's ring attention over SDPA),
     the same rows per step as one GPU alone: the same losses (bf16), the same token counts, and an adapter."""
-    common = dict(
-        adapter="lora",
-        lora_r=16,
-        lora_alpha=32,
-        lora_dropout=0.0,
-        lora_target_linear=True,
-        sequence_len=256,
-        sample_packing=False,
-        max_steps=3,
-        save_steps=10,
-        learning_rate=2e-3,
-    )
+    common = {**SMALL_LORA_RUN, "sample_packing": False}
     alone = config(tmp_path / "alone", small_llama, **common)
     for key in ("fsdp_version", "fsdp_config"):
         alone.pop(key)
