@@ -153,7 +153,7 @@ def _token_gatherer(ds, targets: list[str]):
         bin_tokens = pa.array(doc_starts[bin_docs], pa.int32())
 
         def per_bin(column: pa.ChunkedArray, value_type: pa.DataType | None = None) -> pa.Array:
-            values = pc.list_flatten(column).combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+            values = pc.list_flatten(column).combine_chunks()
             return pa.ListArray.from_arrays(bin_tokens, values if value_type is None else values.cast(value_type))
 
         labels = pc.list_flatten(docs.column("labels")).to_numpy().astype(np.int64)  # a copy, to mask in place
