@@ -12,7 +12,8 @@ import torch
 
 from hellbender.data.collator import CausalLMCollator
 from tests.flash_attention_double import use_flash_attention
-from tests.test_multimodal_packing import PACKABLE, forward, lora_model, prepared
+from tests.test_multimodal_packing import forward, lora_model, prepared
+from tests.tiny_vlms import GEMMA4, IDEFICS3, LLAVA, QWEN, QWEN3
 
 # Measured on CPU: text (float32) 2.1e-7; the vision-language families (float64 models, `lora_model`) 1.7e-16 to
 # 3.3e-16.
@@ -97,16 +98,15 @@ def test_joined_rows_keep_the_teacher_targets_with_their_tokens():
     assert batch["labels"][0].tolist() == [-100, 6, 7, -100, 9]
 
 
-@PACKABLE
+# Gemma 4 with image tokens attending both ways is refused under flash attention (test_multimodal_packing.py).
+@pytest.mark.parametrize(
+    "name", [QWEN, QWEN3, GEMMA4, LLAVA, IDEFICS3], ids=["qwen", "qwen3", "gemma4", "llava", "idefics3"]
+)
 @torch.no_grad()
-def test_packed_image_rows_under_flash_attention_score_as_their_documents_alone(
-    monkeypatch, tmp_path, name, bidirectional
-):
+def test_packed_image_rows_under_flash_attention_score_as_their_documents_alone(monkeypatch, tmp_path, name):
     from hellbender.data.batching import build_collator
     from hellbender.models.packed_vision import check_packable_vision_model
 
-    if bidirectional:  # hellbender builds these masks for SDPA and eager only: refused under flash attention
-        pytest.skip("Gemma 4 with image tokens attending both ways is refused with flash attention (tested there)")
     alone_rows, _ = prepared(tmp_path, name, packing=False)
     model = lora_model(name)
     use_flash_attention(monkeypatch, model)
