@@ -96,42 +96,43 @@ def pack_dataset(ds, capacity: int, num_proc: int | None = None, in_order: bool 
     # Read whole: `datasets` hands a column out lazily, one Arrow lookup per element (1.7 s for 20,000 rows).
     lengths = ds.with_format("arrow")["length"].to_pylist()
     bins = (pack_lengths_in_order if in_order else pack_lengths)(lengths, capacity)
-    vision = "text" in ds.column_names
-    # A teacher's per-token targets (knowledge distillation) are concatenated like the tokens, so each document's
-    # targets stay on its own tokens.
-    targets = [key for key in TARGET_COLUMNS if key in ds.column_names]
-
-    def gather(batch: dict[str, list]) -> dict[str, list]:
-        out: dict[str, list] = {"input_ids": [], "labels": [], "seq_lens": []}
-        if vision:
-            out["documents"] = []
-        for key in targets:
-            out[key] = []
-        for rows in batch["rows"]:
-            docs = ds[rows]
-            packed = concat_documents(docs["input_ids"], docs["labels"])
-            if vision:
-                packed["documents"] = [{k: docs[k][j] for k in DOCUMENT_KEYS} for j in range(len(rows))]
-            for key in targets:
-                packed[key] = [position for doc in docs[key] for position in doc]
-            for key in out:
-                out[key].append(packed[key])
-        return out
-
     index = datasets.Dataset.from_dict({"rows": bins})
-    if not vision:  # token rows: joined column by column in Arrow, without a Python list per token
+    if "text" in ds.column_names:  # vision-language rows: documents kept for batch time, packed in Python
+        gather, features = _document_gatherer(ds), _packed_features(ds)
+    else:  # token rows: joined column by column in Arrow, without a Python list per token
+        # A teacher's per-token targets (knowledge distillation) are concatenated like the tokens, so each
+        # document's targets stay on its own tokens.
+        targets = [key for key in TARGET_COLUMNS if key in ds.column_names]
         index = index.with_format("arrow")
-        gather = _token_gatherer(ds, targets)
+        gather, features = _token_gatherer(ds, targets), _packed_target_features(ds) if targets else None
+        num_proc = None  # joined in Arrow faster than worker processes start (and receive the dataset)
     with quiet_progress():
         return index.map(
             gather,
             batched=True,
             remove_columns=["rows"],
-            # Token rows join in Arrow faster than worker processes start (and receive the dataset): one process.
-            num_proc=num_proc if vision else None,
+            num_proc=num_proc,
             desc="Packing",
-            features=_packed_features(ds) if vision else _packed_target_features(ds) if targets else None,
+            features=features,
         ).with_format(None)  # rows as Python lists again, whatever the batch function read
+
+
+def _document_gatherer(ds):
+    """`pack_dataset`'s batch function for vision-language rows: each bin's documents concatenated
+    (`concat_documents`), with their texts and images kept in `documents`. (They carry no teacher targets:
+    distillation of vision-language models is refused.)"""
+
+    def gather(batch: dict[str, list]) -> dict[str, list]:
+        out: dict[str, list] = {"input_ids": [], "labels": [], "seq_lens": [], "documents": []}
+        for rows in batch["rows"]:
+            docs = ds[rows]
+            packed = concat_documents(docs["input_ids"], docs["labels"])
+            packed["documents"] = [{k: docs[k][j] for k in DOCUMENT_KEYS} for j in range(len(rows))]
+            for key in out:
+                out[key].append(packed[key])
+        return out
+
+    return gather
 
 
 def _token_gatherer(ds, targets: list[str]):
