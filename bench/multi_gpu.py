@@ -9,6 +9,8 @@ Variants (`--variants`, default all):
   ddp-lora              LoRA r16 on the seven projections, DDP
   fsdp2-lora            the same LoRA, FSDP2
   cp-lora               the same LoRA, FSDP2 with context parallelism over all the GPUs (each row split over them)
+  cp-lora-packed        the same with `sample_packing` (each row one document): hellbender's split attention
+                        (gathered keys and values) in place of PyTorch's ring attention
 
 Each variant is one `torchrun --nproc-per-node N` of this script in worker mode; every rank times its own steps
 with `throughput.StepRecorder` (steps 1..warm-up left out), rank 0 writes the JSON. tokens/s is per GPU (each
@@ -47,6 +49,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fsdp2-lora": {**FSDP2, **LORA},
     # context parallelism over all the run's GPUs (`context_parallel_size` set to `--gpus` when the config is made)
     "cp-lora": {**FSDP2, **LORA, "sample_packing": False},
+    "cp-lora-packed": {**FSDP2, **LORA, "sample_packing": True},
 }
 MICRO_BATCH, ROWS = 4, 1200
 
@@ -107,7 +110,10 @@ def worker(args: argparse.Namespace) -> None:
         Path(args._result).write_text(json.dumps(result, indent=1))
 
 
-def run_variant(args: argparse.Namespace, variant: str, model: Path, data: Path, seq: int) -> dict[str, Any]:
+def run_variant(
+    args: argparse.Namespace, variant: str, model: Path, data: Path, seq: int, log: Path | None = None
+) -> dict[str, Any]:
+    """One variant's torchrun; its output goes to the console, or to `log` when given."""
     workdir: Path = args.workdir
     config_file = workdir / "results" / f"multi-{variant}.config.json"
     result_file = workdir / "results" / f"multi-{variant}.json"
@@ -137,9 +143,13 @@ def run_variant(args: argparse.Namespace, variant: str, model: Path, data: Path,
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
     started = time.perf_counter()
-    done = subprocess.run(command, env=env, timeout=args.timeout_s, check=False)
+    if log is None:
+        done = subprocess.run(command, env=env, timeout=args.timeout_s, check=False)
+    else:
+        with log.open("w") as output:
+            done = subprocess.run(command, env=env, timeout=args.timeout_s, check=False, stdout=output, stderr=output)
     if done.returncode != 0 or not result_file.is_file():
-        print(f"[{variant}] failed with exit code {done.returncode} (its output is above)", flush=True)
+        print(f"[{variant}] failed with exit code {done.returncode} (its output is {log or 'above'})", flush=True)
         return {"variant": variant, "ok": False, "wall_s": time.perf_counter() - started}
     return {"ok": True, **json.loads(result_file.read_text()), "wall_s": time.perf_counter() - started}
 

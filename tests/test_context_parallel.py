@@ -4,6 +4,8 @@ adding up to the loss of the whole row. The two-GPU run against one GPU is in te
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -28,13 +30,12 @@ def test_a_context_parallel_config_is_accepted_and_its_older_spelling_too(tmp_pa
     "overrides, needle",
     [
         ({"fsdp_version": None, "fsdp_config": None}, "add `fsdp_version: 2`"),
-        ({"sample_packing": True}, "packed documents would attend to each other"),
         ({"attn_implementation": "eager"}, "needs `attn_implementation: sdpa`"),
         ({"torch_compile": True}, "not with `torch_compile`"),
         ({"liger_fused_linear_cross_entropy": True}, "fused cross-entropy"),
         ({"heads_k_stride": 1}, "ring-flash-attn"),
     ],
-    ids=["no-fsdp2", "packing", "eager", "compile", "fused-loss", "ring-flash-attn-key"],
+    ids=["no-fsdp2", "eager", "compile", "fused-loss", "ring-flash-attn-key"],
 )
 def test_what_context_parallelism_cannot_be_combined_with_is_refused_by_name(tmp_path, overrides, needle):
     raw = {**split_config(tmp_path), **overrides}
@@ -42,6 +43,12 @@ def test_what_context_parallelism_cannot_be_combined_with_is_refused_by_name(tmp
     with pytest.raises(ConfigError, match="context_parallel_size|heads_k_stride") as error:
         validate_config(raw)
     assert needle in str(error.value)
+
+
+def test_packed_rows_are_split_with_the_attention_that_keeps_their_documents_apart(tmp_path):
+    assert not validate_config(split_config(tmp_path)).splits_packed_rows  # padded rows: PyTorch's ring attention
+    assert validate_config(split_config(tmp_path, sample_packing=True)).splits_packed_rows
+    assert validate_config(split_config(tmp_path, eval_sample_packing=True)).splits_packed_rows
 
 
 def test_the_mesh_splits_the_processes_into_context_groups_and_refuses_a_remainder(tmp_path):
@@ -130,3 +137,63 @@ def test_the_trainer_scores_a_slice_with_the_labels_shifted_before_the_cut(tmp_p
     assert not torch.allclose(loss, unshifted, rtol=1e-3)
     counter = trainer.token_counter()
     assert (counter._step_input, counter._step_trained) == (8, 4)  # the slice's tokens; positions 4-7 are trained
+
+
+def test_a_process_holds_the_two_chunks_the_ring_layout_gives_it_and_each_document_piece_once():
+    """Rows of 16 tokens over 2 processes: 4 chunks of 4, process 0 holds chunks 0 and 3, process 1 chunks 1 and 2.
+    The attention pieces cover each held token once, in the order held, and reach back to their document's start."""
+    from hellbender.models.split_attention import RowSplit
+
+    documents = (((0, 6), (6, 13), (13, 16)),)
+    first, second = (RowSplit(None, 2, rank, 16, documents) for rank in (0, 1))
+    assert first.local_index().tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert second.local_index().tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    held = torch.cat([first.local_index(), second.local_index()])
+    assert torch.equal(held[first.gathered_order()], torch.arange(16))
+    assert first.pieces(0) == [(0, 4, 0, 4), (4, 5, 6, 13), (5, 8, 13, 16)]
+    assert second.pieces(0) == [(0, 2, 0, 6), (2, 4, 6, 8), (4, 8, 6, 12)]
+
+
+def test_a_packed_batch_is_cut_with_its_next_tokens_and_real_token_counts(tmp_path):
+    from hellbender.data.collator import REAL_TOKENS_KEY
+    from hellbender.train.row_split import split_rows
+
+    ids = torch.arange(100, 108)[None]
+    labels = ids.clone()
+    labels[0, [0, 3]] = -100  # the two documents' first tokens
+    batch = {
+        "input_ids": ids,
+        "labels": labels,
+        "position_ids": torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]]),  # documents of 3 and 2 tokens, then 3 of padding
+        REAL_TOKENS_KEY: torch.tensor([5]),
+    }
+    share, split = split_rows(batch, None, 2, 1)  # process 1 of 2: chunks 1 and 2, tokens 2-5
+    assert split.documents == (((0, 3), (3, 5), (5, 8)),)
+    assert share["input_ids"].tolist() == [[102, 103, 104, 105]]
+    assert share["position_ids"].tolist() == [[2, 0, 1, 0]]
+    assert share["shift_labels"].tolist() == [[-100, 104, 105, 106]]  # token 5's next one lies in process 0's chunk
+    assert share[REAL_TOKENS_KEY].tolist() == [3]
+    with pytest.raises(ValueError, match="2 x 2 equal chunks"):
+        split_rows({**batch, "labels": labels[:, :6]}, None, 2, 0)
+
+
+def test_packed_rows_split_over_two_processes_compute_the_whole_rows_exactly(tmp_path, tiny_model_path):
+    """Two processes on CPU (gloo), float64: each runs its share of two packed rows (documents crossing the chunk
+    boundaries, padding at the end) with the split attention. Its logits equal the whole batch's at the same
+    positions, and the processes' losses and gradients summed equal the whole batch's. Taking each row as one
+    document instead (what PyTorch's ring attention computes) is far off, so the comparison can fail."""
+    import json
+
+    from tests.test_distributed import run_torchrun
+
+    worker = Path(__file__).resolve().parent / "split_attention_worker.py"
+    run_torchrun(worker, str(tiny_model_path), str(tmp_path))
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for result in results:
+        documents, ignored = result["documents"], result["one_document_per_row"]
+        assert documents["logits"] < 1e-12 and documents["gradients"] < 1e-12, documents
+        assert documents["loss"] < 1e-6, documents  # the loss is reduced in float32
+        assert ignored["logits"] > 1e-2 and ignored["gradients"] > 1e-3, ignored
+        assert result["largest_gradient"] > 1e-2  # the gradients compared are not all zero
+    assert sum(r["documents"]["real_tokens"] for r in results) == results[0]["real"]
+    assert sum(r["documents"]["trained_tokens"] for r in results) == results[0]["trained"]

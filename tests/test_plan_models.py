@@ -190,4 +190,9 @@ def test_context_parallelism_plans_each_gpu_with_its_share_of_the_rows(tmp_path)
     assert split.settings.tokens * 2 == whole.settings.tokens == 512
     assert [2 * n for n in split.memory.per_layer] == whole.memory.per_layer
     assert split.memory.weights == whole.memory.weights
-    assert "NOT MODELLED: the ring attention of `context_parallel_size`" in render(split)
+    assert "NOT MODELLED: the attention of `context_parallel_size`" in render(split)
+    assert "pass around the ring" in render(split)
+    packed = plan_for(
+        validate_config(base_config(tmp_path, context_parallel_size=2, **{**common, "sample_packing": True})), gpus=2
+    )
+    assert "the whole row's keys and values each GPU gathers" in render(packed)

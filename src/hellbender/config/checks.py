@@ -492,8 +492,9 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
 
 
 def _context_parallel_problems(cfg: HellbenderConfig) -> list[str]:
-    """What `context_parallel_size` cannot be combined with: PyTorch's context parallelism shards FSDP2 processes,
-    runs causal attention over a whole row through SDPA, and is checked here for supervised text training only."""
+    """What `context_parallel_size` cannot be combined with: accelerate's context-parallel mesh is built for FSDP2,
+    both attentions (the ring for padded rows, the split attention for packed ones) run SDPA's kernels, and it is
+    checked here for supervised text training only."""
     if not cfg.splits_sequences:
         return []
     key = f"`context_parallel_size: {cfg.context_parallel_size}`"
@@ -503,16 +504,10 @@ def _context_parallel_problems(cfg: HellbenderConfig) -> list[str]:
             f"{key} splits sequences over FSDP2 processes (accelerate's context parallelism needs FSDP2): add "
             "`fsdp_version: 2` with an `fsdp_config:` block, or remove the key."
         )
-    if cfg.sample_packing or cfg.eval_sample_packing:
-        problems.append(
-            f"{key} with `sample_packing` is not supported: PyTorch's ring attention runs plain causal attention "
-            "over each whole row, so packed documents would attend to each other. Set `sample_packing: false` (and "
-            "`eval_sample_packing: false`)."
-        )
     if cfg.attn_implementation not in (None, "sdpa"):
         problems.append(
-            f"{key} needs `attn_implementation: sdpa` (PyTorch's ring attention replaces SDPA's kernels), not "
-            f"`{cfg.attn_implementation}`."
+            f"{key} needs `attn_implementation: sdpa` (PyTorch's ring attention replaces SDPA's kernels for padded "
+            f"rows, hellbender's split attention calls them for packed rows), not `{cfg.attn_implementation}`."
         )
     others = [
         name

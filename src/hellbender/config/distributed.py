@@ -110,11 +110,11 @@ class DistributedSettings(BaseModel):
     context_parallel_size: Int | None = Field(
         None,
         ge=1,
-        description="Context parallelism under FSDP2: split every row's sequence over groups of this many processes "
-        "(PyTorch's ring attention over SDPA, through accelerate and the transformers Trainer), so each process "
-        "holds 1/N of the row's activations. The processes divide into `context_parallel_size` x the FSDP2 "
-        "groups; rows are padded to a multiple of 2 x N. Causal attention over whole rows only: `sample_packing` "
-        "is refused with it.",
+        description="Context parallelism under FSDP2: split every row's sequence over groups of this many processes, "
+        "so each process holds 1/N of the row's activations. Padded rows run PyTorch's ring attention over SDPA "
+        "(through accelerate and the transformers Trainer); packed rows (`sample_packing`) run hellbender's "
+        "attention that gathers the row's keys and values and keeps the documents apart. The processes divide "
+        "into `context_parallel_size` x the FSDP2 groups; rows are padded to a multiple of 2 x N.",
     )
     fp32_norms: bool = Field(
         False,

@@ -78,6 +78,12 @@ class HellbenderConfig(
         return bool(self.gradient_checkpointing) or (self.uses_fsdp2 and self.fsdp_settings.activation_checkpointing)
 
     @property
+    def splits_packed_rows(self) -> bool:
+        """Context parallelism with packed rows (training or evaluation): the rows are split by hellbender and
+        attended with `models/split_attention.py`, which keeps their documents apart, instead of the ring."""
+        return self.splits_sequences and (self.sample_packing or self.eval_sample_packing)
+
+    @property
     def compiles_layers(self) -> bool:
         """`torch_compile` with activation checkpointing: hellbender compiles each decoder layer (its checkpoint call
         included); without checkpointing the Trainer compiles the whole model."""

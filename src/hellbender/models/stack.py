@@ -45,6 +45,10 @@ def build_trainable_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
     # seeded here, they do not depend on what the data preparation before drew from the RNG.
     set_seed(cfg.seed)
     model = load_base_model(cfg, tokenizer)
+    if cfg.splits_packed_rows:  # PyTorch's ring attention would let packed documents read each other
+        from hellbender.models.split_attention import use_split_attention
+
+        use_split_attention(model)
     apply_liger_kernels(cfg, model)  # before the adapter, so LoRA wraps the projections the fused modules call
     if fused := apply_gated_norm_kernel(cfg, model):
         logger.info("liger_rms_norm_gated: %d gated RMSNorms run the fused kernel", len(fused))

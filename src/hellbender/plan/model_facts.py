@@ -238,10 +238,14 @@ def describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
             "layers (an upper bound) and its kernels once per micro-batch"
         )
     if cfg.splits_sequences:
+        exchanged = (
+            "the whole row's keys and values each GPU gathers for one layer at a time (packed rows)"
+            if cfg.splits_packed_rows
+            else "the keys and values the GPUs pass around the ring"
+        )
         facts.not_modelled.append(
-            "the ring attention of `context_parallel_size`: each GPU is planned with its share of every row's tokens "
-            "(activations, logits, FLOPs), but not the keys and values the GPUs pass around the ring, nor the time "
-            "that takes"
+            "the attention of `context_parallel_size`: each GPU is planned with its share of every row's tokens "
+            f"(activations, logits, FLOPs), but not {exchanged}, nor the time that exchange takes"
         )
     if cfg.torch_compile:
         facts.not_modelled.append(

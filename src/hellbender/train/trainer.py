@@ -22,13 +22,15 @@ from hellbender.data.collator import REAL_TOKENS_KEY, forward_kwargs
 from hellbender.data.formats.base import IGNORE_INDEX
 from hellbender.data.streaming import STREAM_ROW_KEY
 from hellbender.models.activation_checkpointing import side_channel_of
-from hellbender.models.packed_attention import packed_attention_mask
+from hellbender.models.packed_attention import packed_attention_mask, text_config
 from hellbender.models.packed_vision import packed_vision_inputs
 from hellbender.models.pixel_dtype import pixels_in_model_dtype
 from hellbender.models.router_aux_loss import router_aux_coefficient
+from hellbender.models.split_attention import SPLIT_ATTENTION, splitting_rows
 from hellbender.storage import FINAL_MANIFEST, complete_checkpoints, listed_files, move_files_into, write_manifest
 from hellbender.train.console import StepLines
 from hellbender.train.divergence import Divergence, agreed, not_finite, weights_not_finite
+from hellbender.train.row_split import split_rows
 from hellbender.train.run_identity import RunIdentity, check_still_owner
 from hellbender.train.sampling import EpochSeededLengthGroupedSampler
 from hellbender.train.tokens import StreamPosition, TokenCounter
@@ -256,7 +258,9 @@ class HellbenderTrainer(HellbenderMixin, Trainer):
             if shift_labels is None:
                 real, trained = real_tokens.sum(), (inputs["labels"][..., 1:] != IGNORE_INDEX).sum()
             else:  # this slice's counts: the token counter sums them over the processes
-                real, trained = inputs["attention_mask"].sum(), (shift_labels != IGNORE_INDEX).sum()
+                # Packed rows carry no padding mask; `row_split` counted the slice's real tokens instead.
+                real = inputs["attention_mask"].sum() if "attention_mask" in inputs else real_tokens.sum()
+                trained = (shift_labels != IGNORE_INDEX).sum()
             self.token_counter().add(int(real), int(trained))
         if model.training and stream_rows is not None:
             self._callback(StreamPosition).advance(int(stream_rows.max()))
@@ -278,6 +282,15 @@ class HellbenderTrainer(HellbenderMixin, Trainer):
             self._router_aux = aux if self._router_aux is None else self._router_aux + aux
             self._router_aux_batches += 1
         return (loss, outputs) if return_outputs else loss
+
+    def _prepare_context_parallel_inputs(self, model, inputs: dict[str, Any]) -> tuple[Callable, dict[str, Any]]:
+        """Context parallelism over packed rows: this process's share of the rows, cut here, and the split its
+        attention reads (`models/split_attention.py`); padded rows under SDPA go to the Trainer's ring attention."""
+        if text_config(model)._attn_implementation != SPLIT_ATTENTION:
+            return super()._prepare_context_parallel_inputs(model, inputs)
+        mesh = self.accelerator.torch_device_mesh["cp"]
+        inputs, split = split_rows(inputs, mesh.get_group(), mesh.size(), mesh.get_local_rank())
+        return functools.partial(splitting_rows, split), inputs
 
     @contextlib.contextmanager
     def _labels_of_slice(self, shift_labels: torch.Tensor | None) -> Iterator[None]:
