@@ -257,7 +257,8 @@ def quantize(
         Path | None,
         typer.Option(
             "--model",
-            help="The trained model: a `checkpoint-N`, a merged model or a run's output (default: `output_dir`).",
+            help="The trained model: a `checkpoint-N`, a merged model or a run's output (default: `output_dir`); a "
+            "LoRA adapter is merged into `base_model` first.",
         ),
     ] = None,
     output: Annotated[

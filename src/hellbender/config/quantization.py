@@ -28,13 +28,14 @@ _WEIGHT = (
     "pairs and the machines each runs on."
 )
 _ACTIVATION = (
-    "The number format the linear layers' inputs are quantized to as the model runs (dynamically, per token): `int8`, "
-    "`float8`, `nvfp4` or `mxfp4`; unset: weight-only quantization."
+    "The number format the linear layers' inputs are quantized to as the model runs (dynamically: per token for "
+    "`int8`, per tensor for `float8`, per block for `nvfp4` / `mxfp4`): `int8`, `float8`, `nvfp4` or `mxfp4`; unset: "
+    "weight-only quantization."
 )
 _GROUP = (
     "How many consecutive weights of a row share one scale (per-group quantization of integer weights). It must "
     "divide the input size of every quantized layer; `nvfp4` takes only 16, `mxfp4` only 32, `float8` uses one scale "
-    "per row and refuses it."
+    "per tensor (torchao's default for it) and refuses it."
 )
 _EMBEDDING = (
     "Also quantize the input embedding (weight-only, to `weight_dtype`: `int4` or `int8`) and the output projection "
@@ -62,7 +63,7 @@ class QuantizationScheme(BaseModel):
 
     @property
     def effective_group_size(self) -> int | None:
-        """The group size the scheme quantizes with: nvfp4 and mxfp4 have their own, float8 scales whole rows."""
+        """The group size the scheme quantizes with: nvfp4 and mxfp4 have their own, float8 scales whole tensors."""
         if self.weight_dtype in _FIXED_GROUP:
             return _FIXED_GROUP[self.weight_dtype]
         return None if self.weight_dtype == "float8" else self.group_size
@@ -91,8 +92,9 @@ class QuantizationSettings(BaseModel):
         "`quantize_embedding`) computes with its weights (and, with `activation_dtype`, its inputs) rounded to the "
         "scheme's numbers in the forward pass, while the weights themselves train in full precision. The saved model "
         "is the unquantized trained model, with this block recorded in its config.json; `hellbender quantize CONFIG` "
-        "then stores it quantized with the same scheme. Full fine-tuning only. Needs `pip install "
-        "'hellbender[qat]'`. See docs/quantization.md.",
+        "then stores it quantized with the same scheme. With `adapter: lora`, each adapted layer computes with the "
+        "fake-quantized merged weight W + B·A, which `quantize` merges and stores; the adapter's saves record this "
+        "block in `hellbender_qat.json`. Needs `pip install 'hellbender[qat]'`. See docs/quantization.md.",
     )
     quantization: QuantizationScheme | None = Field(
         None,
@@ -147,7 +149,7 @@ def scheme_problems(scheme: QuantizationScheme, key: str) -> list[str]:
         ]
     if scheme.weight_dtype == "float8" and chosen:
         return [
-            f"`{key}.group_size: {scheme.group_size}`: float8 weights take one scale per row, not per group. Remove "
+            f"`{key}.group_size: {scheme.group_size}`: float8 weights take one scale per tensor (torchao's default), not per group. Remove "
             f"`{key}.group_size`."
         ]
     return []

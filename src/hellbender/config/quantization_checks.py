@@ -29,20 +29,16 @@ def quantization_problems(cfg: HellbenderConfig) -> list[str]:
             "`qat:` and `quantization:` are both set. `hellbender quantize` stores a QAT-trained model with the `qat` "
             "scheme it trained against; `quantization:` is for a model trained without QAT. Keep one."
         )
-    if cfg.adapter is not None:
+    if cfg.load_in_4bit or cfg.load_in_8bit or cfg.adapter == "qlora":
+        key = "load_in_8bit: true" if cfg.load_in_8bit else "adapter: qlora" if cfg.adapter else "load_in_4bit: true"
         problems.append(
-            f"`qat:` with `adapter: {cfg.adapter}`: torchao's quantization-aware training fake-quantizes a linear "
-            "layer's own weight W, while a LoRA adapter trains B·A beside the frozen W; the merged model is then "
-            "quantized as W + B·A, whose rounding training never saw, so the QAT would not do its job. Train the whole "
-            "model with `qat:` (remove `adapter`), or train the adapter without `qat:` and quantize the merged model "
-            "with `quantization:`."
+            f"`qat:` with `{key}`: quantization-aware training fake-quantizes full-precision weights (with an adapter, "
+            "the merged weight W + B·A that `hellbender quantize` stores), and a bitsandbytes-quantized base holds "
+            "no full-precision W to merge into. Train `adapter: lora` on the unquantized base (remove the "
+            "`load_in_*` key), or train QLoRA without `qat:` and quantize the merged model with `quantization:`."
         )
-    elif cfg.load_in_4bit or cfg.load_in_8bit:
-        problems.append(
-            f"`qat:` with `{'load_in_4bit' if cfg.load_in_4bit else 'load_in_8bit'}: true`: quantization-aware "
-            "training trains full-precision weights against their fake-quantized copies, and bitsandbytes' quantized "
-            "weights cannot train. Remove the `load_in_*` key."
-        )
+    elif cfg.adapter is not None:
+        problems += _adapter_problems(cfg)
     if cfg.rl or cfg.reward_model or cfg.distills:
         method = f"`rl: {cfg.rl}`" if cfg.rl else ("`reward_model: true`" if cfg.reward_model else "`kd_trainer`")
         problems.append(
@@ -69,5 +65,43 @@ def quantization_problems(cfg: HellbenderConfig) -> list[str]:
             "`qat.quantize_embedding: true` with a fused cross-entropy (`liger_fused_linear_cross_entropy` / "
             "`cut_cross_entropy`): the fused loss multiplies by `lm_head`'s weight itself, past its fake quantization. "
             "Remove one of them."
+        )
+    return problems
+
+
+def _adapter_problems(cfg: HellbenderConfig) -> list[str]:
+    """`qat:` with LoRA trains each adapted layer against its fake-quantized merged weight fq(W + s·B·A), exactly the
+    weight `hellbender quantize` stores after merging: what that merged form cannot express is refused."""
+    qat = cfg.qat
+    assert qat is not None
+    problems: list[str] = []
+    merged = (
+        "under `qat:` a LoRA layer computes with its fake-quantized merged weight fq(W + s·B·A), the weight "
+        "`hellbender quantize` stores after merging the adapter"
+    )
+    if cfg.lora_dropout:
+        problems.append(
+            f"`lora_dropout: {cfg.lora_dropout:g}` with `qat:`: {merged}, and dropout drops entries of the LoRA "
+            "branch's input only, which a merged weight cannot express (training would see another model than the "
+            "one stored). Set `lora_dropout: 0`."
+        )
+    if cfg.peft_use_dora:
+        problems.append(
+            f"`peft_use_dora: true` with `qat:`: {merged}, which hellbender builds for plain LoRA only (DoRA "
+            "rescales every column of the merged weight by a learned magnitude, in PEFT's own DoRA forward). Remove "
+            "`peft_use_dora`, or train DoRA without `qat:` and quantize the merged model with `quantization:`."
+        )
+    if qat.weight_dtype in _NO_SWITCH:
+        problems.append(
+            f"`qat.weight_dtype: {qat.weight_dtype}` with `adapter: {cfg.adapter}`: {merged}, and torchao's "
+            f"{qat.weight_dtype} training layers round inside their own matmul, with no fake quantizer to apply to "
+            "the merged weight. Use an integer or `float8` scheme with an adapter, or train the whole model (remove "
+            "`adapter`)."
+        )
+    if cfg.loftq is not None:
+        problems.append(
+            f"`peft.loftq_config` with `qat:`: {merged}, and LoftQ replaces each adapted base weight W by a "
+            "bitsandbytes-rounded copy when the adapter is created (and again when it is loaded to merge), so the "
+            "stored weight would depend on that rounding repeating bit for bit. Remove `peft.loftq_config`."
         )
     return problems

@@ -246,7 +246,7 @@ def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
     # more for the embeddings and head, a float32 residual stream (twice the activation memory) and a float32
     # output-head matmul. Checkpointing is enabled later, by hellbender (train/run.py), for every kind of training.
     modules, parameters = adapter_targets(cfg, model)
-    lora = LoraConfig(
+    settings = dict(
         **loftq_arguments(cfg),
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,
@@ -259,9 +259,21 @@ def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
         # A reward model's score head is new: PEFT's SEQ_CLS task trains it in full and saves it with the adapter.
         task_type="SEQ_CLS" if cfg.reward_model else "CAUSAL_LM",
     )
+    if cfg.qat is not None:  # the linear layers are fake-quantized by now: LoRA on them fake-quantizes W + B·A
+        from hellbender.models.qat_lora import qat_lora_config
+
+        lora = qat_lora_config(cfg.qat, **settings)
+    else:
+        lora = LoraConfig(**settings)
     prefix = language_model_prefix(model) if cfg.is_multimodal else ""
     experts = expert_weights(model, prefix)
     adapted = get_peft_model(model, lora)
     decided_here = bool(cfg.lora_target_parameters or experts)  # full names, from `adapter_targets`
     check_adapted(adapted, modules if decided_here else None, parameters, experts)
+    if cfg.qat is not None:
+        from hellbender.models.qat_lora import check_adapted_under_qat
+
+        logger.info(
+            "qat: %d LoRA layers train against their fake-quantized merged weight", check_adapted_under_qat(adapted)
+        )
     return adapted

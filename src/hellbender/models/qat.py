@@ -5,7 +5,9 @@ straight through the rounding, so the full-precision weights learn to sit where 
 The swapped layers keep their parameter names, so every save (checkpoints, the final model) is the plain unquantized
 model. The scheme is recorded in the model's config.json under `hellbender_qat`, where `hellbender quantize` finds
 it. `lm_head` stays unquantized unless `quantize_embedding`, as transformers' TorchAoConfig leaves it, so the
-quantized model computes what training fake-quantized."""
+quantized model computes what training fake-quantized. With a LoRA adapter the layers are swapped before PEFT wraps
+them, and LoRA on a swapped layer fake-quantizes the merged weight (models/qat_lora.py); the adapter's saves record
+the scheme in `hellbender_qat.json` beside adapter_config.json."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from hellbender.models.torchao_schemes import embedding_config, linear_config
 
 logger = logging.getLogger("hellbender")
 RECORD_KEY = "hellbender_qat"  # in config.json: the QAT scheme the weights were trained against
+ADAPTER_RECORD_FILE = "hellbender_qat.json"  # beside adapter_config.json: the scheme a LoRA adapter trained against
 
 
 def linear_filter(model: Any, quantize_embedding: bool) -> Any:
@@ -76,6 +79,10 @@ def prepare_for_qat(model: Any, qat: QatSettings) -> int:
         quantize_(
             model, QATConfig(embedding_config(qat), step="prepare"), filter_fn=lambda module, _: module is embedding
         )
+    if qat.weight_dtype == "float8" or qat.activation_dtype == "float8":
+        from hellbender.models.qat_float8 import pass_float8_gradients_straight
+
+        pass_float8_gradients_straight(model)  # torchao's own backward rounds the gradients to float8
     swapped = sum(is_fake_quantized(m) for m in model.modules())
     setattr(model.config, RECORD_KEY, qat.settings())
     logger.info("qat: %d layers fake-quantized (%s)", swapped, qat.describe())

@@ -52,12 +52,12 @@ def build_trainable_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
     apply_liger_kernels(cfg, model)  # before the adapter, so LoRA wraps the projections the fused modules call
     if fused := apply_gated_norm_kernel(cfg, model):
         logger.info("liger_rms_norm_gated: %d gated RMSNorms run the fused kernel", len(fused))
-    set_seed(cfg.seed)  # the adapter's initial weights must not depend on what loading drew from the RNG
-    model = apply_adapter(cfg, model)
-    if cfg.qat is not None:  # full fine-tuning only; before tiling and checkpointing wrap the layers it swaps
+    if cfg.qat is not None:  # before the adapter (LoRA wraps the fake-quantized layers), tiling and checkpointing
         from hellbender.models.qat import prepare_for_qat
 
         prepare_for_qat(model, cfg.qat)
+    set_seed(cfg.seed)  # the adapter's initial weights must not depend on what loading drew from the RNG
+    model = apply_adapter(cfg, model)
     if cfg.tiled_mlp:  # after Liger and the adapter: tiles whatever forward the MLPs have by now
         logger.info("tiled_mlp: %d MLPs run in shards", tile_mlps(model, cfg.tiled_mlp_num_shards))
     if cfg.checkpoints_activations:  # hellbender's own setup, not the Trainer's nor FSDP's: activation_checkpointing.py
