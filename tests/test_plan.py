@@ -239,3 +239,17 @@ def test_plan_of_a_hub_model_that_cannot_be_read_is_one_paragraph(tmp_path):
     path.write_text(yaml.safe_dump(base_config(tmp_path, base_model="nobody/not-cached-anywhere")))
     result = invoke("plan", path, env={"HF_HUB_OFFLINE": "1"})
     assert_user_error(result, "Could not read the model's config from `nobody/not-cached-anywhere`", "base_model")
+
+
+def test_bf16_auto_is_planned_in_bfloat16_on_a_machine_without_a_gpu(tmp_path):
+    """Every card the planner knows computes in bfloat16, so `bf16: auto` is planned as bf16 even where the plan is
+    made on a CPU (where a run would pick float32): planning an H100 run from a laptop gives the H100's plan."""
+    from hellbender.plan.budget import plan_for
+
+    auto = validate_config(base_config(tmp_path, bf16="auto"))
+    explicit = validate_config(base_config(tmp_path, bf16=True))
+    assert element_size(auto) == 2
+    assert plan_for(auto, gpu="H100").memory.peak == plan_for(explicit, gpu="H100").memory.peak
+    assert plan_for(validate_config(base_config(tmp_path, bf16=False)), gpu="H100").memory.weights == 2 * (
+        plan_for(explicit, gpu="H100").memory.weights
+    )

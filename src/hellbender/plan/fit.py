@@ -11,7 +11,7 @@ from hellbender.config import HellbenderConfig
 from hellbender.plan.cards import Card
 from hellbender.plan.flops import StepTime, step_time
 from hellbender.plan.memory import GIB, MemoryPlan, plan_memory
-from hellbender.plan.model_facts import ModelFacts, describe, meta_model
+from hellbender.plan.model_facts import ModelFacts, describe, meta_model, planned_dtype
 from hellbender.plan.settings import PlanSettings, plan_settings
 
 
@@ -45,9 +45,7 @@ def _yaml(value: Any) -> str:
 
 
 def element_size(cfg: HellbenderConfig) -> int:
-    from hellbender.config.precision import torch_dtype
-
-    return torch_dtype(cfg).itemsize
+    return planned_dtype(cfg).itemsize
 
 
 def make_plan(cfg: HellbenderConfig, card: Card, gpus: int, budget_gib: float | None, budget_source: str) -> Plan:

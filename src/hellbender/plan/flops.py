@@ -40,6 +40,10 @@ from hellbender.plan.settings import PlanSettings
 # dequantized before every matmul, 0.87x; LoRA's step reaches 0.80 of full fine-tuning's share of the peak (W1 against
 # W2, cards.py).
 LIGER_SPEEDUP = 1.20
+# SDPA's fused attention kernels reach a larger share of the peak than a training step's matmuls as a whole: fitted to
+# the 8B LoRA runs of 32,768-69,632-token rows on one H200 (docs/plan.md), where attention is 44-62% of the FLOPs,
+# 0.57 of the peak against the card's 0.41. Neither LoRA's nor Liger's nor 4-bit weights' factors apply to it.
+ATTENTION_FACTOR = 1.39
 ADAPTER_EFFICIENCY = 0.80
 FOUR_BIT_SLOWDOWN = 0.87
 
@@ -83,13 +87,8 @@ def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: 
     else:
         head_forward = 2 * tokens * head
         head_backward = 2 * tokens * head + (2 * tokens * head if facts.head_trainable else 0)
-    d = facts.q_dim
-    attention_forward = 0.0
-    for index in range(facts.layers):
-        window = facts.sliding_windows[index] if index < len(facts.sliding_windows) else None
-        attention_forward += 4 * tokens * s.context(window) * d
-    checkpointed = s.checkpointed(facts.layers)
-    recomputed = checkpointed / facts.layers if facts.layers else 0.0
+    attention_forward = _attention_forward(facts, s)
+    recomputed = _recomputed_share(facts, s)
     vision = 2 * tokens * facts.other_linear_numel if facts.other_linear_numel else 0.0
     # PEFT merges LoRA into stacked experts each forward: (experts, out, r) x (experts, r, in), and twice that back.
     merge = 2 * facts.expert_lora_rank * facts.expert_numel if facts.expert_lora_numel else 0.0
@@ -107,6 +106,26 @@ def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: 
     return {name: value * gradient_accumulation for name, value in parts.items()}
 
 
+def _attention_forward(facts: ModelFacts, s: PlanSettings) -> float:
+    """The attention scores and their weighted sum in one forward of a micro-batch: 4 T c d per layer."""
+    windows = facts.sliding_windows
+    return sum(
+        4 * s.tokens * s.context(windows[index] if index < len(windows) else None) * facts.q_dim
+        for index in range(facts.layers)
+    )
+
+
+def _recomputed_share(facts: ModelFacts, s: PlanSettings) -> float:
+    return s.checkpointed(facts.layers) / facts.layers if facts.layers else 0.0
+
+
+def attention_step_flops(facts: ModelFacts, s: PlanSettings, gradient_accumulation: int = 1) -> float:
+    """The part of `step_flops` that SDPA's attention kernels run: forward, backward (twice the forward), the
+    recomputation and the forwards without gradients."""
+    runs = 3 + _recomputed_share(facts, s) + s.method.reference_forwards + s.method.policy_forwards_without_grad
+    return _attention_forward(facts, s) * runs * gradient_accumulation
+
+
 def step_flops(facts: ModelFacts, s: PlanSettings, gradient_accumulation: int = 1) -> float:
     return sum(step_flops_parts(facts, s, gradient_accumulation).values())
 
@@ -120,7 +139,9 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
         efficiency *= LIGER_SPEEDUP
     if s.quantized_bits == 4:
         efficiency *= FOUR_BIT_SLOWDOWN
-    compute = flops / (card.bf16_tflops * 1e12 * efficiency)
+    attention = attention_step_flops(facts, s, gradient_accumulation)
+    peak = card.bf16_tflops * 1e12
+    compute = (flops - attention) / (peak * efficiency) + attention / (peak * card.efficiency * ATTENTION_FACTOR)
     offloaded = memory.host_parts.get("offloaded layer inputs (pinned slabs)", 0)
     transfer = 2 * offloaded * gradient_accumulation / (card.host_link_gb_s * 1e9)
     # trained weights, their gradients and the states, each read and written about once

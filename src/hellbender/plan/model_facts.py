@@ -95,12 +95,20 @@ class ModelFacts:
         return [p for p in self.parameters if p.in_layer == index]
 
 
+def planned_dtype(cfg: HellbenderConfig) -> Any:
+    """The run's dtype on the planned GPU: every card the planner knows computes in bfloat16, so `bf16: auto` is
+    planned as bfloat16 on whatever machine plans it (on a CPU-only machine it would otherwise mean float32)."""
+    from hellbender.config.machine import Machine
+    from hellbender.config.precision import torch_dtype
+
+    return torch_dtype(cfg, Machine(cuda=True, bf16=True, cpus=1))
+
+
 def meta_model(cfg: HellbenderConfig) -> Any:
     """The trainable model as training builds it (the run's dtype, the adapter, frozen vision modules), on the meta
     device. Quantization is left out: `memory.weight_bytes` computes the quantized storage from the shapes."""
     import torch
 
-    from hellbender.config.precision import torch_dtype
     from hellbender.models.adapters import apply_adapter
     from hellbender.models.architecture_class import class_for_config
     from hellbender.models.loading import _transformers_class, model_config, resolve_model_path
@@ -110,7 +118,7 @@ def meta_model(cfg: HellbenderConfig) -> Any:
     cls = class_for_config(_transformers_class(cfg.model_type, "model_type"), config)
     with torch.device("meta"):
         build = cls.from_config if hasattr(cls, "from_config") else cls._from_config
-        model = build(config, dtype=torch_dtype(cfg))
+        model = build(config, dtype=planned_dtype(cfg))
     return apply_adapter(cfg, model)
 
 
