@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -46,18 +47,23 @@ class FakeQuantSpy(TrainerCallback):
         self.on[state.global_step] = layer.weight_fake_quantizer.enabled and layer.activation_fake_quantizer.enabled
 
 
-@pytest.fixture(scope="module")
-def qat_run(tmp_path_factory):
-    """A QAT run of 8 steps whose first 3 train without fake quantization."""
+def trained_with_spy(tmp: Path, raw: dict, spy: TrainerCallback) -> tuple[Path, Any, TrainerCallback]:
+    """Train `raw` watched by `spy`; (the config written as YAML, the validated config, the spy)."""
     from hellbender.train.run import train
 
-    tmp = tmp_path_factory.mktemp("qat")
-    raw = base_config(tmp, max_steps=8, qat={**SCHEME, "fake_quant_after_n_steps": 3})
-    spy = FakeQuantSpy()
     train(validate_config(raw), callbacks=[spy])
     config = tmp / "config.yml"
     config.write_text(yaml.safe_dump(raw))
     return config, validate_config(raw), spy
+
+
+@pytest.fixture(scope="module")
+def qat_run(tmp_path_factory):
+    """A QAT run of 8 steps whose first 3 train without fake quantization."""
+    tmp = tmp_path_factory.mktemp("qat")
+    return trained_with_spy(
+        tmp, base_config(tmp, max_steps=8, qat={**SCHEME, "fake_quant_after_n_steps": 3}), FakeQuantSpy()
+    )
 
 
 def test_qat_trains_with_fake_quantization_switched_on_after_n_steps(qat_run):
@@ -347,16 +353,10 @@ class LoraFakeQuantSpy(TrainerCallback):
 @pytest.fixture(scope="module")
 def lora_qat_run(tmp_path_factory):
     """A LoRA QAT run of 8 steps whose first 2 train without fake quantization, saving a checkpoint at step 4."""
-    from hellbender.train.run import train
-
     tmp = tmp_path_factory.mktemp("lora-qat")
     qat = {**SCHEME, "fake_quant_after_n_steps": 2}
     raw = base_config(tmp, max_steps=8, learning_rate=3e-2, lora_r=16, save_steps=4, qat=qat, **LORA)
-    spy = LoraFakeQuantSpy()
-    train(validate_config(raw), callbacks=[spy])
-    config = tmp / "config.yml"
-    config.write_text(yaml.safe_dump(raw))
-    return config, validate_config(raw), spy
+    return trained_with_spy(tmp, raw, LoraFakeQuantSpy())
 
 
 def test_lora_qat_trains_with_fake_quantization_switched_on_after_n_steps(lora_qat_run):
