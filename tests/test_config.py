@@ -65,6 +65,14 @@ def test_unknown_key_without_a_close_match_points_at_the_reference():
     assert "hellbender schema" in message
 
 
+def test_an_unknown_key_inside_a_settings_block_suggests_the_closest_key_of_that_block():
+    message = config_error(cfg_dict(qat={"weight_dtyp": "int4"}))
+    assert "`qat.weight_dtyp`" in message and "Did you mean `qat.weight_dtype`?" in message
+    message = config_error(cfg_dict(fsdp_version=2, fsdp_config={"transformer_layer_cls_to_wrp": "LlamaDecoderLayer"}))
+    assert "Did you mean `fsdp_config.transformer_layer_cls_to_wrap`?" in message
+    assert "Did you mean" not in config_error(cfg_dict(qat={"zzzzqqqq": 1}))
+
+
 def test_every_unknown_key_is_reported_at_once():
     message = config_error(cfg_dict(learning_rat=1e-4, micro_batch_sise=2))
     assert "Did you mean `learning_rate`" in message

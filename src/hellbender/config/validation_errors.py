@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any
+from typing import Any, get_args
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from hellbender.config.keys import ENTRY_MODELS
 from hellbender.config.schema import HellbenderConfig
@@ -135,6 +135,29 @@ def _close_choice(err: dict[str, Any]) -> str:
     return f" Did you mean `{close[0]}`?" if close else ""
 
 
+def _model_inside(annotation: Any) -> type[BaseModel] | None:
+    """The settings block a key's type holds (`QatSettings` for `QatSettings | None`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((found for arg in get_args(annotation) if (found := _model_inside(arg)) is not None), None)
+
+
+def _close_key(err: dict[str, Any], path: tuple[Any, ...]) -> str:
+    """` Did you mean `qat.weight_dtype`?` for an unknown key inside a settings block, close to one it takes."""
+    if err["type"] != "extra_forbidden" or len(path) < 2:
+        return ""
+    model: type[BaseModel] | None = HellbenderConfig
+    for part in path[:-1]:
+        if model is not None and not isinstance(part, int):  # list positions keep the items' block
+            field = model.model_fields.get(str(part))
+            model = _model_inside(field.annotation) if field is not None else None
+    if model is None:
+        return ""
+    names = [field.alias or name for name, field in model.model_fields.items()]
+    close = difflib.get_close_matches(str(path[-1]), names, n=1, cutoff=0.6)
+    return f" Did you mean `{'.'.join(str(p) for p in (*path[:-1], close[0]))}`?" if close else ""
+
+
 def describe_validation_error(exc: ValidationError, raw: dict[str, Any]) -> list[str]:
     """One paragraph per wrong key: the key path as `--set` writes it (`datasets.0.type`), what it accepts and the
     value it got. The errors pydantic gives for each member of a union type are merged into one."""
@@ -167,5 +190,9 @@ def describe_validation_error(exc: ValidationError, raw: dict[str, Any]) -> list
             problems.append(f"`{loc}` must be {accepted} (got {_shown(value)}).")
         else:
             for _, err in errs:
-                problems.append(_paragraph(loc, _plain_message(err, path), err.get("input")) + _close_choice(err))
+                problems.append(
+                    _paragraph(loc, _plain_message(err, path), err.get("input"))
+                    + _close_choice(err)
+                    + _close_key(err, path)
+                )
     return problems
