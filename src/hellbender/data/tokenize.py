@@ -16,6 +16,7 @@ DROP_EMPTY = "empty"
 DROP_NO_TRAINABLE = "no trainable tokens"
 DROP_TOO_SHORT = "shorter than min_sample_len"
 DROP_DUPLICATE = "duplicate"
+ENCODE_BATCH_ROWS = 100  # rows per `datasets.map` batch: few enough to keep a batch of image rows small
 
 
 @dataclass
@@ -69,6 +70,13 @@ def fit_length(ids: list[int], labels: list[int], max_len: int, strategy: str) -
     if strategy == "truncate":
         return ids[:max_len], labels[:max_len], ""
     return ids, labels, DROP_TOO_LONG
+
+
+def count_targets(labels: list[int]) -> int:
+    """How many tokens a row trains: the model predicts labels[1:] from the tokens before them, so labels[0] is never
+    a target. Counted with `list.count` (in C, without copying): a row has thousands of labels."""
+    first = 1 if labels and labels[0] != IGNORE_INDEX else 0
+    return len(labels) - labels.count(IGNORE_INDEX) - first
 
 
 def output_features(extra: dict[str, Any]):
@@ -142,8 +150,7 @@ def encode_row(
     for key in TARGET_COLUMNS:  # the teacher's targets stay with their tokens through truncation
         if key in out:
             out[key] = out[key][: len(ids)] if not reason else []
-    # The model predicts labels[1:] from the tokens before them; labels[0] is never a target.
-    trainable = sum(1 for label in labels[1:] if label != IGNORE_INDEX)
+    trainable = count_targets(labels)
     if not reason and trainable == 0:
         reason = DROP_NO_TRAINABLE
     if not reason and full_length < min_len:
@@ -177,26 +184,43 @@ def tokenize_dataset(
         extra = {**extra, **{key: [] for key in TARGET_COLUMNS}}
     kept_keys = ("input_ids", "labels", "length", "trainable", "drop_reason")
 
-    def encode(row: dict[str, Any], index: int) -> dict[str, Any]:
-        encoded = encode_row(row, index, formatter, ctx, max_len, strategy, where, min_len)
-        return {
-            **{key: encoded[key] for key in kept_keys},
-            **{key: encoded.get(key, default) for key, default in extra.items()},
-        }
+    def encode(batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        names = list(batch)
+        rows = (dict(zip(names, values, strict=True)) for values in zip(*batch.values(), strict=True))
+        columns: dict[str, list[Any]] = {key: [] for key in (*kept_keys, *extra)}
+        for index, row in zip(indices, rows, strict=True):
+            encoded = encode_row(row, index, formatter, ctx, max_len, strategy, where, min_len)
+            for key in kept_keys:
+                columns[key].append(encoded[key])
+            for key, default in extra.items():
+                columns[key].append(encoded.get(key, default))
+        return columns
 
+    # Rows are handed over in batches: `datasets` converts a batch from and to Arrow in one go, which costs far less
+    # than converting one row at a time; each row is still encoded alone (`encode_row`).
     encoded = ds.map(
         encode,
         features=output_features(extra),
         with_indices=True,
+        batched=True,
+        batch_size=ENCODE_BATCH_ROWS,
         remove_columns=ds.column_names,
         num_proc=num_proc,
         desc=f"Tokenizing {where}",
     )
-    reasons = encoded["drop_reason"]
-    stats = TokenizeStats(rows_in=len(encoded), dropped=Counter(r for r in reasons if r))
+    # The small columns are read whole (`datasets` hands a column out row by row otherwise), and the kept rows are
+    # picked by their indices: a `filter` would read every row again, in `num_proc` new processes.
+    names = ("drop_reason", "length", "trainable")
+    columns = encoded.with_format("arrow").select_columns(list(names))[:]
+    reasons, lengths, trainable = (columns.column(name).to_pylist() for name in names)
+    keep = [i for i, reason in enumerate(reasons) if not reason]
+    stats = TokenizeStats(
+        rows_in=len(encoded),
+        rows_kept=len(keep),
+        dropped=Counter(reason for reason in reasons if reason),
+        tokens=sum(lengths[i] for i in keep),
+        trainable_tokens=sum(trainable[i] for i in keep),
+    )
     with quiet_progress():
-        kept = encoded.filter(lambda r: not r, input_columns="drop_reason", num_proc=num_proc)
-    stats.rows_kept = len(kept)
-    stats.tokens = sum(kept["length"])
-    stats.trainable_tokens = sum(kept["trainable"])
+        kept = encoded.select(keep)
     return kept.remove_columns(["drop_reason", "trainable"]), stats

@@ -16,12 +16,14 @@ the reasoning and the answer (the model must learn to close its reasoning and op
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from hellbender.config.data import CHAT_ROLES
 from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowError
+from hellbender.data.formats.placeholder_memo import Render, remembered
 from hellbender.data.formats.render_budget import RenderBudgetExceeded, render_within_budget
 from hellbender.data.formats.tool_calls import read_tool_calls, read_tools
 from hellbender.errors import ConfigError
@@ -236,14 +238,14 @@ def layout(
     return segments, skeleton
 
 
-Render = Callable[[list[dict[str, Any]]], str]
-
-
 Located = list[tuple[Segment, tuple[int, int] | None]]
 
 
 def render_with_spans(
-    render: Render, messages: list[dict[str, Any]], thinking_key: str | None = None
+    render: Render,
+    messages: list[dict[str, Any]],
+    thinking_key: str | None = None,
+    render_placeholders: Render | None = None,
 ) -> tuple[str, Located]:
     """The rendered conversation, and each text segment (see `layout`) with its character span in it.
 
@@ -254,37 +256,63 @@ def render_with_spans(
     templates that trim); a template that rewrites content is refused rather than guessed at. A think block
     written in a content is first taken as part of the content, and split out only when the template rewrites it
     (thinking templates move it into their own block). Segments the template does not render get a span of None.
+
+    `render_placeholders`, when given, renders the placeholder conversations instead of `render` (a memo of it:
+    `placeholder_memo.remembered`); should its texts not fit the real rendering, `render` renders them again.
     """
     text = render(messages)
+    located = None
+    if render_placeholders is not None:
+        located = _locate(text, messages, thinking_key, render_placeholders)
+    if located is None:
+        located = _locate(text, messages, thinking_key, render)
+    if located is None:
+        raise RowError(
+            "the chat template does not render message contents verbatim (it rewrites or reorders them), so the "
+            "trained tokens cannot be located exactly; use a template that inserts each message's content as is "
+            "(`chat_template: chatml` or your own `chat_template_jinja`), or pre-tokenize the rows"
+        )
+    return text, located
+
+
+def _locate(text: str, messages: list[dict[str, Any]], thinking_key: str | None, render: Render) -> Located | None:
+    """Each segment's span in `text` (see `render_with_spans`), with `render` rendering the placeholder
+    conversations; None when no placeholder rendering, with the texts put back, equals `text`."""
     think_blocks = any(isinstance(m["content"], str) and THINK_CLOSE in m["content"] for m in messages)
     for split_think in (False, True) if think_blocks else (False,):
         segments, placeholders = layout(messages, thinking_key, split_think)
         skeleton = render(placeholders)
         found = sorted((at, k) for k in range(len(segments)) if (at := skeleton.find(_placeholder(k))) >= 0)
         for strip in (False, True):
-            pieces: list[str] = []
-            spans: list[tuple[int, int] | None] = [None] * len(segments)
-            length, cursor = 0, 0
-            for at, k in found:
-                content = segments[k].text.strip() if strip else segments[k].text
-                pieces.append(skeleton[cursor:at])
-                length += at - cursor
-                spans[k] = (length, length + len(content))
-                pieces.append(content)
-                length += len(content)
-                cursor = at + len(_placeholder(k))
-            pieces.append(skeleton[cursor:])
-            if "".join(pieces) == text:
-                located = list(zip(segments, spans, strict=True))
-                _check_reasoning_rendered(render, messages, located, thinking_key, split_think)
-                holes = [(at, at + len(_placeholder(k)), spans[k]) for at, k in found]
-                located += _tool_call_spans(render, placeholders, skeleton, holes, text)
-                return text, located
-    raise RowError(
-        "the chat template does not render message contents verbatim (it rewrites or reorders them), so the "
-        "trained tokens cannot be located exactly; use a template that inserts each message's content as is "
-        "(`chat_template: chatml` or your own `chat_template_jinja`), or pre-tokenize the rows"
-    )
+            spans = _filled_spans(text, skeleton, segments, found, strip)
+            if spans is None:
+                continue
+            located = list(zip(segments, spans, strict=True))
+            _check_reasoning_rendered(render, messages, located, thinking_key, split_think)
+            holes = [(at, at + len(_placeholder(k)), spans[k]) for at, k in found]
+            located += _tool_call_spans(render, placeholders, skeleton, holes, text)
+            return located
+    return None
+
+
+def _filled_spans(
+    text: str, skeleton: str, segments: list[Segment], found: list[tuple[int, int]], strip: bool
+) -> list[tuple[int, int] | None] | None:
+    """Each segment's span in `text` when `text` is `skeleton` with the placeholders `found` (their positions and
+    segment numbers, in order) replaced by their segments' texts (stripped with `strip`), else None."""
+    pieces: list[str] = []
+    spans: list[tuple[int, int] | None] = [None] * len(segments)
+    length, cursor = 0, 0
+    for at, k in found:
+        content = segments[k].text.strip() if strip else segments[k].text
+        pieces.append(skeleton[cursor:at])
+        length += at - cursor
+        spans[k] = (length, length + len(content))
+        pieces.append(content)
+        length += len(content)
+        cursor = at + len(_placeholder(k))
+    pieces.append(skeleton[cursor:])
+    return spans if "".join(pieces) == text else None
 
 
 def _tool_call_spans(
@@ -425,12 +453,15 @@ def special_ids(tokenizer: Any) -> set[int]:
     }
 
 
+_START, _END = itemgetter(0), itemgetter(1)  # a token's (start, end) character offsets
+
+
 def conversation_labels(
     text: str,
     located: Located,
     messages: list[dict[str, Any]],
     ids: list[int],
-    offsets: list[tuple[int, int]],
+    offsets: Sequence[tuple[int, int]],
     special: set[int],
     ctx: FormatContext,
     image_ids: frozenset[int] = frozenset(),
@@ -452,8 +483,6 @@ def conversation_labels(
     for seg, span in sorted(((s, p) for s, p in located if p is not None), key=lambda item: item[1]):
         pieces.setdefault(seg.message, []).append((span, seg))
     last_trained = max((i for i in pieces if trained[i]), default=-1)
-    starts = [s for s, _ in offsets]
-    ends = [e for _, e in offsets]
     labels = [IGNORE_INDEX] * len(ids)
     markers = (ctx.eot_ids | {ctx.tokenizer.eos_token_id}) if ctx.eot_ids else special
     for i, rendered in pieces.items():
@@ -463,19 +492,22 @@ def conversation_labels(
                 end = rendered[n + 1][0][0]  # on to the answer: the markup that closes the reasoning is trained too
             # Tokens that overlap the text are trained (" The" may start on the space before the content): from
             # the first that ends after its start to the last that starts before its end (offsets run in order).
-            token = bisect.bisect_right(ends, start)
+            # The offsets are searched in place (by key) rather than split into lists of starts and ends first:
+            # a row has thousands of tokens and only a few spans.
+            token = bisect.bisect_right(offsets, start, key=_END)
             if start >= end:
                 continue
-            past = bisect.bisect_left(starts, end, lo=token)
+            past = bisect.bisect_left(offsets, end, lo=token, key=_START)
             if trained[i]:
-                labels[token:past] = [t if t not in image_ids else IGNORE_INDEX for t in ids[token:past]]
+                span = ids[token:past]
+                labels[token:past] = [IGNORE_INDEX if t in image_ids else t for t in span] if image_ids else span
             token = past
         # The end-of-turn marker: a special token right after the message's last text, with only whitespace or
         # the message's trailing images between (with `eot_tokens`: other special tokens too).
         while token < len(ids) and (
             ids[token] in image_ids
             or (ctx.eot_ids and ids[token] in special and ids[token] not in markers)
-            or (ids[token] not in special and not text[starts[token] : ends[token]].strip())
+            or (ids[token] not in special and not text[offsets[token][0] : offsets[token][1]].strip())
         ):
             token += 1
         if token < len(ids) and ids[token] in markers and _train_eos(ctx.train_on_eos, trained[i], i == last_trained):
@@ -486,17 +518,48 @@ def conversation_labels(
 def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]]:
     tok = ctx.tokenizer
     messages = read_messages(row, ctx)
-    render = tokenizer_renderer(tok, ctx.chat_template, ctx.template_source, read_tools(row, ctx.tools_field))
+    tools = read_tools(row, ctx.tools_field)
+    render = tokenizer_renderer(tok, ctx.chat_template, ctx.template_source, tools)
     if ctx.train_on_inputs:
         refuse_weights_with_train_on_inputs(messages)
         ids = tok(render(messages), add_special_tokens=False)["input_ids"]
         return {"input_ids": ids, "labels": list(ids)}
-    text, located = render_with_spans(render, messages, ctx.thinking_key)
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    labels = conversation_labels(
-        text, located, messages, enc["input_ids"], enc["offset_mapping"], special_ids(tok), ctx
-    )
-    return {"input_ids": enc["input_ids"], "labels": labels}
+    # What a rendering depends on besides the conversation: the template (the tokenizer's own when None) and the
+    # special tokens that `apply_chat_template` hands it, and the row's tools.
+    scope = (ctx.chat_template, tok.chat_template, tok.special_tokens_map, tools)
+    text, located = render_with_spans(render, messages, ctx.thinking_key, remembered(render, scope))
+    enc = tok(text, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
+    ids = enc["input_ids"]
+    labels = conversation_labels(text, located, messages, ids, token_offsets(tok, text, enc), special_ids(tok), ctx)
+    return {"input_ids": ids, "labels": labels}
+
+
+class EncodingOffsets(Sequence[tuple[int, int]]):
+    """A fast tokenizer's token offsets, read token by token from its encoding (by non-negative index): labelling
+    looks up a few tokens of a row, and turning all of its offsets into Python tuples costs more than that."""
+
+    __slots__ = ("_encoding", "_length")
+
+    def __init__(self, encoding: Any) -> None:
+        self._encoding = encoding
+        self._length = len(encoding)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, token: Any) -> Any:
+        # `token_to_chars` reads the encoding's offsets; it gives None only for a token outside every sequence (one a
+        # post-processor adds; none is added here), or past the end, where the list raises IndexError.
+        found = self._encoding.token_to_chars(token)
+        return found if found is not None else self._encoding.offsets[token]
+
+
+def token_offsets(tok: Any, text: str, enc: Any) -> Sequence[tuple[int, int]]:
+    """The (start, end) character offsets of the tokens of `enc`, `text` encoded by `tok`."""
+    if enc.encodings:
+        return EncodingOffsets(enc.encodings[0])
+    # A tokenizer without a Rust backend: asked for offsets directly (transformers refuses if it has none).
+    return tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
 
 
 def refuse_weights_with_train_on_inputs(messages: list[dict[str, Any]]) -> None:
