@@ -8,9 +8,10 @@ gathers the keys and values of its group's whole rows and attends from its own q
 document that precede them. Positions stay global (the position ids are cut with the tokens), and the gradients of
 the gathered keys and values flow back to the processes that computed them.
 
-A process holds the whole row's keys and values of one layer at a time: under grouped-query attention a fraction of
-the layer's hidden states (a quarter for Llama-3-8B's 8 of 32 heads, keys and values together half), while the
-activations, logits and loss stay 1/N of the row.
+A process holds the whole row's keys and values of a layer while that layer runs, and keeps them for its backward:
+under activation checkpointing one layer's at a time, without it every layer's. Under grouped-query attention they are
+a fraction of the layer's hidden states (a quarter each for Llama-3-8B's 8 of 32 heads, keys and values together half),
+while the activations, logits and loss stay 1/N of the row.
 """
 
 from __future__ import annotations
