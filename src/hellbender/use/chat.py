@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from hellbender.data.formats.chat_template import special_ids
+from hellbender.data.formats.base import special_token_ids
 
 logger = logging.getLogger("hellbender")
 # Rendered as an assistant turn to find what the template writes after an answer; plain letters, one word.
@@ -47,7 +47,7 @@ def end_of_turn_id(tokenizer: Any, template_owner: Any, multimodal: bool) -> int
     if _ANSWER_MARKER not in text:
         return None
     rest = text[text.rindex(_ANSWER_MARKER) + len(_ANSWER_MARKER) :]
-    special = special_ids(tokenizer)
+    special = special_token_ids(tokenizer)
     for token in tokenizer(rest, add_special_tokens=False)["input_ids"]:
         if token in special:
             return token

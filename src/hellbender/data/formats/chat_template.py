@@ -447,12 +447,6 @@ def budgeted(template: str | None, render: Callable[[], str]) -> str:
     return render() if template is None else render_within_budget(template, render)
 
 
-def special_ids(tokenizer: Any) -> set[int]:
-    return set(tokenizer.all_special_ids) | {
-        i for i, tok in tokenizer.added_tokens_decoder.items() if getattr(tok, "special", False)
-    }
-
-
 _START, _END = itemgetter(0), itemgetter(1)  # a token's (start, end) character offsets
 
 
@@ -462,7 +456,7 @@ def conversation_labels(
     messages: list[dict[str, Any]],
     ids: list[int],
     offsets: Sequence[tuple[int, int]],
-    special: set[int],
+    special: frozenset[int],
     ctx: FormatContext,
     image_ids: frozenset[int] = frozenset(),
 ) -> list[int]:
@@ -530,7 +524,7 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]
     text, located = render_with_spans(render, messages, ctx.thinking_key, remembered(render, scope))
     enc = tok(text, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
     ids = enc["input_ids"]
-    labels = conversation_labels(text, located, messages, ids, token_offsets(tok, text, enc), special_ids(tok), ctx)
+    labels = conversation_labels(text, located, messages, ids, token_offsets(tok, text, enc), ctx.special_ids, ctx)
     return {"input_ids": ids, "labels": labels}
 
 

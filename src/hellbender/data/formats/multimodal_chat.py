@@ -18,7 +18,6 @@ from hellbender.data.formats.chat_template import (
     read_messages,
     refuse_weights_with_train_on_inputs,
     render_with_spans,
-    special_ids,
     template_failure,
 )
 from hellbender.data.formats.tool_calls import read_tools
@@ -171,7 +170,7 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
         labels = list(ids)
     else:
         labels = conversation_labels(
-            text, located, messages, ids, enc["offset_mapping"], special_ids(tok), ctx, vision.image_ids
+            text, located, messages, ids, enc["offset_mapping"], ctx.special_ids, ctx, vision.image_ids
         )
     images = open_images(paths, vision)
     expanded = expand(processor, text, images)
