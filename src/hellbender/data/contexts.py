@@ -10,6 +10,7 @@ from hellbender.chat_templates import resolve_chat_template
 from hellbender.config import DatasetEntry, HellbenderConfig, PretrainingDatasetEntry
 from hellbender.config.defaults import VISION_TYPES, default_image_base_dir, entry_with_defaults
 from hellbender.data.formats import FormatContext, VisionContext
+from hellbender.data.formats.base import special_token_ids
 from hellbender.data.formats.chat_template import DEFAULT_ROLE_ALIASES
 from hellbender.data.formats.mistral_chat import is_mistral_common
 from hellbender.data.images import ImagePolicy
@@ -129,4 +130,6 @@ def format_context(
         teacher=TeacherTargets(entry.logprobs_field, entry.temperature or 1.0, cfg.kd_temperature, len(tokenizer))
         if entry.logprobs_field
         else None,
+        # mistral-common tokenizers label their conversations themselves and keep no table of added tokens
+        special_ids=None if is_mistral_common(tokenizer) else special_token_ids(tokenizer),
     )

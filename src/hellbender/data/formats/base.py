@@ -78,19 +78,19 @@ class FormatContext:
     # knowledge distillation: how the rows carry the teacher's top-k (`data/teacher_targets.TeacherTargets`); None:
     # they carry none
     teacher: Any = None
-    # The tokenizer's special token ids, which labelling reads for every row: computed once, from the tokenizer, when
-    # not given (with hundreds of added tokens, computing them costs about 150 µs a row).
+    # The tokenizer's special token ids, which labelling reads for every row, computed once by `format_context` (with
+    # hundreds of added tokens they cost about 150 µs a row); None: computed where needed (`special_ids_of`).
     special_ids: frozenset[int] | None = None
-
-    def __post_init__(self) -> None:
-        if self.special_ids is None and self.tokenizer is not None:
-            object.__setattr__(self, "special_ids", special_token_ids(self.tokenizer))
 
 
 def special_token_ids(tokenizer: Any) -> frozenset[int]:
     """The ids of the tokenizer's special tokens: its named ones and every added token marked special."""
     added = {i for i, token in tokenizer.added_tokens_decoder.items() if getattr(token, "special", False)}
     return frozenset(tokenizer.all_special_ids) | added
+
+
+def special_ids_of(ctx: FormatContext) -> frozenset[int]:
+    return ctx.special_ids if ctx.special_ids is not None else special_token_ids(ctx.tokenizer)
 
 
 def require_eos(tokenizer: Any) -> int:

@@ -22,7 +22,7 @@ from operator import itemgetter
 from typing import Any
 
 from hellbender.config.data import CHAT_ROLES
-from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowError
+from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowError, special_ids_of
 from hellbender.data.formats.placeholder_memo import Render, remembered
 from hellbender.data.formats.render_budget import RenderBudgetExceeded, render_within_budget
 from hellbender.data.formats.tool_calls import read_tool_calls, read_tools
@@ -524,7 +524,7 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]
     text, located = render_with_spans(render, messages, ctx.thinking_key, remembered(render, scope))
     enc = tok(text, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
     ids = enc["input_ids"]
-    labels = conversation_labels(text, located, messages, ids, token_offsets(tok, text, enc), ctx.special_ids, ctx)
+    labels = conversation_labels(text, located, messages, ids, token_offsets(tok, text, enc), special_ids_of(ctx), ctx)
     return {"input_ids": ids, "labels": labels}
 
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from hellbender.data.formats.base import IGNORE_INDEX, FormatContext, RowDropped, RowError, RowTooLong
+from hellbender.data.formats.base import (
+    IGNORE_INDEX,
+    FormatContext,
+    RowDropped,
+    RowError,
+    RowTooLong,
+    special_ids_of,
+)
 from hellbender.data.formats.chat_template import (
     budgeted,
     conversation_labels,
@@ -170,7 +177,7 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, Any]:
         labels = list(ids)
     else:
         labels = conversation_labels(
-            text, located, messages, ids, enc["offset_mapping"], ctx.special_ids, ctx, vision.image_ids
+            text, located, messages, ids, enc["offset_mapping"], special_ids_of(ctx), ctx, vision.image_ids
         )
     images = open_images(paths, vision)
     expanded = expand(processor, text, images)
