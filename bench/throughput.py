@@ -83,7 +83,7 @@ if str(HERE) not in sys.path:  # the E2B text shape is shared with the sibling m
 
 GIB = 1024**3
 SEED = 0
-VARIANTS = ("baseline", "hellbender")
+VARIANTS = ("baseline", "hellbender", "hellbender+")  # hellbender+: hellbender with `--hb-also` on top
 GPU_WORKLOADS = ("W1", "W2", "W3", "W4", "W7")
 # `--gc frozen` (passed to the children in this variable): freeze and disable Python's automatic garbage collection
 # when training begins, to see how much of the step-time spread it causes.
@@ -1151,7 +1151,8 @@ def run_job(job: Job, args: argparse.Namespace, warmup: int) -> dict[str, Any]:
         if job.variant == "baseline":
             train_baseline(job, recorder)
         else:
-            train_hellbender(job, recorder, parse_overrides(args.hb_set))
+            also = args.hb_also if job.variant == "hellbender+" else []
+            train_hellbender(job, recorder, parse_overrides(args.hb_set + also))
         result["ok"] = True
     except Exception as exc:
         if not (job.workload.name == "W4" and is_oom(exc)):
@@ -1171,7 +1172,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--hb-set takes KEY=VALUE, not {item!r}")
+            raise SystemExit(f"--hb-set and --hb-also take KEY=VALUE, not {item!r}")
         out[key.strip()] = yaml.safe_load(value)
     return out
 
@@ -1365,6 +1366,8 @@ class Runner:
         out += ["--tokenizer", a.tokenizer] if a.tokenizer else []
         for item in a.hb_set:
             out += ["--hb-set", item]
+        for item in a.hb_also:
+            out += ["--hb-also", item]
         return out
 
     def ensure_model(self, w: Workload) -> bool:
@@ -1521,7 +1524,7 @@ def markdown_table(results: list[dict[str, Any]], titles: dict[str, str]) -> str
     for r in results:
         w, v = r["workload"], r["variant"]
         name = f"{w} {titles.get(w, '')}".strip()
-        base = by_key.get((w, "baseline"), {}) if v == "hellbender" else {}
+        base = by_key.get((w, "baseline"), {}) if v.startswith("hellbender") else {}
         if not r.get("ok") and "trials" not in r:
             reason = str(r.get("reason", "?"))
             status = "skipped" if reason.startswith("skipped") else "failed"
@@ -1707,6 +1710,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--peak-tflops", type=float, help="dense bf16 peak of the card, if its name is not known")
     p.add_argument(
         "--hb-set", action="append", default=[], metavar="KEY=VALUE", help="extra hellbender config key (repeatable)"
+    )
+    p.add_argument(
+        "--hb-also",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config key for the `hellbender+` variant only, on top of --hb-set (repeatable; add `hellbender+` to "
+        "--variants): one lever's gain, measured in the same invocation",
     )
     p.add_argument("--child-timeout-s", type=float, default=900, help="wall-clock cap of one training subprocess")
     p.add_argument("--rows", type=int, default=200_000, help="cpu: synthetic chat rows (default 200000)")

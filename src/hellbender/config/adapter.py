@@ -69,6 +69,19 @@ class AdapterSettings(BaseModel):
     peft_use_rslora: bool = Field(
         False, description="Rank-stabilised LoRA: scale the update by alpha / sqrt(r) instead of alpha / r."
     )
+    lora_qkv_kernel: bool | None = Field(
+        None,
+        description="Compute LoRA on the attention's `q_proj`, `k_proj` and `v_proj` as one autograd function per "
+        "projection: the low-rank product is written first and the base matmul accumulates into it, forward and "
+        "backward (docs/benchmarks.md has its measured gain). Same result and adapter files as PEFT's layers. Needs "
+        "`adapter: lora` on an unquantized base, `lora_dropout: 0` and no DoRA.",
+    )
+    lora_o_kernel: bool | None = Field(
+        None, description="The same fused LoRA computation for the attention's output projection `o_proj`."
+    )
+    lora_mlp_kernel: bool | None = Field(
+        None, description="The same fused LoRA computation for the MLP's `gate_proj`, `up_proj` and `down_proj`."
+    )
     unfrozen_parameters: list[Name] = Field(
         default_factory=list,
         description="Full fine-tuning: train only the parameters whose names match one of these regular expressions "
@@ -76,6 +89,11 @@ class AdapterSettings(BaseModel):
         "With an adapter: only the adapted layers whose weights match get adapter matrices (base weights stay "
         "frozen; `lora_modules_to_save` trains modules in full).",
     )
+
+    @property
+    def lora_kernels(self) -> list[str]:
+        """The `lora_*_kernel` keys switched on."""
+        return [k for k in ("lora_qkv_kernel", "lora_o_kernel", "lora_mlp_kernel") if getattr(self, k)]
 
     @property
     def loftq(self) -> LoftQSettings | None:

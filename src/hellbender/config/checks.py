@@ -11,6 +11,7 @@ from hellbender.config.data import CHAT_ROLES, is_preference_type
 from hellbender.config.data_order import data_order_problems
 from hellbender.config.deepspeed import deepspeed_problems
 from hellbender.config.distillation_checks import distillation_problems
+from hellbender.config.lora_kernel_checks import lora_kernel_problems
 from hellbender.config.mistral_common import mistral_common_problems
 from hellbender.config.model import is_hub_kernel
 from hellbender.config.model_quantization import model_quantization_problems
@@ -55,8 +56,11 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     lora_keys = sorted(
         k
         for k, field in type(cfg).model_fields.items()
-        if k.startswith(("lora_", "peft_")) and getattr(cfg, k) != field.get_default(call_default_factory=True)
+        if k.startswith(("lora_", "peft_"))
+        and getattr(cfg, k) != field.get_default(call_default_factory=True)
+        and not k.endswith("_kernel")  # `lora_*_kernel: false` asks for nothing; `true` is checked below
     )
+    problems += lora_kernel_problems(cfg)
     if cfg.adapter is None and lora_keys:
         problems.append(
             f"{', '.join(f'`{k}`' for k in lora_keys)} set but `adapter` is not: add `adapter: lora` (or `qlora`), "

@@ -24,8 +24,8 @@ PLANNED: dict[str, tuple[str, ...]] = {
         "dsv4_fp4_grouped_mode", "gemma4_fp8_nonexpert", "gemma4_nf4_nonexpert", "nvfp4_merge_aware",
         "nvfp4_merge_aware_start_step",
     ),
-    "the speed work (fused LoRA and attention kernels)": (
-        "lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel", "fused_attn_kernel",
+    "the speed work (a fused LoRA embedding and fused attention kernels)": (
+        "lora_embedding_kernel", "fused_attn_kernel",
     ),
     "ring-flash-attn's context parallelism (hellbender's `context_parallel_size` runs PyTorch's ring attention over "
     "SDPA, which takes no such setting)": ("heads_k_stride", "ring_attn_func"),

@@ -265,9 +265,15 @@ def apply_adapter(cfg: HellbenderConfig, model: Any) -> Any:
         lora = qat_lora_config(cfg.qat, **settings)
     else:
         lora = LoraConfig(**settings)
+    if cfg.lora_kernels:
+        from hellbender.models.fused_lora import enable_lora_kernels, register_fused_lora
+
+        register_fused_lora(lora)
     prefix = language_model_prefix(model) if cfg.is_multimodal else ""
     experts = expert_weights(model, prefix)
     adapted = get_peft_model(model, lora)
+    if cfg.lora_kernels:
+        enable_lora_kernels(adapted, cfg.lora_kernels)
     decided_here = bool(cfg.lora_target_parameters or experts)  # full names, from `adapter_targets`
     check_adapted(adapted, modules if decided_here else None, parameters, experts)
     if cfg.qat is not None:

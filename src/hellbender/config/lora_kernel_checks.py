@@ -1,0 +1,47 @@
+"""Where the fused LoRA computation (`lora_qkv_kernel`, `lora_o_kernel`, `lora_mlp_kernel`; models/fused_lora.py)
+cannot run. It computes plain LoRA over an unquantized linear layer, so a key asking for it anywhere else would
+change nothing, and is refused instead."""
+
+from __future__ import annotations
+
+from hellbender.config.schema import HellbenderConfig
+
+
+def lora_kernel_problems(cfg: HellbenderConfig) -> list[str]:
+    keys = cfg.lora_kernels
+    if not keys:
+        return []
+    asked = ", ".join(f"`{k}: true`" for k in keys)
+    turn_off = f"or set {' and '.join(f'`{k}: false`' for k in keys)}"
+    problems = []
+    if cfg.adapter is None:
+        problems.append(
+            f"{asked} fuses a LoRA adapter's computation, and `adapter` is not set: add `adapter: lora`, {turn_off}."
+        )
+    elif cfg.adapter == "qlora" or cfg.quantized_bits:
+        problems.append(
+            f"{asked} with a quantized base (`adapter: qlora`, `load_in_4bit` or `load_in_8bit`): the fused LoRA "
+            f"computation is built for an unquantized base only, so it would not run. Use `adapter: lora` without "
+            f"`load_in_*`, {turn_off}."
+        )
+    if cfg.adapter is not None and cfg.lora_dropout:
+        problems.append(
+            f"{asked} with `lora_dropout: {cfg.lora_dropout:g}`: the fused LoRA computation has no dropout on the "
+            f"adapter's input. Set `lora_dropout: 0`, {turn_off}."
+        )
+    if cfg.adapter is not None and cfg.peft_use_dora:
+        problems.append(
+            f"{asked} with `peft_use_dora: true`: the fused computation is plain LoRA, not DoRA. Remove `peft_use_dora`, {turn_off}."
+        )
+    if cfg.qat is not None:
+        problems.append(
+            f"{asked} with `qat:`: LoRA under quantization-aware training computes with the fake-quantized merged "
+            f"weight, not through the fused computation. Remove `qat:`, {turn_off}."
+        )
+    if cfg.deepspeed or cfg.fsdp_version is not None or cfg.fsdp_config is not None:
+        problems.append(
+            f"{asked} with FSDP or DeepSpeed is not supported yet: the fused computation reads each base weight "
+            f"directly, which has not been verified with the parameter gathering those engines add. Train on one GPU "
+            f"or with plain data parallelism, {turn_off}."
+        )
+    return problems
