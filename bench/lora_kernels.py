@@ -3,10 +3,12 @@ hellbender's fused LoRA computation (`lora_*_kernel`, src/hellbender/models/fuse
 on one GPU, eager and as hellbender runs it with `torch_compile` (the checkpointed layer compiled).
 
 What it prints, per mode: milliseconds per forward + backward of the layer (median of `--iters`), the fused / PEFT
-ratio, the peak memory above the layer's weights, and how far the fused gradients are from PEFT's (max |difference|
+ratio, the peak memory above the layer's weights, the memory the forward leaves for backward, and how far the fused gradients are from PEFT's (max |difference|
 over max |value|, per tensor kind; both in bf16 under autocast, with float32 adapter weights as PEFT keeps them).
 
-    python3 bench/lora_kernels.py [--tokens 4096] [--iters 30]
+    python3 bench/lora_kernels.py [--tokens 4096] [--iters 30] [--modes eager,compiled checkpointed]
+
+Compiled, the fused layers run PEFT's ops (see fused_lora.py), so the compiled rows check that nothing changed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 KEYS = ["lora_qkv_kernel", "lora_o_kernel", "lora_mlp_kernel"]
+MODES = ("eager", "eager checkpointed", "compiled", "compiled checkpointed")
 
 
 def build_layer(fused: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -65,11 +68,11 @@ def step_function(layer: torch.nn.Module, rotary: torch.nn.Module, tokens: int, 
     embeddings = rotary(probe, positions)
 
     def run(hidden: torch.Tensor) -> torch.Tensor:
-        if mode == "eager":
+        if not mode.endswith("checkpointed"):
             return layer(hidden, position_embeddings=embeddings)
         return checkpoint(layer, hidden, position_embeddings=embeddings, use_reentrant=False)
 
-    return torch.compile(run) if mode == "compiled checkpointed" else run
+    return torch.compile(run) if mode.startswith("compiled") else run
 
 
 def measure(fused: bool, mode: str, tokens: int, iters: int) -> dict[str, Any]:
@@ -86,6 +89,7 @@ def measure(fused: bool, mode: str, tokens: int, iters: int) -> dict[str, Any]:
 
     for _ in range(3):
         once()
+    saved = saved_between_forward_and_backward(call, hidden)
     layer.zero_grad(set_to_none=True)
     hidden.grad = None
     once()  # the gradients compared below: one step from zero
@@ -105,7 +109,19 @@ def measure(fused: bool, mode: str, tokens: int, iters: int) -> dict[str, Any]:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     peak = (torch.cuda.max_memory_allocated() - floor) / 2**30
-    return {"ms": statistics.median(times), "peak_gib": peak, "grads": grads}
+    return {"ms": statistics.median(times), "peak_gib": peak, "saved_gib": saved, "grads": grads}
+
+
+def saved_between_forward_and_backward(call: Any, hidden: torch.Tensor) -> float:
+    """GiB the forward leaves allocated for backward (its output aside): what each such layer holds in a model."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = call(hidden)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before - out.untyped_storage().nbytes()
+    out.float().mean().backward()
+    return held / 2**30
 
 
 def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], kind: str) -> float:
@@ -121,15 +137,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=4096, help="tokens per step (rows of 2,048); W1: 4,096")
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; {args.tokens} tokens per step")
     print(
-        "| mode | PEFT ms | fused ms | fused / PEFT time | PEFT peak GiB | fused peak GiB | grad diff A / B / input |"
+        "| mode | PEFT ms | fused ms | fused / PEFT time | PEFT peak GiB | fused peak GiB | PEFT saved GiB "
+        "| fused saved GiB | grad diff A / B / input |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for mode in ("eager", "eager checkpointed", "compiled checkpointed"):
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mode in args.modes.split(","):
         peft = measure(False, mode, args.tokens, args.iters)
         torch.cuda.empty_cache()
         fused = measure(True, mode, args.tokens, args.iters)
@@ -139,7 +157,8 @@ def main() -> int:
         )
         print(
             f"| {mode} | {peft['ms']:.2f} | {fused['ms']:.2f} | {fused['ms'] / peft['ms']:.3f} "
-            f"| {peft['peak_gib']:.2f} | {fused['peak_gib']:.2f} | {diffs} |",
+            f"| {peft['peak_gib']:.2f} | {fused['peak_gib']:.2f} | {peft['saved_gib']:.3f} | {fused['saved_gib']:.3f} "
+            f"| {diffs} |",
             flush=True,
         )
     return 0

@@ -117,27 +117,37 @@ def test_an_adapter_trained_fused_saves_as_plain_peft_and_loads_there(tmp_path):
         torch.testing.assert_close(loaded(input_ids=IDS).logits, fused(input_ids=IDS).logits, rtol=1e-5, atol=1e-5)
 
 
-def test_a_fused_checkpointed_layer_compiles_as_one_graph():
-    """dynamo traces the autograd function inside torch's checkpoint without a graph break (`fullgraph`), and the
-    compiled layer's gradients are the eager ones."""
+def test_a_compiled_checkpointed_layer_runs_pefts_ops_in_one_graph():
+    """Under `torch.compile` the layer runs PEFT's plain ops, which the compiler fuses and, inside a checkpoint,
+    recomputes (the autograd function's saved tensors would be kept instead); dynamo traces it whole (`fullgraph`)
+    and the compiled gradients are the eager fused ones."""
     from torch.utils.checkpoint import checkpoint
 
-    base = tiny_llama(torch.float32)
-    model = adapted(base, list(KERNEL_PROJECTIONS))
+    model = adapted(tiny_llama(torch.float32), list(KERNEL_PROJECTIONS))
     layer = model.base_model.model.model.layers[0]
     rotary = model.base_model.model.model.rotary_emb
     hidden = torch.randn(2, 16, 64, requires_grad=True)
     positions = rotary(hidden, torch.arange(16)[None])
+    graphs = []
+
+    def recording(graph_module: torch.fx.GraphModule, example_inputs: list) -> object:
+        bodies = [m.graph for m in graph_module.modules() if isinstance(m, torch.fx.GraphModule)]  # + checkpoint's
+        graphs.append("\n".join(map(str, bodies)))
+        from torch._dynamo.backends.common import aot_autograd
+
+        return aot_autograd(fw_compiler=lambda gm, _: gm)(graph_module, example_inputs)
 
     def run(h: torch.Tensor) -> torch.Tensor:
         return checkpoint(layer, h, position_embeddings=positions, use_reentrant=False)
 
     grads = []
-    for call in (run, torch.compile(run, backend="aot_eager", fullgraph=True)):
+    for call in (run, torch.compile(run, backend=recording, fullgraph=True)):
         layer.zero_grad()
         call(hidden).square().sum().backward()
         grads.append(layer.self_attn.q_proj.lora_A["default"].weight.grad.clone())
     torch.testing.assert_close(grads[1], grads[0])
+    assert len(graphs) == 1 and "checkpoint" in graphs[0]
+    assert "autograd_function_apply" not in graphs[0] and "LoraLinearFunction" not in graphs[0]
 
 
 def test_a_run_with_every_kernel_key_logs_the_losses_of_one_without(tmp_path, caplog):
@@ -160,10 +170,7 @@ LORA = dict(adapter="lora", lora_target_linear=True)
 @pytest.mark.parametrize(
     ("keys", "message"),
     [
-        (
-            {"lora_mlp_kernel": True},
-            r"`lora_mlp_kernel: true` fuses a LoRA adapter's computation, and `adapter` is not",
-        ),
+        ({"lora_mlp_kernel": True}, r"`lora_mlp_kernel` set but `adapter` is not"),
         ({**LORA, "lora_qkv_kernel": True, "lora_dropout": 0.05}, r"`lora_dropout: 0.05`: the fused LoRA"),
         ({**LORA, "lora_o_kernel": True, "peft_use_dora": True}, r"`peft_use_dora: true`: the fused computation"),
         (

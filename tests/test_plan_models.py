@@ -180,6 +180,16 @@ def test_torch_compile_is_reported_as_not_modelled(tmp_path):
     assert "NOT MODELLED" not in render(plan_for(validate_config(base_config(tmp_path))))
 
 
+def test_fused_lora_layers_are_reported_as_not_modelled_unless_compiled(tmp_path):
+    """Uncompiled, the fused LoRA layers change the step's kernels and time; compiled, they run PEFT's ops."""
+    lora = dict(adapter="lora", lora_target_linear=True, lora_mlp_kernel=True)
+    assert "NOT MODELLED: the fused LoRA layers (`lora_mlp_kernel`)" in render(
+        plan_for(validate_config(base_config(tmp_path, **lora)))
+    )
+    compiled = render(plan_for(validate_config(base_config(tmp_path, torch_compile=True, **lora))))
+    assert "fused LoRA layers" not in compiled and "NOT MODELLED: `torch_compile`" in compiled
+
+
 def test_context_parallelism_plans_each_gpu_with_its_share_of_the_rows(tmp_path):
     """`context_parallel_size: 2` on two GPUs: each holds half of every row's tokens, so its activations per layer
     are half of one GPU's with whole rows (FSDP2 shards the weights alike in both); the ring is said not modelled."""

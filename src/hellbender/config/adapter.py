@@ -69,18 +69,18 @@ class AdapterSettings(BaseModel):
     peft_use_rslora: bool = Field(
         False, description="Rank-stabilised LoRA: scale the update by alpha / sqrt(r) instead of alpha / r."
     )
-    lora_qkv_kernel: bool | None = Field(
-        None,
+    lora_qkv_kernel: bool = Field(
+        False,
         description="Compute LoRA on the attention's `q_proj`, `k_proj` and `v_proj` as one autograd function per "
         "projection: the low-rank product is written first and the base matmul accumulates into it, forward and "
         "backward (docs/benchmarks.md has its measured gain). Same result and adapter files as PEFT's layers. Needs "
         "`adapter: lora` on an unquantized base, `lora_dropout: 0` and no DoRA.",
     )
-    lora_o_kernel: bool | None = Field(
-        None, description="The same fused LoRA computation for the attention's output projection `o_proj`."
+    lora_o_kernel: bool = Field(
+        False, description="The same fused LoRA computation for the attention's output projection `o_proj`."
     )
-    lora_mlp_kernel: bool | None = Field(
-        None, description="The same fused LoRA computation for the MLP's `gate_proj`, `up_proj` and `down_proj`."
+    lora_mlp_kernel: bool = Field(
+        False, description="The same fused LoRA computation for the MLP's `gate_proj`, `up_proj` and `down_proj`."
     )
     unfrozen_parameters: list[Name] = Field(
         default_factory=list,

@@ -56,9 +56,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
     lora_keys = sorted(
         k
         for k, field in type(cfg).model_fields.items()
-        if k.startswith(("lora_", "peft_"))
-        and getattr(cfg, k) != field.get_default(call_default_factory=True)
-        and not k.endswith("_kernel")  # `lora_*_kernel: false` asks for nothing; `true` is checked below
+        if k.startswith(("lora_", "peft_")) and getattr(cfg, k) != field.get_default(call_default_factory=True)
     )
     problems += lora_kernel_problems(cfg)
     if cfg.adapter is None and lora_keys:

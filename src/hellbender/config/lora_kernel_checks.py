@@ -9,27 +9,23 @@ from hellbender.config.schema import HellbenderConfig
 
 def lora_kernel_problems(cfg: HellbenderConfig) -> list[str]:
     keys = cfg.lora_kernels
-    if not keys:
+    if not keys or cfg.adapter is None:  # without an adapter, refused with the other `lora_*` keys
         return []
     asked = ", ".join(f"`{k}: true`" for k in keys)
     turn_off = f"or set {' and '.join(f'`{k}: false`' for k in keys)}"
     problems = []
-    if cfg.adapter is None:
-        problems.append(
-            f"{asked} fuses a LoRA adapter's computation, and `adapter` is not set: add `adapter: lora`, {turn_off}."
-        )
-    elif cfg.adapter == "qlora" or cfg.quantized_bits:
+    if cfg.adapter == "qlora" or cfg.quantized_bits:
         problems.append(
             f"{asked} with a quantized base (`adapter: qlora`, `load_in_4bit` or `load_in_8bit`): the fused LoRA "
             f"computation is built for an unquantized base only, so it would not run. Use `adapter: lora` without "
             f"`load_in_*`, {turn_off}."
         )
-    if cfg.adapter is not None and cfg.lora_dropout:
+    if cfg.lora_dropout:
         problems.append(
             f"{asked} with `lora_dropout: {cfg.lora_dropout:g}`: the fused LoRA computation has no dropout on the "
             f"adapter's input. Set `lora_dropout: 0`, {turn_off}."
         )
-    if cfg.adapter is not None and cfg.peft_use_dora:
+    if cfg.peft_use_dora:
         problems.append(
             f"{asked} with `peft_use_dora: true`: the fused computation is plain LoRA, not DoRA. Remove `peft_use_dora`, {turn_off}."
         )
