@@ -1,0 +1,54 @@
+"""The fused LoRA layers (`lora_*_kernel`) in bf16 on a GPU: the tiny model trains to PEFT's losses, and one layer of
+the Llama-3-8B shape gives PEFT's gradients within bf16 rounding (run through the device machine; skipped without
+CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hellbender.config import validate_config
+from hellbender.models.fused_lora import KERNEL_PROJECTIONS, FusedLoraLinear
+from hellbender.train.run import train
+from tests.helpers import base_config, logged_losses
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_fused_lora_layers_train_the_tiny_model_to_pefts_losses_in_bf16(tmp_path, checkpointing):
+    from transformers import TrainerCallback
+
+    common = dict(
+        adapter="lora", lora_target_linear=True, lora_dropout=0.0, bf16=True, max_steps=8, learning_rate=1e-2,
+        gradient_checkpointing=checkpointing,
+    )  # fmt: skip
+    seen = {}
+
+    class Inspect(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen["fused"] = sum(isinstance(m, FusedLoraLinear) and m.fused for m in model.modules())
+
+    plain = validate_config(base_config(tmp_path / "plain", **common))
+    fused = validate_config(base_config(tmp_path / "fused", **common, **dict.fromkeys(KERNEL_PROJECTIONS, True)))
+    train(plain)
+    train(fused, callbacks=[Inspect()])
+    assert seen["fused"] == 14  # the tiny Llama's two layers, seven projections each
+    expected, got = logged_losses(plain.output_dir), logged_losses(fused.output_dir)
+    assert expected.keys() == got.keys() and len(expected) == 8
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], rel=3e-2), (step, got, expected)
+    assert expected[8] < expected[1]
+
+
+def test_one_8b_shape_layer_gives_pefts_gradients_within_bf16_rounding():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import lora_kernels
+
+    results = {fused: lora_kernels.measure(fused, "eager", tokens=2048, iters=1) for fused in (False, True)}
+    for kind in ("lora_A", "lora_B", "input"):
+        difference = lora_kernels.relative_difference(results[True]["grads"], results[False]["grads"], kind)
+        assert 0 < difference < 3e-2, kind  # rounded differently, and only by bf16's rounding
+    assert results[True]["saved_gib"] <= results[False]["saved_gib"]
