@@ -16,6 +16,7 @@ from hellbender.config import validate_config
 from hellbender.errors import ConfigError
 from hellbender.models.fused_lora import (
     KERNEL_PROJECTIONS,
+    FusedLora,
     FusedLoraLinear,
     LoraLinearFunction,
     enable_lora_kernels,
@@ -89,6 +90,35 @@ def test_the_function_with_a_bias_and_float32_adapter_under_bfloat16_matches_the
     for got, want in zip(fused, (reference.detach(), x64.grad, a64.grad, b64.grad), strict=True):
         scale = want.abs().max().item()
         assert (got.double() - want).abs().max().item() < 0.02 * scale  # bf16 rounding, relative to the size
+
+
+def quantized_to_4bit(model: LlamaForCausalLM) -> LlamaForCausalLM:
+    """`model` with every projection a bitsandbytes NF4 layer (QLoRA's base), quantized on the CPU."""
+    bnb = pytest.importorskip("bitsandbytes")
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if name in EVERY_PROJECTION:
+                four_bit = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=False, quant_type="nf4")
+                four_bit.weight = bnb.nn.Params4bit(child.weight.data.clone(), requires_grad=False, quant_type="nf4")
+                setattr(module, name, four_bit.to("cpu"))  # moving the weight quantizes it
+    return model
+
+
+def test_fused_layers_over_a_4bit_base_compute_pefts_qlora_loss_and_gradients():
+    """QLoRA: the fused function dequantizes the NF4 weight for its matmuls (forward and backward) as bitsandbytes'
+    own matmul does; float32 on the CPU, so the two agree to float32's rounding."""
+    base = quantized_to_4bit(tiny_llama(torch.float32))
+    plain = adapted(base, [])
+    fused = adapted(base, list(KERNEL_PROJECTIONS))
+    layers = [m for m in fused.modules() if isinstance(m, FusedLora)]
+    assert len(layers) == 14 and all(m.fused and type(m).__name__ == "FusedLoraLinear4bit" for m in layers)
+    plain_loss, plain_grads = loss_and_grads(plain, IDS)
+    fused_loss, fused_grads = loss_and_grads(fused, IDS)
+    assert fused_loss.item() == pytest.approx(plain_loss.item(), rel=1e-5)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    # The 4-bit rounding is in both: the unquantized model's loss is another one.
+    assert abs(loss_and_grads(adapted(tiny_llama(torch.float32), []), IDS)[0].item() - plain_loss.item()) > 1e-4
 
 
 def test_layers_that_are_not_plain_lora_run_pefts_forward():
@@ -173,10 +203,7 @@ LORA = dict(adapter="lora", lora_target_linear=True)
         ({"lora_mlp_kernel": True}, r"`lora_mlp_kernel` set but `adapter` is not"),
         ({**LORA, "lora_qkv_kernel": True, "lora_dropout": 0.05}, r"`lora_dropout: 0.05`: the fused LoRA"),
         ({**LORA, "lora_o_kernel": True, "peft_use_dora": True}, r"`peft_use_dora: true`: the fused computation"),
-        (
-            {"adapter": "qlora", "load_in_4bit": True, "lora_mlp_kernel": True},
-            r"with a quantized base \(`adapter: qlora`",
-        ),
+        ({**LORA, "load_in_8bit": True, "lora_mlp_kernel": True}, r"with `load_in_8bit: true`: the fused LoRA"),
         ({**LORA, "lora_mlp_kernel": True, "fsdp_version": 2}, r"with FSDP or DeepSpeed is not supported yet"),
     ],
 )

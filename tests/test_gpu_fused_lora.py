@@ -1,32 +1,36 @@
-"""The fused LoRA layers (`lora_*_kernel`) in bf16 on a GPU: the tiny model trains to PEFT's losses, and one layer of
-the Llama-3-8B shape gives PEFT's gradients within bf16 rounding (run through the device machine; skipped without
-CUDA)."""
+"""The fused LoRA layers (`lora_*_kernel`) in bf16 on a GPU: the tiny model trains to PEFT's losses (LoRA and
+QLoRA), and one layer of the Llama-3-8B shape gives PEFT's gradients within bf16 rounding (run through the device
+machine; skipped without CUDA)."""
 
 from __future__ import annotations
 
 import pytest
 
 from hellbender.config import validate_config
-from hellbender.models.fused_lora import KERNEL_PROJECTIONS, FusedLoraLinear
+from hellbender.models.fused_lora import KERNEL_PROJECTIONS, FusedLora
 from hellbender.train.run import train
 from tests.helpers import base_config, logged_losses
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_fused_lora_layers_train_the_tiny_model_to_pefts_losses_in_bf16(tmp_path, checkpointing):
+@pytest.mark.parametrize(
+    ("adapter", "checkpointing"), [("lora", False), ("lora", True), ("qlora", True)], ids=["lora", "lora-ckpt", "qlora"]
+)
+def test_fused_lora_layers_train_the_tiny_model_to_pefts_losses_in_bf16(tmp_path, adapter, checkpointing):
     from transformers import TrainerCallback
 
+    if adapter == "qlora":
+        pytest.importorskip("bitsandbytes")
     common = dict(
-        adapter="lora", lora_target_linear=True, lora_dropout=0.0, bf16=True, max_steps=8, learning_rate=1e-2,
+        adapter=adapter, lora_target_linear=True, lora_dropout=0.0, bf16=True, max_steps=8, learning_rate=1e-2,
         gradient_checkpointing=checkpointing,
     )  # fmt: skip
     seen = {}
 
     class Inspect(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
-            seen["fused"] = sum(isinstance(m, FusedLoraLinear) and m.fused for m in model.modules())
+            seen["fused"] = sum(isinstance(m, FusedLora) and m.fused for m in model.modules())
 
     plain = validate_config(base_config(tmp_path / "plain", **common))
     fused = validate_config(base_config(tmp_path / "fused", **common, **dict.fromkeys(KERNEL_PROJECTIONS, True)))

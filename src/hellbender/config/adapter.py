@@ -74,7 +74,7 @@ class AdapterSettings(BaseModel):
         description="Compute LoRA on the attention's `q_proj`, `k_proj` and `v_proj` as one autograd function per "
         "projection: the low-rank product is written first and the base matmul accumulates into it, forward and "
         "backward (docs/benchmarks.md has its measured gain). Same result and adapter files as PEFT's layers. Needs "
-        "`adapter: lora` on an unquantized base, `lora_dropout: 0` and no DoRA.",
+        "LoRA on an unquantized or QLoRA's 4-bit base (not `load_in_8bit`), `lora_dropout: 0` and no DoRA.",
     )
     lora_o_kernel: bool = Field(
         False, description="The same fused LoRA computation for the attention's output projection `o_proj`."

@@ -1,5 +1,5 @@
 """Where the fused LoRA computation (`lora_qkv_kernel`, `lora_o_kernel`, `lora_mlp_kernel`; models/fused_lora.py)
-cannot run. It computes plain LoRA over an unquantized linear layer, so a key asking for it anywhere else would
+cannot run. It computes plain LoRA over an unquantized or 4-bit linear layer, so a key asking for it anywhere else would
 change nothing, and is refused instead."""
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ def lora_kernel_problems(cfg: HellbenderConfig) -> list[str]:
     asked = ", ".join(f"`{k}: true`" for k in keys)
     turn_off = f"or set {' and '.join(f'`{k}: false`' for k in keys)}"
     problems = []
-    if cfg.adapter == "qlora" or cfg.quantized_bits:
+    if cfg.load_in_8bit:
         problems.append(
-            f"{asked} with a quantized base (`adapter: qlora`, `load_in_4bit` or `load_in_8bit`): the fused LoRA "
-            f"computation is built for an unquantized base only, so it would not run. Use `adapter: lora` without "
-            f"`load_in_*`, {turn_off}."
+            f"{asked} with `load_in_8bit: true`: the fused LoRA computation is built for an unquantized or a 4-bit "
+            f"(QLoRA) base, not an 8-bit one. Remove `load_in_8bit`, {turn_off}."
         )
     if cfg.lora_dropout:
         problems.append(

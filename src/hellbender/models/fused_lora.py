@@ -14,11 +14,14 @@ the same
 function: the gradients and outputs agree with PEFT's within the compute dtype's rounding (tests/test_fused_lora.py).
 The layer stays PEFT's `lora.Linear` (same parameters and names, so adapters save and load as ever); the fused path
 runs only where it computes exactly LoRA: one active adapter, no dropout, no DoRA or other variant, no LoRA bias,
-not merged, an unquantized `nn.Linear` base, and not while `torch.compile` traces the layer. Anywhere else the
+not merged, an unquantized `nn.Linear` or a bitsandbytes 4-bit base (QLoRA: dequantized for each matmul, as
+bitsandbytes does), and not while `torch.compile` traces the layer. Anywhere else the
 layer runs PEFT's forward."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -38,15 +41,23 @@ KERNEL_PROJECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
-    """The dtype the base matmul runs in: autocast's when it is on for this device, else the weight's own."""
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return weight.dtype
+def is_4bit(weight: torch.Tensor) -> bool:
+    """A bitsandbytes 4-bit weight (QLoRA's base), which is dequantized for each matmul."""
+    return getattr(weight, "quant_state", None) is not None
+
+
+def dense_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The base weight as a dense matrix in `dtype`: a 4-bit weight dequantized, as bitsandbytes' own matmul does."""
+    if is_4bit(weight):
+        import bitsandbytes as bnb
+
+        return bnb.functional.dequantize_4bit(weight.data, weight.quant_state).to(dtype)
+    return weight.to(dtype)
 
 
 class LoraLinearFunction(torch.autograd.Function):
-    """`x·Wᵀ + bias + scaling·(x·Aᵀ)·Bᵀ` with W (and the bias) frozen; every matmul in `dtype`."""
+    """`x·Wᵀ + bias + scaling·(x·Aᵀ)·Bᵀ` with W (and the bias) frozen; every matmul in `dtype`. A 4-bit W is
+    dequantized in forward and again in backward (never kept), as bitsandbytes' matmul does."""
 
     @staticmethod
     def forward(
@@ -60,12 +71,17 @@ class LoraLinearFunction(torch.autograd.Function):
         dtype: torch.dtype,
     ) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(dtype)
-        w, a = weight.to(dtype), lora_a.to(dtype)
+        w, a = dense_weight(weight, dtype), lora_a.to(dtype)
         scaled_b = (lora_b * scaling).to(dtype)
         xa = rows @ a.t()
         out = xa @ scaled_b.t() if bias is None else torch.addmm(bias.to(dtype), xa, scaled_b.t())
         out.addmm_(rows, w.t())
-        ctx.save_for_backward(rows, xa, w, a, scaled_b)
+        if is_4bit(weight):
+            ctx.quantized_weight = weight
+            ctx.save_for_backward(rows, xa, a, scaled_b)
+        else:
+            ctx.quantized_weight = None
+            ctx.save_for_backward(rows, xa, a, scaled_b, w)
         ctx.scaling = scaling
         ctx.input_dtype = x.dtype
         ctx.adapter_dtypes = (lora_a.dtype, lora_b.dtype)
@@ -73,14 +89,15 @@ class LoraLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        rows, xa, w, a, scaled_b = ctx.saved_tensors
-        g = grad.reshape(-1, grad.shape[-1]).to(w.dtype)
+        rows, xa, a, scaled_b, *kept = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1]).to(rows.dtype)
         gb = g @ scaled_b
         grad_x = grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
+            w = kept[0] if kept else dense_weight(ctx.quantized_weight, rows.dtype)
             grad_x = gb @ a
             grad_x.addmm_(g, w)
-            grad_x = grad_x.view(*grad.shape[:-1], w.shape[1]).to(ctx.input_dtype)
+            grad_x = grad_x.view(*grad.shape[:-1], rows.shape[1]).to(ctx.input_dtype)
         if ctx.needs_input_grad[3]:
             grad_a = (gb.t() @ rows).to(ctx.adapter_dtypes[0])
         if ctx.needs_input_grad[4]:
@@ -88,11 +105,11 @@ class LoraLinearFunction(torch.autograd.Function):
         return grad_x, None, None, grad_a, grad_b, None, None
 
 
-class FusedLoraLinear(LoraLinear):
-    """PEFT's LoRA linear layer, computing through `LoraLinearFunction` where `fused` is set and the layer's state is
-    plain LoRA (see the module's docstring); PEFT's own forward otherwise."""
+class FusedLora:
+    """The fused forward shared by the LoRA layer classes below; `fused` is set per layer by `enable_lora_kernels`."""
 
     fused: bool = False
+    plain_base_types: tuple[type, ...] = ()  # the base layer classes the function computes exactly
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         adapter = self._fused_adapter(args, kwargs)
@@ -102,49 +119,83 @@ class FusedLoraLinear(LoraLinear):
             # function's saved tensors would be kept instead (0.30 GiB more per layer at 4,096 tokens of W1).
             return super().forward(x, *args, **kwargs)
         base = self.get_base_layer()
-        if base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
-            return super().forward(x, *args, **kwargs)
-        dtype = compute_dtype(x, base.weight)
         with torch.autocast(x.device.type, enabled=False):
-            out = LoraLinearFunction.apply(
+            return LoraLinearFunction.apply(
                 x,
                 base.weight,
                 base.bias,
                 self.lora_A[adapter].weight,
                 self.lora_B[adapter].weight,
                 float(self.scaling[adapter]),
-                dtype,
+                self._compute_dtype(x),
             )
-        return out
+
+    def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """Autocast's dtype when it is on for this device, else what the base layer computes in."""
+        if torch.is_autocast_enabled(x.device.type):
+            return torch.get_autocast_dtype(x.device.type)
+        base = self.get_base_layer()
+        if is_4bit(base.weight):
+            return getattr(base, "compute_dtype", None) or x.dtype
+        return base.weight.dtype
 
     def _fused_adapter(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         """The one adapter the fused path computes, or None where PEFT's forward must run."""
         if not self.fused or self.disable_adapters or self.merged or args or kwargs:
             return None
         active = [name for name in self.active_adapters if name in self.lora_A]
-        if len(active) != 1:
+        base = self.get_base_layer()
+        if len(active) != 1 or base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
             return None
         name = active[0]
         plain = (
             isinstance(self.lora_dropout[name], torch.nn.Identity)
             and name not in self.lora_variant
             and not self.lora_bias.get(name, False)
-            and type(self.get_base_layer()) is torch.nn.Linear
+            and type(base) in self.plain_base_types
         )
         return name if plain else None
 
 
+class FusedLoraLinear(FusedLora, LoraLinear):
+    """PEFT's LoRA layer over an unquantized `nn.Linear`, computing through `LoraLinearFunction` where it can."""
+
+    plain_base_types = (torch.nn.Linear,)
+
+
+@functools.cache
+def fused_4bit_class() -> type | None:
+    """PEFT's LoRA layer over a bitsandbytes 4-bit linear layer (QLoRA), computing through `LoraLinearFunction` where
+    it can; None without bitsandbytes."""
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return None
+    import bitsandbytes as bnb
+    from peft.tuners.lora.bnb import Linear4bit as LoraLinear4bit
+
+    return type(
+        "FusedLoraLinear4bit",
+        (FusedLora, LoraLinear4bit),
+        {"plain_base_types": (bnb.nn.Linear4bit,), "__module__": __name__, "__qualname__": "FusedLoraLinear4bit"},
+    )
+
+
 def register_fused_lora(lora_config: Any) -> None:
-    """Make PEFT build `FusedLoraLinear` for every `nn.Linear` it adapts (PEFT's custom layer dispatch); which of them
-    compute fused is set afterwards by `enable_lora_kernels`."""
-    lora_config._register_custom_module({torch.nn.Linear: FusedLoraLinear})
+    """Make PEFT build fused LoRA layers for every `nn.Linear` and bitsandbytes 4-bit linear layer it adapts (PEFT's
+    custom layer dispatch); which of them compute fused is set afterwards by `enable_lora_kernels`."""
+    layers: dict[type, type] = {}
+    if (four_bit := fused_4bit_class()) is not None:  # first: bitsandbytes' 4-bit layer is an `nn.Linear` too
+        import bitsandbytes as bnb
+
+        layers[bnb.nn.Linear4bit] = four_bit
+    layers[torch.nn.Linear] = FusedLoraLinear
+    lora_config._register_custom_module(layers)
 
 
 def enable_lora_kernels(model: torch.nn.Module, keys: Iterable[str]) -> dict[str, int]:
     """Turn the fused path on for the LoRA layers each `lora_*_kernel` key covers (by the module's last name); a key
     whose projections the model has no LoRA layer for is refused, since it would change nothing. Returns the
     number of layers per key."""
-    layers = {name: module for name, module in model.named_modules() if isinstance(module, FusedLoraLinear)}
+    layers = {name: module for name, module in model.named_modules() if isinstance(module, FusedLora)}
     counts = {}
     for key in keys:
         covered = [module for name, module in layers.items() if name.rsplit(".", 1)[-1] in KERNEL_PROJECTIONS[key]]
