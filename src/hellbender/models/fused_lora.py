@@ -10,13 +10,12 @@ and in backward the input gradient's two terms accumulate the same way:
     backward  gb = g·(sB)   dx = gb·A,  dx += g·W    dA = gbᵀ·x    dB = s·gᵀ·xa
 
 It saves what PEFT's layers save (the input and the small `xa`), less PEFT's bf16 copies of the input, and computes
-the same
-function: the gradients and outputs agree with PEFT's within the compute dtype's rounding (tests/test_fused_lora.py).
-The layer stays PEFT's `lora.Linear` (same parameters and names, so adapters save and load as ever); the fused path
-runs only where it computes exactly LoRA: one active adapter, no dropout, no DoRA or other variant, no LoRA bias,
-not merged, an unquantized `nn.Linear` or a bitsandbytes 4-bit base (QLoRA: dequantized for each matmul, as
-bitsandbytes does), and not while `torch.compile` traces the layer. Anywhere else the
-layer runs PEFT's forward."""
+the same function: the gradients and outputs agree with PEFT's within the compute dtype's rounding
+(tests/test_fused_lora.py). The layer stays PEFT's `lora.Linear` (same parameters and names, so adapters save and
+load as ever); the fused path runs only where it computes exactly LoRA: one active adapter, no dropout, no DoRA or
+other variant, no LoRA bias, not merged, an unquantized `nn.Linear` or a bitsandbytes 4-bit base (QLoRA:
+dequantized for each matmul, as bitsandbytes does), and not while `torch.compile` traces the layer. Anywhere else
+the layer runs PEFT's forward."""
 
 from __future__ import annotations
 
