@@ -152,6 +152,9 @@ def test_a_process_holds_the_two_chunks_the_ring_layout_gives_it_and_each_docume
     assert torch.equal(held[first.gathered_order()], torch.arange(16))
     assert first.pieces(0) == [(0, 4, 0, 4), (4, 5, 6, 13), (5, 8, 13, 16)]
     assert second.pieces(0) == [(0, 2, 0, 6), (2, 4, 6, 8), (4, 8, 6, 12)]
+    # Every layer asks again: the order is made (and copied to the device) once per step, not once per layer.
+    assert first.gathered_order() is first.gathered_order()
+    assert first.pieces(0) == [(0, 4, 0, 4), (4, 5, 6, 13), (5, 8, 13, 16)]
 
 
 def test_a_packed_batch_is_cut_with_its_next_tokens_and_real_token_counts(tmp_path):

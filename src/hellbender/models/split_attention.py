@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,6 +42,9 @@ class RowSplit:
     rank: int
     length: int
     documents: tuple[tuple[tuple[int, int], ...], ...]
+    # What every layer of the step asks for again, kept from its first computation: the gathered order per device
+    # (copying it to the GPU at every layer would make the host wait for the GPU each time) and the pieces per row.
+    _kept: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def chunk(self) -> int:
@@ -59,23 +62,29 @@ class RowSplit:
 
     def gathered_order(self, device: torch.device | None = None) -> torch.Tensor:
         """For each position of the whole row, where it lies in the group's tokens gathered rank after rank."""
-        held = torch.cat(
-            [torch.arange(start, end) for rank in range(self.size) for start, end in self.chunk_spans(rank)]
-        )
-        return torch.argsort(held).to(device)
+        key = ("order", str(device))
+        if key not in self._kept:
+            held = torch.cat(
+                [torch.arange(start, end) for rank in range(self.size) for start, end in self.chunk_spans(rank)]
+            )
+            self._kept[key] = torch.argsort(held).to(device)
+        return self._kept[key]
 
     def pieces(self, row: int) -> list[tuple[int, int, int, int]]:
         """Row `row`'s attention as `(query start, query end, key start, key end)`: the queries in this process's
         order, the keys over the whole row. Each piece is one document's queries within one chunk; they attend to
         the document's keys up to the last query (causal, aligned at the end)."""
-        pieces, held = [], 0
-        for chunk_start, chunk_end in self.chunk_spans():
-            for doc_start, doc_end in self.documents[row]:
-                start, end = max(chunk_start, doc_start), min(chunk_end, doc_end)
-                if start < end:
-                    pieces.append((held + start - chunk_start, held + end - chunk_start, doc_start, end))
-            held += chunk_end - chunk_start
-        return pieces
+        key = ("pieces", row)
+        if key not in self._kept:
+            pieces, held = [], 0
+            for chunk_start, chunk_end in self.chunk_spans():
+                for doc_start, doc_end in self.documents[row]:
+                    start, end = max(chunk_start, doc_start), min(chunk_end, doc_end)
+                    if start < end:
+                        pieces.append((held + start - chunk_start, held + end - chunk_start, doc_start, end))
+                held += chunk_end - chunk_start
+            self._kept[key] = pieces
+        return list(self._kept[key])
 
 
 # The split of the step being run. A plain module attribute, not a context variable: activation checkpointing
