@@ -56,13 +56,7 @@ def quantize(cfg: HellbenderConfig, model: str | Path | None = None, output: str
     if problem := machine_problem(scheme, key):
         raise EnvironmentProblem(problem)
     target = _target(cfg, output, trained.path)
-    info = {
-        "source": str(trained.path),
-        "source_step": trained.step,
-        "scheme_key": key,
-        "scheme": scheme.settings(),
-        "trained_with_qat": saved.get(RECORD_KEY) is not None,
-    }
+    info = _info(trained, key, scheme, trained_with_qat=saved.get(RECORD_KEY) is not None)
     _quantize_saved(cfg, trained.path, scheme, key, target, info)
     logger.info("Quantized %s (%s); saved to %s", trained.describe(), scheme.describe(), target)
     return target
@@ -88,20 +82,24 @@ def _quantize_adapter(cfg: HellbenderConfig, trained: TrainedDir, output: str | 
     from hellbender.use.merge import merge_lora
 
     check_fits(model_skeleton(cfg), scheme, key)  # before the merge, which takes a while on a large model
-    info = {
-        "source": str(trained.path),
-        "source_step": trained.step,
-        "scheme_key": key,
-        "scheme": scheme.settings(),
-        "trained_with_qat": recorded is not None,
-        "merged_from_adapter": True,
-    }
+    info = _info(trained, key, scheme, trained_with_qat=recorded is not None, merged_from_adapter=True)
     make_directory(target.parent)
     with tempfile.TemporaryDirectory(prefix=f".{target.name}.merging-", dir=target.parent) as scratch:
         merged = merge_lora(cfg, adapter=trained.path, output=Path(scratch) / "merged")
         _quantize_saved(cfg, merged, scheme, key, target, info)
     logger.info("Merged and quantized %s (%s); saved to %s", trained.describe(), scheme.describe(), target)
     return target
+
+
+def _info(trained: TrainedDir, key: str, scheme: QuantizationScheme, **facts: bool) -> dict[str, Any]:
+    """What `quantize` records beside the quantized model: its source, the scheme, and how it was trained."""
+    return {
+        "source": str(trained.path),
+        "source_step": trained.step,
+        "scheme_key": key,
+        "scheme": scheme.settings(),
+        **facts,
+    }
 
 
 def _read_adapter_record(path: Path) -> Any:
