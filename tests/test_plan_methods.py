@@ -1,6 +1,7 @@
 """The memory planner under preference tuning, reward models, online RL and distillation: the rows each method runs
-per micro-batch, the reference model's copy and forward, the step's FLOPs, and the methods it names as not modelled
-instead of planning them silently as supervised fine-tuning."""
+per micro-batch, the reference model's copy and forward, the step's FLOPs, and the method it names as not modelled
+(online RL) instead of planning it silently as supervised fine-tuning. Distillation's own parts are
+tests/test_plan_distillation.py's."""
 
 from __future__ import annotations
 
@@ -158,7 +159,16 @@ def _kd(tmp_path) -> dict:
             lambda p: pairs_config(p, rl=None, reward_model=True),
             ["reward model", "8 rows of 128 tokens", "score head (one score per token, no vocabulary logits)"],
         ),
-        (_kd, ["NOT MODELLED: knowledge distillation", "teacher model", "as supervised training"]),
+        (
+            _kd,
+            [
+                "knowledge distillation",
+                "teacher weights (frozen)",
+                "teacher forward (no gradients, before the student's)",
+                "teacher's top-16 targets",
+                "distillation loss",
+            ],
+        ),
     ],  # fmt: skip
     ids=["dpo-lora", "dpo-full", "dpo-precomputed", "ipo", "kto", "orpo", "simpo", "reward-model", "distillation"],
 )
@@ -167,7 +177,7 @@ def test_each_method_names_what_it_adds(tmp_path, make, needles):
     for needle in needles:
         assert needle in text, text
     assert ("reference copy" in text) == ("frozen copy" in text)
-    assert ("NOT MODELLED" in text) == ("distillation" in needles[0])
+    assert "NOT MODELLED" not in text and "is not modelled" not in text
 
 
 def test_online_rl_is_named_as_not_modelled(tmp_path):
@@ -182,9 +192,13 @@ def test_online_rl_is_named_as_not_modelled(tmp_path):
 def test_auto_settings_are_refused_for_a_method_the_planner_does_not_model(tmp_path):
     from hellbender.config import validate_config as validate_with
     from hellbender.plan.auto import choose
+    from tests.test_grpo import grpo_settings
 
-    with pytest.raises(ConfigError, match=r"micro_batch_size: auto.*cannot choose for knowledge distillation"):
-        validate_with({**_kd(tmp_path), "micro_batch_size": "auto"}, choose)
+    raw = grpo_settings(
+        tmp_path, {"reward_funcs_dir": str(tmp_path)}, micro_batch_size="auto", gradient_accumulation_steps=4
+    )
+    with pytest.raises(ConfigError, match=r"micro_batch_size: auto.*cannot choose for GRPO \(online RL\)"):
+        validate_with(raw, choose)
 
 
 def test_plan_of_a_full_dpo_run_that_does_not_fit_proposes_precomputed_reference_scores(tmp_path):

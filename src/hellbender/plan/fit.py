@@ -8,9 +8,11 @@ from itertools import combinations
 from typing import Any
 
 from hellbender.config import HellbenderConfig
+from hellbender.config.distillation_checks import fused_loss_blocker
 from hellbender.plan.cards import Card
 from hellbender.plan.flops import StepTime, step_time
 from hellbender.plan.memory import GIB, MemoryPlan, plan_memory
+from hellbender.plan.method import KD_CHUNKED, KD_LOGITS
 from hellbender.plan.model_facts import ModelFacts, describe, meta_model, planned_dtype
 from hellbender.plan.settings import PlanSettings, plan_settings
 
@@ -83,8 +85,12 @@ def _single_changes(plan: Plan) -> list[Change]:
         changes.append(
             Change({"micro_batch_size": mb, "gradient_accumulation_steps": accumulate}, {"micro_batch_size": mb})
         )
-    if not s.fused_loss and not (cfg.rl or cfg.reward_model):  # TRL's trainers compute their own log-probabilities
+    method = s.method
+    # TRL's trainers compute their own log-probabilities; distillation has its own chunked loss instead of Liger's.
+    if not s.fused_loss and not (cfg.rl or cfg.reward_model or method.distills):
         changes.append(Change({"liger_fused_linear_cross_entropy": True}, {"fused_loss": True}))
+    if method.head == KD_LOGITS and fused_loss_blocker(cfg) is None:
+        changes.append(Change({"kd_fused_loss": True}, {"method": replace(method, head=KD_CHUNKED)}))
     if not s.offload:
         changes.append(
             Change(
@@ -94,7 +100,6 @@ def _single_changes(plan: Plan) -> list[Change]:
         )
     if cfg.adapter == "lora" and s.quantized_bits is None:
         changes.append(Change({"adapter": "qlora", "load_in_4bit": True}, {"quantized_bits": 4}))
-    method = s.method
     if method.reference_copy:  # the reference scores every row once before training: no copy of the weights
         changes.append(Change({"precompute_ref_log_probs": True}, {"method": replace(method, reference="precomputed")}))
     can_share = plan.facts.shared_prompt_refusal is None and not cfg.is_multimodal

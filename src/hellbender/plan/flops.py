@@ -6,7 +6,9 @@ trained ones: forward 2 T (N + N_a); backward 2 T (N + N_a) for the activation g
 gradients; each checkpointed layer runs its forward again. Attention adds 4 T c d per layer forward (c the average
 causal context, half the sequence or the window; d = heads x head_dim) and twice that backward. Frozen linear
 layers outside the decoder (a vision tower) run forward only. Preference methods add their forwards without
-gradients and score answers with TRL's fused LM head (`step_flops_parts`; the rows are `method.py`'s). The optimizer
+gradients and score answers with TRL's fused LM head (`step_flops_parts`; the rows are `method.py`'s); online
+distillation adds its teacher's forward over every token, 2 T (N_teacher + its head) and its attention, at the card's
+share of the peak. The optimizer
 step is bound by memory bandwidth: it reads and writes weights, gradients and states about once each.
 
 Under the compute lies the host's floor: the kernels the step launches (`launches.py`'s counts) times
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import ceil
 
+from hellbender.plan import distillation
 from hellbender.plan.cards import LAUNCH_SECONDS, Card
 from hellbender.plan.launches import (
     CLIP_OPS,
@@ -32,10 +35,11 @@ from hellbender.plan.launches import (
     KernelCounts,
 )
 from hellbender.plan.memory import MemoryPlan
-from hellbender.plan.method import FUSED_HEAD
+from hellbender.plan.method import FUSED_HEAD, KD_CHUNKED
 from hellbender.plan.model_facts import ModelFacts
 from hellbender.plan.settings import PlanSettings
 
+TEACHER_FORWARD = "teacher forward (no gradients)"
 # Measured on W1 (docs/benchmarks.md, H100): Liger's fused kernels made the step 1.20x faster; 4-bit weights,
 # dequantized before every matmul, 0.87x; LoRA's step reaches 0.80 of full fine-tuning's share of the peak (W1 against
 # W2, cards.py).
@@ -103,7 +107,16 @@ def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: 
         parts["reference forward"] = s.method.reference_forwards * reference
     if s.method.policy_forwards_without_grad:
         parts["KL rows (policy, no gradients)"] = body_forward + head_forward + attention_forward + vision
+    if s.method.distills and facts.teacher is not None:
+        parts[TEACHER_FORWARD] = _teacher_linear(facts.teacher, s) + _attention_forward(facts.teacher, s)
     return {name: value * gradient_accumulation for name, value in parts.items()}
+
+
+def _teacher_linear(teacher: ModelFacts, s: PlanSettings) -> float:
+    """The teacher's linear layers over every token of the micro-batch: its decoder (the experts a token runs), its
+    head over every position (whole or a chunk at a time alike), and any tower outside the decoder."""
+    decoder = teacher.decoder_linear_numel + teacher.expert_numel * teacher.active_expert_share
+    return 2 * s.tokens * (decoder + teacher.head_numel + teacher.other_linear_numel)
 
 
 def _attention_forward(facts: ModelFacts, s: PlanSettings) -> float:
@@ -121,7 +134,7 @@ def _recomputed_share(facts: ModelFacts, s: PlanSettings) -> float:
 
 def attention_step_flops(facts: ModelFacts, s: PlanSettings, gradient_accumulation: int = 1) -> float:
     """The part of `step_flops` that SDPA's attention kernels run: forward, backward (twice the forward), the
-    recomputation and the forwards without gradients."""
+    recomputation and the forwards without gradients (the policy's, and the teacher's apart)."""
     runs = 3 + _recomputed_share(facts, s) + s.method.reference_forwards + s.method.policy_forwards_without_grad
     return _attention_forward(facts, s) * runs * gradient_accumulation
 
@@ -141,12 +154,21 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
         efficiency *= FOUR_BIT_SLOWDOWN
     attention = attention_step_flops(facts, s, gradient_accumulation)
     peak = card.bf16_tflops * 1e12
-    compute = (flops - attention) / (peak * efficiency) + attention / (peak * card.efficiency * ATTENTION_FACTOR)
+    # The teacher runs transformers' own layers (no adapter, no Liger kernels, no 4-bit weights): the card's share.
+    teacher = parts.get(TEACHER_FORWARD, 0.0)
+    teacher_attention = _attention_forward(facts.teacher, s) * gradient_accumulation if teacher else 0.0
+    compute = (
+        (flops - teacher - attention) / (peak * efficiency)
+        + (teacher - teacher_attention) / (peak * card.efficiency)
+        + (attention + teacher_attention) / (peak * card.efficiency * ATTENTION_FACTOR)
+    )
     offloaded = memory.host_parts.get("offloaded layer inputs (pinned slabs)", 0)
     transfer = 2 * offloaded * gradient_accumulation / (card.host_link_gb_s * 1e9)
     # trained weights, their gradients and the states, each read and written about once
     optimizer = 3 * (2 * memory.gradients + memory.optimizer_states) / (card.hbm_tb_s * 1e12)
     kernels = micro_batch_kernels(facts.kernels, s, facts.layers) * gradient_accumulation
+    if teacher:
+        kernels += teacher_kernels(facts.teacher, s) * gradient_accumulation
     kernels += optimizer_kernels(facts.kernels, s.optimizer, s.clips_gradients)
     launch = kernels * (card.launch_seconds or LAUNCH_SECONDS)
     # The host queues kernels ahead of the GPU: the step takes the longer of the two, not their sum.
@@ -187,6 +209,16 @@ def optimizer_kernels(k: KernelCounts, optimizer: str, clipping: bool) -> float:
     if optimizer in MULTI_TENSOR:
         return FUSED_OPS * chunks + clip
     return PER_TENSOR_OPS * k.trainable_tensors + clip
+
+
+def teacher_kernels(teacher: ModelFacts, s: PlanSettings) -> float:
+    """Kernels of the teacher's forward and its top-k: its own layers, unfused (hellbender's kernels are the
+    student's), and the head once per chunk of positions (or once, over the whole logits)."""
+    plain = s.but(liger_rms_norm=False, liger_rope=False, liger_glu=False, quantized_bits=None)
+    chunks = 1
+    if s.method.head == KD_CHUNKED:
+        chunks = ceil(s.tokens / distillation.chunk_positions(teacher.vocab, s.tokens))
+    return forward_kernels(teacher.kernels, plain) + (chunks - 1) * HEAD_AND_LOSS
 
 
 def forward_kernels(k: KernelCounts, s: PlanSettings) -> float:

@@ -1,10 +1,11 @@
 """The predicted peak of one training step, per GPU: each part's bytes and the phase at which they add up most.
 
 Three moments compete for the peak: the end of the forward pass (every saved activation and the loss's logits are
-alive, the optimizer states from the step before too; a preference method's reference forward runs then), backward (all gradients, the checkpointed layers' inputs and
-one recomputed layer), and the optimizer step (gradients, states and the step's temporaries). Gradients are freed
-after each step (`zero_grad(set_to_none=True)`), so they count at the end of the forward pass only when gradients
-accumulate over micro-batches."""
+alive, the optimizer states from the step before too; a preference method's reference forward runs then), backward
+(all gradients, the checkpointed layers' inputs and one recomputed layer), and the optimizer step (gradients, states
+and the step's temporaries). Online distillation adds a fourth: its teacher's forward, before the student's, when none
+of the student's activations exist yet. Gradients are freed after each step (`zero_grad(set_to_none=True)`), so they
+count at the forward passes only when gradients accumulate over micro-batches."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from hellbender.plan.activations import (
     loss_bytes,
     reference_forward_bytes,
 )
-from hellbender.plan.method import FUSED_HEAD
+from hellbender.plan.distillation import loss_bytes as distillation_loss_bytes
+from hellbender.plan.distillation import target_bytes, teacher_forward_bytes
+from hellbender.plan.method import FUSED_HEAD, STORED_TARGETS
 from hellbender.plan.model_facts import ModelFacts, Parameter
 from hellbender.plan.optimizers import optimizer_rule, state_bytes
 from hellbender.plan.settings import PlanSettings
@@ -66,7 +69,10 @@ class MemoryPlan:
     host: int
     host_parts: dict[str, int] = field(default_factory=dict)
     per_layer: list[int] = field(default_factory=list)  # activation bytes each decoder layer keeps on the GPU
-    phases: dict[str, int] = field(default_factory=dict)  # what is allocated at each of the three moments
+    teacher_weights: int = 0  # online distillation's frozen teacher, whole on every GPU
+    teacher_forward: int = 0  # its forward without gradients, before the student's
+    teacher_targets: int = 0  # distillation's top-k targets of the micro-batch, and the loss's copy of them
+    phases: dict[str, int] = field(default_factory=dict)  # what is allocated at each moment
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -151,7 +157,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         if checkpointed
         else 0
     )
-    loss = int(loss_bytes(facts, s, element))
+    loss = int(distillation_loss_bytes(facts, s, element) if s.method.distills else loss_bytes(facts, s, element))
     q, k = facts.q_dim, facts.kv_dim
     if (
         s.method.shared_prompt and not s.eager_attention
@@ -164,15 +170,27 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     reference_copy = weights_split if s.method.reference_copy else 0
     reference_forward = int(reference_forward_bytes(facts, s, element)) if s.method.reference_forwards else 0
     saved_by_head = s.scored_tokens * facts.hidden * element if s.method.head == FUSED_HEAD else loss
-    fixed = weights_split + adapter_split + states + ddp_buckets + reference_copy
+    # The teacher is loaded whole beside the student on every GPU (no sharding wraps it).
+    teacher = facts.teacher if s.method.distills else None
+    teacher_weights = sum(p.nbytes for p in teacher.parameters) if teacher else 0
+    teacher_forward = teacher_forward_bytes(teacher, s, element, facts.vocab) if teacher else 0
+    targets = target_bytes(s) if s.method.distills else 0
+    if s.method.teacher == STORED_TARGETS:
+        notes.append(
+            f"the stored targets' count per token is in the rows, not the config: planned as {s.method.top_k} "
+            "(`kd_online_topk`'s default)"
+        )
+    fixed = weights_split + adapter_split + states + ddp_buckets + reference_copy + teacher_weights
     grads_now = gradients if gradient_accumulation > 1 else 0
     phases = {
         # The reference runs after the policy's forward: its activations and the head's saved answer states are alive
-        "loss": fixed + grads_now + activations + max(loss, saved_by_head + reference_forward),
+        "loss": fixed + grads_now + activations + targets + max(loss, saved_by_head + reference_forward),
         "backward": fixed + gradients + activations - sum(per_layer[checkpointed:]) + recompute
         + attention_workspace + residual,
         "optimizer step": fixed + gradients + step_temporaries,
     }  # fmt: skip
+    if teacher:  # before the student's forward: none of its activations of this micro-batch exist yet
+        phases["teacher forward"] = fixed + grads_now + teacher_forward
     phase = max(phases, key=phases.get)
     return MemoryPlan(
         weights=weights_split,
@@ -194,4 +212,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         per_layer=per_layer,
         phases={name: int(value) for name, value in phases.items()},
         notes=notes,
+        teacher_weights=teacher_weights,
+        teacher_forward=teacher_forward,
+        teacher_targets=targets,
     )

@@ -14,11 +14,15 @@ without gradients.
   and once on the reference, beside the reference forward of the rows.
 - ORPO / SimPO: 2B rows, no reference; TRL's older trainers take the full logits of every row.
 - Reward model: 2B rows through a sequence-classification head (one score per token, no vocabulary logits).
+- Knowledge distillation (`kd_trainer`, train/distillation.py): B rows through the student, scored by the
+  distillation loss over its whole logits or, with `kd_fused_loss` (on by default on a GPU), a chunk of positions at
+  a time from its last hidden states. The teacher's top-k targets (ids, log-probabilities, mask) come with the rows, or
+  from a teacher model (`kd_teacher_model`) that runs a forward without gradients over the same rows before the
+  student's forward, when none of the student's activations of this micro-batch exist yet.
 
 Rows are planned at their worst case, `sequence_len` tokens each; a pair's prompt is `max_prompt_len` tokens where
 the config sets it, else a single token (the longest answers), and its answers fill the rest of `sequence_len`.
-Online RL (generation) and distillation (a teacher) are not modelled: the plan is that of supervised training of the
-same rows, and says so."""
+Online RL (generation) is not modelled: the plan is that of supervised training of the same rows, and says so."""
 
 from __future__ import annotations
 
@@ -31,8 +35,11 @@ from hellbender.config.preference import REFERENCE_METHODS
 if TYPE_CHECKING:
     from hellbender.plan.model_facts import ModelFacts
 
-# How the policy's rows are scored.
+# How the policy's rows are scored. Distillation's loss: over the whole logits, or a chunk of positions at a time.
 LOGITS, FUSED_HEAD, SCORE_HEAD = "logits", "fused", "score"
+KD_LOGITS, KD_CHUNKED = "distillation logits", "distillation chunks"
+# The teacher's targets of knowledge distillation: computed by a teacher model, or stored with the rows.
+TEACHER_MODEL, STORED_TARGETS = "teacher model", "stored targets"
 _PAIRS = ("dpo", "ipo", "orpo", "simpo")
 _NAMES = {"dpo": "DPO", "ipo": "IPO", "kto": "KTO", "orpo": "ORPO", "simpo": "SimPO"}
 
@@ -44,10 +51,17 @@ class MethodShape:
     rows_per_example: int = 1  # rows through the policy with gradients per example (TRL's pairs: 2)
     shared_prompt: bool = False  # a pair in one row: prompt[:-1] | prompt[-1] chosen | prompt[-1] rejected
     prompt_len: int | None = None  # a pair's (or KTO row's) prompt as planned; None: one token
-    head: str = LOGITS  # LOGITS, FUSED_HEAD (TRL's chunked LM head over answer tokens) or SCORE_HEAD
+    head: str = LOGITS  # LOGITS, FUSED_HEAD (TRL's chunked head over answer tokens), SCORE_HEAD, KD_LOGITS, KD_CHUNKED
     reference: str | None = None  # "adapter off", "frozen copy" or "precomputed"; None: no reference model
     kl_rows: bool = False  # KTO's KL rows: one more forward without gradients on the policy and on the reference
+    teacher: str | None = None  # distillation: TEACHER_MODEL or STORED_TARGETS
+    top_k: int = 0  # distillation: the teacher's targets per token
+    ce_gradient: bool = False  # distillation with `kd_ce_alpha` > 0: the cross-entropy's log-softmax kept for backward
     not_modelled: str | None = None  # what the plan leaves out, for a method it cannot model
+
+    @property
+    def distills(self) -> bool:
+        return self.head in (KD_LOGITS, KD_CHUNKED)
 
     @property
     def answers_per_example(self) -> int:
@@ -116,14 +130,12 @@ def method_shape(cfg: HellbenderConfig, facts: ModelFacts | None = None) -> Meth
     method = cfg.rl
     if method is None:
         if cfg.distills:
-            teacher = (
-                "the teacher model in memory and its forward over every row (`kd_teacher_model`)"
-                if cfg.kd_teacher_model
-                else "the teacher's top-k targets that come with every row"
-            )
             return MethodShape(
                 name="knowledge distillation",
-                not_modelled=f"{teacher}, and the distillation loss over the student's logits",
+                head=KD_CHUNKED if chunked_distillation(cfg) else KD_LOGITS,
+                teacher=TEACHER_MODEL if cfg.kd_teacher_model else STORED_TARGETS,
+                top_k=cfg.kd_online_topk,
+                ce_gradient=cfg.kd_ce_alpha > 0,
             )
         return SUPERVISED
     if method not in _NAMES:  # grpo, gdpo, rloo
@@ -145,6 +157,14 @@ def method_shape(cfg: HellbenderConfig, facts: ModelFacts | None = None) -> Meth
         reference=reference,
         kl_rows=method == "kto",
     )
+
+
+def chunked_distillation(cfg: HellbenderConfig) -> bool:
+    """As training decides on a GPU (train/distillation.py's `fused_distillation`): `kd_fused_loss`, or unset, on
+    unless the config rules it out. The student's loss and an online teacher's top-k follow the same key."""
+    from hellbender.config.distillation_checks import fused_loss_blocker
+
+    return cfg.kd_fused_loss if cfg.kd_fused_loss is not None else fused_loss_blocker(cfg) is None
 
 
 def _shares_prompts(cfg: HellbenderConfig, facts: ModelFacts | None) -> bool:

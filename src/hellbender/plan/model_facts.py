@@ -1,6 +1,7 @@
 """What the planner needs to know about the model, read from its module tree on the meta device (no weights are
 read and no memory is used): every parameter with its dtype and whether it trains, which linear weights a quantized
-base stores in 4 or 8 bits, the decoder's shape, and which inputs LoRA wraps."""
+base stores in 4 or 8 bits, the decoder's shape, and which inputs LoRA wraps. Online distillation's teacher is
+described the same way, as `load_teacher` loads it (train/teacher.py)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,7 @@ class ModelFacts:
     vision_linear_numel: int = 0  # linear weights of a vision (or audio) tower and its projector
     not_modelled: list[str] = field(default_factory=list)  # what the plan leaves out for this model, said in the report
     notes: list[str] = field(default_factory=list)  # how this model's special parts are planned
+    teacher: ModelFacts | None = None  # online distillation's teacher (`kd_teacher_model`), frozen beside the student
 
     @property
     def trainable(self) -> list[Parameter]:
@@ -122,6 +124,21 @@ def meta_model(cfg: HellbenderConfig) -> Any:
     return apply_adapter(cfg, model)
 
 
+def teacher_meta_model(cfg: HellbenderConfig) -> Any:
+    """Online distillation's teacher as `train/teacher.py`'s `load_teacher` loads it: transformers' causal LM of
+    `kd_teacher_model`, in the run's dtype and attention, frozen, on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hellbender.models.loading import resolve_model_path
+
+    config = AutoConfig.from_pretrained(resolve_model_path(cfg.kd_teacher_model, key="kd_teacher_model"))
+    config._attn_implementation = cfg.attn_implementation or "sdpa"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=planned_dtype(cfg))
+    return model.requires_grad_(False)
+
+
 def _decoder_layers(model: Any) -> list[Any]:
     """The repeated decoder layers: the ModuleList of the language model as long as its config says (else its longest
     ModuleList), never a vision tower's blocks."""
@@ -138,7 +155,17 @@ def _decoder_layers(model: Any) -> list[Any]:
 
 
 def describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
-    """The facts of `model` (built by `meta_model` for `cfg`)."""
+    """The facts of `model` (built by `meta_model` for `cfg`), with those of its teacher under online distillation."""
+    facts = _describe(cfg, model)
+    if cfg.distills and cfg.kd_teacher_model:
+        teacher = _describe(cfg, teacher_meta_model(cfg))
+        # What `_describe` says of the run's settings (an adapter, compiled layers) concerns the student only.
+        teacher.not_modelled, teacher.notes, teacher.lora_dropout = [], [], 0.0
+        facts.teacher = teacher
+    return facts
+
+
+def _describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
     import torch
 
     from hellbender.models.pair_layout import why_model_not_shared

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from hellbender.plan.fit import Plan, smallest_fitting_change
 from hellbender.plan.memory import ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES, GIB
-from hellbender.plan.method import FUSED_HEAD, LOGITS, SCORE_HEAD, SUPERVISED
+from hellbender.plan.method import (
+    FUSED_HEAD,
+    KD_CHUNKED,
+    KD_LOGITS,
+    LOGITS,
+    SCORE_HEAD,
+    SUPERVISED,
+    TEACHER_MODEL,
+)
 from hellbender.plan.settings import PlanSettings
 
 
@@ -25,17 +33,29 @@ def describe_run(plan: Plan) -> str:
     shape = s.method
     if shape.name == SUPERVISED.name or shape.not_modelled:
         batch = f"micro-batch {s.micro_batch_size} x {s.sequence_len} tokens"
+    elif shape.distills:
+        batch = f"{shape.name}, micro-batch {s.micro_batch_size} x {s.sequence_len} tokens, {_teacher(plan)}"
     else:
         batch = f"{shape.name}, micro-batch {s.micro_batch_size} {shape.example}s: {_rows(s)}"
     head = {
         LOGITS: "fused loss" if s.fused_loss else "full-logits loss",
         FUSED_HEAD: "TRL's fused LM head (no full logits)",
         SCORE_HEAD: "score head",
+        KD_LOGITS: "distillation loss over the whole logits",
+        KD_CHUNKED: "distillation loss a chunk of positions at a time",
     }[shape.head]
     return (
         f"{cfg.base_model}: {method}{bits}, {batch}, {ckpt}, {head}, optimizer {s.optimizer}, {s.gpus} GPU(s) "
         f"({sharding})"
     )
+
+
+def _teacher(plan: Plan) -> str:
+    shape, teacher = plan.settings.method, plan.facts.teacher
+    if shape.teacher != TEACHER_MODEL or teacher is None:
+        return f"the teacher's top {shape.top_k} per token stored with the rows"
+    billions = sum(p.numel for p in teacher.parameters) / 1e9
+    return f"teacher {plan.cfg.kd_teacher_model} ({billions:.2f}B parameters, frozen) gives its top {shape.top_k}"
 
 
 def _rows(s: PlanSettings) -> str:
@@ -83,12 +103,15 @@ def render(plan: Plan) -> str:
         ("optimizer states", m.optimizer_states),
         ("DDP gradient buckets", m.ddp_buckets),
         ("reference copy (frozen starting weights)", m.reference_copy),
+        ("teacher weights (frozen)", m.teacher_weights),
         (f"activations, {len(unchecked)} layers kept whole ({_gib(unchecked[0]).strip() if unchecked else '0'} each)",
          sum(unchecked)),
         (f"activations, {len(kept)} checkpointed layer inputs", sum(kept)),
         ("recomputed layer (backward)", m.recompute),
         (_head_label(plan), m.loss),
         ("reference forward (no gradients)", m.reference_forward),
+        (f"teacher's top-{shape.top_k} targets (ids, log-probabilities, mask)", m.teacher_targets),
+        ("teacher forward (no gradients, before the student's)", m.teacher_forward),
         ("attention workspace (backward)", m.attention_workspace),
         ("optimizer step temporaries", m.step_temporaries),
     ]  # fmt: skip
@@ -134,6 +157,10 @@ def _head_label(plan: Plan) -> str:
         return f"fused LM head over {s.scored_tokens:,} answer tokens (no full logits)"
     if s.method.head == SCORE_HEAD:
         return "score head (one score per token, no vocabulary logits)"
+    if s.method.head == KD_LOGITS:
+        return "distillation loss over the whole logits"
+    if s.method.head == KD_CHUNKED:
+        return "distillation loss, a chunk of positions at a time"
     return "logits and loss" if s.rows == s.micro_batch_size else f"logits and loss of {s.rows} rows"
 
 
