@@ -533,3 +533,17 @@ def test_an_online_run_killed_after_a_checkpoint_resumes_in_a_new_process_to_the
         assert w["kd_loss"] > 0.01
         for key in ("loss", "kd_loss", "ce_loss"):
             assert g[key] == pytest.approx(w[key], abs=1e-5), (key, g, w)
+
+
+def test_the_teacher_forward_keeps_no_kv_cache_for_padded_rows(tiny_model_path):
+    """Nothing reads the teacher's keys and values: with padded rows (an attention mask, where the model's own
+    `use_cache` default would apply) its forward must not keep them for every layer."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
+    assert model.config.use_cache  # the default the forward has to override
+    teacher = Teacher(model, 5, 1.0, model.config.vocab_size)
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
+    with torch.no_grad():
+        out = teacher._forward({"input_ids": ids, "attention_mask": (ids != 0).long()})
+    assert out.past_key_values is None

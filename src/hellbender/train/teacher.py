@@ -71,6 +71,9 @@ class Teacher:
         inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "position_ids") if key in batch}
         inputs.update(forward_kwargs(inputs))
         inputs.update(packed_attention_mask(self.model, inputs))
+        # No KV cache: nothing reads it, and with padded rows (where `forward_kwargs` leaves the model's default) the
+        # teacher would hold every layer's keys and values until its logits are read.
+        inputs["use_cache"] = False
         return self.model(**inputs)
 
     @torch.no_grad()
