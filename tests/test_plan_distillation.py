@@ -13,14 +13,13 @@ from hellbender.config import validate_config
 from hellbender.errors import ConfigError
 from hellbender.plan.budget import plan_for, refuse_what_does_not_fit
 from hellbender.plan.distillation import TARGET_SLOT_BYTES
-from hellbender.plan.fit import element_size
 from hellbender.plan.flops import TEACHER_FORWARD, step_flops_parts
-from hellbender.plan.memory import plan_memory
 from hellbender.plan.method import KD_CHUNKED, KD_LOGITS, STORED_TARGETS, TEACHER_MODEL
 from hellbender.plan.model_facts import describe, meta_model
 from hellbender.plan.report import render
 from hellbender.plan.settings import plan_settings
 from tests.helpers import CHAT_DATA, base_config
+from tests.test_plan_methods import planned
 
 pytestmark = pytest.mark.usefixtures("libraries_log_to_the_session_stderr")
 
@@ -46,12 +45,6 @@ def model_dir(root: Path, name: str, weights: bool = True, **shape) -> Path:
 def online(tmp_path: Path, teacher: Path | str = "hellbender/tiny-llama", **overrides) -> dict:
     settings = dict(kd_trainer=True, kd_teacher_model=str(teacher), kd_online_topk=16)
     return base_config(tmp_path, **{**settings, **overrides})
-
-
-def planned(cfg):
-    facts = describe(cfg, meta_model(cfg))
-    settings = plan_settings(cfg, facts=facts)
-    return facts, settings, plan_memory(facts, settings, element_size(cfg))
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
