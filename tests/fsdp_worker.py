@@ -87,6 +87,7 @@ def main(config_path: str, result_dir: str) -> None:
             "norms": len(norms),
             "stored": {name: str(p.dtype) for name, p in model.named_parameters()},
             "compute": compute_dtypes,
+            "fused_lora_layers": sum(bool(getattr(m, "fused", False)) for m in model.modules()),
         }
         (out / "report.json").write_text(json.dumps(report, indent=1))
     dist.barrier()

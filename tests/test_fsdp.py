@@ -121,6 +121,19 @@ def test_fp32_norms_keep_norms_in_float32_and_the_rest_in_bfloat16(lora_run):
     assert "torch.bfloat16" in {d for n, d in stored.items() if "norm" not in n}  # the frozen base stays bf16
 
 
+def test_fused_lora_layers_under_fsdp2_train_to_the_unfused_losses(lora_run):
+    """The fused LoRA function reads each base weight inside the LoRA layer (and keeps it for backward, as a linear
+    layer does): under FSDP2, which gathers a decoder layer's weights for its forward and again for its backward, the
+    two steps give the unfused run's losses (bf16, two gloo processes)."""
+    tmp, raw, report = lora_run
+    kernels = {"lora_qkv_kernel": True, "lora_o_kernel": True, "lora_mlp_kernel": True}
+    (tmp / "fused").mkdir(exist_ok=True)
+    fused = run_workers(tmp / "fused", {**raw, **kernels, "output_dir": str(tmp / "fused" / "out")})
+    assert report["fused_lora_layers"] == 0 and fused["fused_lora_layers"] == 14
+    assert fused["losses"] == pytest.approx(report["losses"], rel=1e-3)
+    assert fused["losses"][1] != report["losses"][1]  # the fused path ran (bf16 rounds its sums differently)
+
+
 def test_sharded_lora_checkpoint_consolidates_into_an_adapter_peft_loads(lora_run):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

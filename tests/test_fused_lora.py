@@ -204,7 +204,17 @@ LORA = dict(adapter="lora", lora_target_linear=True)
         ({**LORA, "lora_qkv_kernel": True, "lora_dropout": 0.05}, r"`lora_dropout: 0.05`: the fused LoRA"),
         ({**LORA, "lora_o_kernel": True, "peft_use_dora": True}, r"`peft_use_dora: true`: the fused computation"),
         ({**LORA, "load_in_8bit": True, "lora_mlp_kernel": True}, r"with `load_in_8bit: true`: the fused LoRA"),
-        ({**LORA, "lora_mlp_kernel": True, "fsdp_version": 2}, r"with FSDP or DeepSpeed is not supported yet"),
+        ({**LORA, "lora_mlp_kernel": True, "deepspeed": "deepspeed_configs/zero3.json"}, r"with DeepSpeed is not"),
+        (
+            {
+                "adapter": "qlora",
+                "load_in_4bit": True,
+                "lora_target_linear": True,
+                "lora_mlp_kernel": True,
+                "fsdp_version": 2,
+            },
+            r"with FSDP2 over a 4-bit base is not supported yet",
+        ),
     ],
 )
 def test_the_kernel_keys_are_refused_where_the_fused_path_cannot_run(tmp_path, keys, message):

@@ -26,17 +26,21 @@ def lora_kernel_problems(cfg: HellbenderConfig) -> list[str]:
         )
     if cfg.peft_use_dora:
         problems.append(
-            f"{asked} with `peft_use_dora: true`: the fused computation is plain LoRA, not DoRA. Remove `peft_use_dora`, {turn_off}."
+            f"{asked} with `peft_use_dora: true`: the fused computation is plain LoRA, not DoRA. Remove "
+            f"`peft_use_dora`, {turn_off}."
         )
     if cfg.qat is not None:
         problems.append(
             f"{asked} with `qat:`: LoRA under quantization-aware training computes with the fake-quantized merged "
             f"weight, not through the fused computation. Remove `qat:`, {turn_off}."
         )
-    if cfg.deepspeed or cfg.fsdp_version is not None or cfg.fsdp_config is not None:
+    sharded = cfg.fsdp_version is not None or cfg.fsdp_config is not None
+    if cfg.deepspeed or (sharded and not cfg.uses_fsdp2) or (cfg.uses_fsdp2 and cfg.quantized_bits):
+        engine = "DeepSpeed" if cfg.deepspeed else "FSDP2 over a 4-bit base" if cfg.uses_fsdp2 else "FSDP1"
         problems.append(
-            f"{asked} with FSDP or DeepSpeed is not supported yet: the fused computation reads each base weight "
-            f"directly, which has not been verified with the parameter gathering those engines add. Train on one GPU "
-            f"or with plain data parallelism, {turn_off}."
+            f"{asked} with {engine} is not supported yet: the fused computation reads each base weight inside the "
+            f"LoRA layer, which has not been verified with the parameter gathering {engine} adds (DeepSpeed ZeRO-3 "
+            f"gathers a module's weights only when that module itself is called). Train on one GPU, with plain data "
+            f"parallelism or with FSDP2 (`fsdp_version: 2`) over an unquantized base, {turn_off}."
         )
     return problems
