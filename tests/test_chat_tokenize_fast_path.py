@@ -19,6 +19,7 @@ from hellbender.data.contexts import format_context
 from hellbender.data.formats import RowError, chat_template
 from hellbender.data.formats.chat_template import (
     EncodingOffsets,
+    encode_plain,
     read_messages,
     render_with_spans,
     tokenize_row,
@@ -160,6 +161,36 @@ def test_encoding_offsets_read_what_the_offset_mapping_holds(tiny_tokenizer):
     offsets = EncodingOffsets(enc.encodings[0])
     assert len(offsets) == len(mapping)
     assert list(offsets) == mapping
+
+
+SPECIAL_TEXT = "<|im_start|>user\nnaïve 🙂 text<|im_end|>\n<|im_start|>assistant\n  spaced  <|im_end|>\n"
+
+
+def test_the_direct_encoding_gives_the_ids_and_offsets_of_the_tokenizer_call(tiny_tokenizer):
+    ids, encoding = encode_plain(tiny_tokenizer, SPECIAL_TEXT)
+    called = tiny_tokenizer(SPECIAL_TEXT, add_special_tokens=False, return_offsets_mapping=True)
+    assert encoding is not None
+    assert ids == called["input_ids"]
+    assert list(EncodingOffsets(encoding)) == called["offset_mapping"]
+    assert tiny_tokenizer.convert_tokens_to_ids("<|im_start|>") in ids  # written special tokens stay special
+
+
+@pytest.mark.parametrize("setting", ["truncation", "padding", "split_special_tokens"])
+def test_a_tokenizer_set_up_otherwise_is_encoded_as_its_call_encodes(tiny_tokenizer, setting):
+    tok = copy.deepcopy(tiny_tokenizer)
+    if setting == "truncation":
+        tok.backend_tokenizer.enable_truncation(max_length=4)
+    elif setting == "padding":
+        tok.backend_tokenizer.enable_padding(length=4096)
+    else:
+        tok.split_special_tokens = True
+    ids, _ = encode_plain(tok, SPECIAL_TEXT)
+    assert ids == tok(SPECIAL_TEXT, add_special_tokens=False)["input_ids"]
+    plain = tiny_tokenizer(SPECIAL_TEXT, add_special_tokens=False)["input_ids"]
+    if setting == "split_special_tokens":
+        assert ids != plain  # the markers are spelled out byte by byte
+    else:
+        assert ids == plain  # the call turns truncation and padding off; so does the fallback
 
 
 def test_tokenizing_in_batches_gives_each_row_what_encode_row_gives(monkeypatch, tiny_tokenizer):

@@ -522,10 +522,31 @@ def tokenize_row(row: dict[str, Any], ctx: FormatContext) -> dict[str, list[int]
     # special tokens that `apply_chat_template` hands it, and the row's tools.
     scope = (ctx.chat_template, tok.chat_template, tok.special_tokens_map, tools)
     text, located = render_with_spans(render, messages, ctx.thinking_key, remembered(render, scope))
-    enc = tok(text, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
-    ids = enc["input_ids"]
-    labels = conversation_labels(text, located, messages, ids, token_offsets(tok, text, enc), special_ids_of(ctx), ctx)
+    ids, encoding = encode_plain(tok, text)
+    labels = conversation_labels(
+        text, located, messages, ids, token_offsets(tok, text, encoding), special_ids_of(ctx), ctx
+    )
     return {"input_ids": ids, "labels": labels}
+
+
+def encode_plain(tok: Any, text: str) -> tuple[list[int], Any]:
+    """`text`'s token ids with no special tokens added, and its Rust encoding (None for a tokenizer without one).
+
+    The Rust tokenizer is called directly where it is set up as transformers would set it for this call: going
+    through `tok(text)` adds about 80 µs of argument handling per row, 7% of tokenizing a chat."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None and _set_up_as_called(tok, backend):
+        encoding = backend.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding
+    enc = tok(text, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
+    return enc["input_ids"], (enc.encodings[0] if enc.encodings else None)
+
+
+def _set_up_as_called(tok: Any, backend: Any) -> bool:
+    """Whether the Rust tokenizer encodes as `tok(text)` would: transformers turns truncation and padding off for
+    such a call, and encodes special tokens written in the text as special unless `split_special_tokens`."""
+    split = bool(getattr(tok, "split_special_tokens", False))
+    return backend.truncation is None and backend.padding is None and backend.encode_special_tokens == split
 
 
 class EncodingOffsets(Sequence[tuple[int, int]]):
@@ -548,10 +569,11 @@ class EncodingOffsets(Sequence[tuple[int, int]]):
         return found if found is not None else self._encoding.offsets[token]
 
 
-def token_offsets(tok: Any, text: str, enc: Any) -> Sequence[tuple[int, int]]:
-    """The (start, end) character offsets of the tokens of `enc`, `text` encoded by `tok`."""
-    if enc.encodings:
-        return EncodingOffsets(enc.encodings[0])
+def token_offsets(tok: Any, text: str, encoding: Any) -> Sequence[tuple[int, int]]:
+    """The (start, end) character offsets of the tokens of `text` encoded by `tok` (`encoding`: its Rust encoding,
+    None for a tokenizer without one)."""
+    if encoding is not None:
+        return EncodingOffsets(encoding)
     # A tokenizer without a Rust backend: asked for offsets directly (transformers refuses if it has none).
     return tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
 
