@@ -1,6 +1,13 @@
 """How close `hellbender plan` comes to what a run measures: predicted against measured peak allocated GPU memory and
-median step time, for a few settings of W1 (Llama-3-8B shape, LoRA r16, seq 2048) and W2 (Llama-3.2-1B shape, full
-fine-tune), on one GPU.
+median step time, for settings of W1 (Llama-3-8B shape, LoRA r16, seq 2048), W2 (Llama-3.2-1B shape, full
+fine-tune) and W3 (Gemma-4-E2B shape with its vision tower, LoRA), on one GPU; and what the planner's `auto` chooses
+under a memory limit, against a sweep of hand-set settings run beside it.
+
+Groups of cases (`--cases` takes case or group names): `settings` (the first table: one workload at several
+micro-batches, checkpointed layers, offloading and row lengths), `auto-19` and `auto-40` (W2 with every plannable key
+`auto` under `gpu_memory_limit` 19.3 / 40 GiB, and hand-set W2 settings to compare with). A setting fits a limit
+when its measured peak *reserved* memory is within it: the limit is what the process may take, and the allocator
+reserves more than it hands out (the planner adds its allocator margin for that).
 
 Each setting is one `bench/throughput.py --variants hellbender` invocation (its own process, so no allocator state
 carries over; its models, data and measurement conventions: peak from the start of training, median over the steady
@@ -42,31 +49,67 @@ class Case:
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
+AUTO = {"micro_batch_size": "auto", "gradient_checkpointing": "auto", "gradient_checkpointing_layers": "auto"}
+NO_CKPT = {"gradient_checkpointing": False}
+
 CASES: tuple[Case, ...] = (
     Case("W1-ckpt-all", "W1"),
     Case("W1-ckpt-28", "W1", {"gradient_checkpointing_layers": 28}),
     Case("W1-mb4-ckpt-all", "W1", {"micro_batch_size": 4}),
     Case("W1-offload", "W1", {"gradient_checkpointing": "offload"}),
     Case("W2-ckpt", "W2"),
-    Case("W2-mb2-no-ckpt", "W2", {"micro_batch_size": 2, "gradient_checkpointing": False}),
+    Case("W2-mb2-no-ckpt", "W2", {"micro_batch_size": 2, **NO_CKPT}),
+    Case("W2-ckpt-8", "W2", {"gradient_checkpointing_layers": 8}),
+    Case("W2-offload", "W2", {"gradient_checkpointing": "offload"}),
+    # Two rows of 2,048 tokens packed into each row of 4,096.
+    Case("W2-packed-4096-mb2", "W2", {"sequence_len": 4096, "sample_packing": True, "micro_batch_size": 2}),
+    Case("W3-packed-mb2", "W3", {"sample_packing": True, "micro_batch_size": 2}),
+    Case("W3-packed-mb4-ckpt-17", "W3", {"sample_packing": True, "gradient_checkpointing_layers": 17}),
+    Case("W2-auto-19.3", "W2", {**AUTO, "gpu_memory_limit": 19.3}),
+    Case("W2-mb1-no-ckpt", "W2", {"micro_batch_size": 1, **NO_CKPT}),
+    Case("W2-mb2-ckpt-4", "W2", {"micro_batch_size": 2, "gradient_checkpointing_layers": 4}),
+    Case("W2-mb2-ckpt-all", "W2", {"micro_batch_size": 2}),
+    Case("W2-mb4-ckpt-12", "W2", {"gradient_checkpointing_layers": 12}),
+    Case("W2-auto-40", "W2", {**AUTO, "gpu_memory_limit": 40}),
+    Case("W2-mb8-ckpt-all", "W2", {"micro_batch_size": 8}),
+    Case("W2-mb8-ckpt-4", "W2", {"micro_batch_size": 8, "gradient_checkpointing_layers": 4}),
 )
+GROUPS: dict[str, tuple[str, ...]] = {
+    "settings": (
+        "W1-ckpt-all", "W1-ckpt-28", "W1-mb4-ckpt-all", "W1-offload", "W2-ckpt", "W2-mb2-no-ckpt", "W2-ckpt-8",
+        "W2-offload", "W2-packed-4096-mb2", "W3-packed-mb2", "W3-packed-mb4-ckpt-17",
+    ),
+    "auto-19": ("W2-auto-19.3", "W2-mb1-no-ckpt", "W2-mb2-no-ckpt", "W2-mb2-ckpt-4", "W2-mb2-ckpt-all", "W2-ckpt",
+                "W2-mb4-ckpt-12"),
+    "auto-40": ("W2-auto-40", "W2-ckpt-8", "W2-mb8-ckpt-all", "W2-mb8-ckpt-4"),
+}  # fmt: skip
 
 
 def job_for(case: Case, workdir: Path, steps: int) -> throughput.Job:
     w = throughput.workload(case.workload, tiny=False)
     paths = throughput.Paths(workdir)
-    rows = steps * w.micro_batch
-    return throughput.Job(w, "hellbender", paths, steps, w.seq, paths.causal_rows(w.seq, rows), cuda=True)
+    data = paths.vlm_rows(w) if w.family == "gemma4-vlm" else paths.causal_rows(w.seq, steps * w.micro_batch)
+    return throughput.Job(w, "hellbender", paths, steps, w.seq, data, cuda=True)
 
 
-def predict(case: Case, job: throughput.Job, card: str) -> dict[str, float]:
+def predict(case: Case, job: throughput.Job, card: str) -> dict[str, Any]:
+    """The plan for the case's config on `card`; `auto` keys chosen for that card, as `train` chooses them."""
     from hellbender.config import validate_config
+    from hellbender.plan.auto import choose
     from hellbender.plan.budget import plan_for
     from hellbender.plan.memory import GIB
 
-    cfg = validate_config(throughput.hellbender_raw_config(job, case.overrides))
+    # Every `auto` case sets `gpu_memory_limit`, so the choice does not depend on the card.
+    cfg = validate_config(throughput.hellbender_raw_config(job, case.overrides), choose_auto=choose)
     plan = plan_for(cfg, gpu=card)
-    return {"peak_gib": plan.memory.peak / GIB, "step_s": plan.time.seconds, "card": plan.card.name}
+    chosen = {key: getattr(cfg, key) for key, value in case.overrides.items() if value == "auto"}
+    return {
+        "peak_gib": plan.memory.peak / GIB,
+        "needs_gib": plan.memory.needed / GIB,
+        "step_s": plan.time.seconds,
+        "card": plan.card.name,
+        "chosen": chosen,
+    }
 
 
 def card_of(device: str) -> str:
@@ -95,16 +138,23 @@ def measure(case: Case, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write_shapes(workdir: Path, cases: list[Case], steps: int) -> None:
-    """For --dry-run: each model's config.json, its tokenizer and the data file, without weights."""
+    """For --dry-run: each model's config.json, its tokenizer (or processor) and the data, without weights."""
     from transformers import LlamaConfig
 
     from hellbender.models.tiny import build_tiny_tokenizer
 
     for case in cases:
         job = job_for(case, workdir, steps)
-        LlamaConfig(**job.workload.shape).save_pretrained(job.model_dir)
-        build_tiny_tokenizer().save_pretrained(job.model_dir)
-        throughput.pretokenized_rows(job.data, steps * job.workload.micro_batch, job.workload.seq)
+        w = job.workload
+        if w.family == "gemma4-vlm":
+            config, processor = throughput.gemma4_vlm_config(w)
+            config.save_pretrained(job.model_dir)
+            processor.save_pretrained(job.model_dir)
+            throughput.vlm_rows(job.data, w.rows, w.image_px)
+        else:
+            LlamaConfig(**w.shape).save_pretrained(job.model_dir)
+            build_tiny_tokenizer().save_pretrained(job.model_dir)
+            throughput.pretokenized_rows(job.data, steps * w.micro_batch, w.seq)
 
 
 def ratio(predicted: float | None, measured: float | None) -> str:
@@ -113,7 +163,7 @@ def ratio(predicted: float | None, measured: float | None) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", default=",".join(c.name for c in CASES), help="comma-separated case names")
+    p.add_argument("--cases", default="settings", help="comma-separated case or group names (default: settings)")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/hb-bench"))
@@ -121,17 +171,19 @@ def main() -> None:
     p.add_argument("--dry-run", action="store_true", help="predictions only, no GPU (models' config.json only)")
     args = p.parse_args()
     by_name = {c.name: c for c in CASES}
-    unknown = [n for n in args.cases.split(",") if n not in by_name]
+    names = [n for item in args.cases.split(",") for n in GROUPS.get(item, (item,))]
+    unknown = [n for n in names if n not in by_name]
     if unknown:
-        raise SystemExit(f"unknown cases {unknown}; choose from {', '.join(by_name)}")
-    cases = [by_name[n] for n in args.cases.split(",")]
+        raise SystemExit(f"unknown cases {unknown}; choose from {', '.join([*GROUPS, *by_name])}")
+    cases = [by_name[n] for n in names]
     if args.dry_run:
         args.workdir = Path(tempfile.mkdtemp(prefix="plan-accuracy-"))
         os.environ.setdefault("HELLBENDER_CACHE", str(args.workdir / "hellbender-cache"))
         write_shapes(args.workdir, cases, args.steps)
     rows = [
-        "| case | settings | predicted peak GiB | measured peak GiB | ratio | predicted step s | measured step s | ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "| case | settings (chosen) | predicted peak GiB | measured peak GiB | ratio | predicted need GiB | measured "
+        "reserved GiB | predicted step s | measured step s | ratio | measured tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     device = "none (dry run)"
     for case in cases:
@@ -139,20 +191,28 @@ def main() -> None:
         device = measured.get("device", device)
         job = job_for(case, args.workdir, args.steps)
         if not args.dry_run and not measured.get("ok", True):
-            rows.append(f"| {case.name} | {case.overrides or 'defaults'} | | failed | | | | |")
+            rows.append(f"| {case.name} | {case.overrides or 'defaults'} | | failed |" + " |" * 7)
             continue
         predicted = predict(case, job, card_of(device) if not args.dry_run else "H100")
         peak, step = measured.get("peak_allocated_gib"), measured.get("step_s")
+        reserved, speed = measured.get("peak_reserved_gib"), measured.get("tokens_per_s")
+        settings = {k: v for k, v in case.overrides.items() if v != "auto"}
+        settings_text = f"{settings or 'defaults'}" + (f" (chose {predicted['chosen']})" if predicted["chosen"] else "")
         rows.append(
-            f"| {case.name} | {case.overrides or 'defaults'} | {predicted['peak_gib']:.1f} | "
-            f"{f'{peak:.1f}' if peak else 'n/a'} | {ratio(predicted['peak_gib'], peak)} | {predicted['step_s']:.3f} | "
-            f"{f'{step:.3f}' if step else 'n/a'} | {ratio(predicted['step_s'], step)} |"
+            f"| {case.name} | {settings_text} | {predicted['peak_gib']:.1f} | {_num(peak, '.1f')} | "
+            f"{ratio(predicted['peak_gib'], peak)} | {predicted['needs_gib']:.1f} | {_num(reserved, '.1f')} | "
+            f"{predicted['step_s']:.3f} | {_num(step, '.3f')} | {ratio(predicted['step_s'], step)} | "
+            f"{_num(speed, ',.0f')} |"
         )
         print(rows[-1], flush=True)
     print(f"\ndevice: {device}; predictions for {card_of(device) if not args.dry_run else 'H100'}\n")
     print("\n".join(rows))
     if args.dry_run:
         shutil.rmtree(args.workdir, ignore_errors=True)
+
+
+def _num(value: float | None, spec: str) -> str:
+    return format(value, spec) if value else "n/a"
 
 
 if __name__ == "__main__":

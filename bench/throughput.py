@@ -500,6 +500,32 @@ def build_gemma4_processor(tokenizer: Any, images: dict[str, int]) -> Any:
     return processor
 
 
+def gemma4_vlm_config(w: Workload) -> tuple[Any, Any]:
+    """The Gemma 4 vision-language workload's model config and its processor (around the tiny Gemma 4 tokenizer)."""
+    import gemma4_e2b_memory_slope as slope
+    from transformers import Gemma4Config, Gemma4VisionConfig
+
+    from hellbender.models.tiny_vlm import gemma4 as tiny_gemma4
+
+    tokenizer = tiny_gemma4.build_tokenizer()
+    processor = build_gemma4_processor(tokenizer, w.shape["images"])
+    ids = tokenizer.convert_tokens_to_ids
+    config = Gemma4Config(
+        text_config=slope.text_config(w.shape["text"], tokenizer),
+        vision_config=Gemma4VisionConfig(**w.shape["vision"]),
+        audio_config=None,
+        image_token_id=ids(tiny_gemma4.IMAGE_TOKEN),
+        boi_token_id=ids(tiny_gemma4.BOI_TOKEN),
+        eoi_token_id=ids(tiny_gemma4.EOI_TOKEN),
+        video_token_id=ids(tiny_gemma4.VIDEO_TOKEN),
+        audio_token_id=ids(tiny_gemma4.AUDIO_TOKEN),
+        boa_token_id=ids(tiny_gemma4.BOA_TOKEN),
+        eoa_token_index=ids(tiny_gemma4.EOA_TOKEN),
+        tie_word_embeddings=True,
+    )
+    return config, processor
+
+
 def build_model(w: Workload, target: Path, tiny: bool) -> dict[str, Any]:
     """Save `w`'s model with random weights (built on the GPU in bf16 when there is one) and its tokenizer (and
     processor) into `target`; returns facts about it."""
@@ -524,27 +550,9 @@ def build_model(w: Workload, target: Path, tiny: bool) -> dict[str, Any]:
             model = model_class(config)
         saved = [tokenizer]
     else:
-        import gemma4_e2b_memory_slope as slope
-        from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4VisionConfig
+        from transformers import Gemma4ForConditionalGeneration
 
-        from hellbender.models.tiny_vlm import gemma4 as tiny_gemma4
-
-        tokenizer = tiny_gemma4.build_tokenizer()
-        processor = build_gemma4_processor(tokenizer, w.shape["images"])
-        ids = tokenizer.convert_tokens_to_ids
-        config = Gemma4Config(
-            text_config=slope.text_config(w.shape["text"], tokenizer),
-            vision_config=Gemma4VisionConfig(**w.shape["vision"]),
-            audio_config=None,
-            image_token_id=ids(tiny_gemma4.IMAGE_TOKEN),
-            boi_token_id=ids(tiny_gemma4.BOI_TOKEN),
-            eoi_token_id=ids(tiny_gemma4.EOI_TOKEN),
-            video_token_id=ids(tiny_gemma4.VIDEO_TOKEN),
-            audio_token_id=ids(tiny_gemma4.AUDIO_TOKEN),
-            boa_token_id=ids(tiny_gemma4.BOA_TOKEN),
-            eoa_token_index=ids(tiny_gemma4.EOA_TOKEN),
-            tie_word_embeddings=True,
-        )
+        config, processor = gemma4_vlm_config(w)
         with default_dtype(dtype), device:
             model = Gemma4ForConditionalGeneration(config)
         saved = [processor]  # writes the tokenizer files too
@@ -1121,9 +1129,11 @@ def hellbender_raw_config(job: Job, overrides: dict[str, Any]) -> dict[str, Any]
 
 def train_hellbender(job: Job, recorder: StepRecorder, overrides: dict[str, Any]) -> None:
     from hellbender.config import validate_config
+    from hellbender.plan.auto import choose
     from hellbender.train.run import train
 
-    cfg = validate_config(hellbender_raw_config(job, overrides))
+    # `auto` values are chosen by the planner, as `hellbender train` chooses them (for this machine's GPU).
+    cfg = validate_config(hellbender_raw_config(job, overrides), choose_auto=choose)
     mode = "hellbender, non-reentrant" + (", offload" if cfg.gradient_checkpointing == "offload" else "")
     recorder.features.update(checkpointing=mode if cfg.gradient_checkpointing else "off")
     kernels = sorted(k for k, v in cfg.model_dump().items() if k.startswith("liger_") and v)
@@ -1131,6 +1141,9 @@ def train_hellbender(job: Job, recorder: StepRecorder, overrides: dict[str, Any]
         recorder.features["kernels"] = ",".join(kernels)
     if overrides:
         recorder.features["overrides"] = overrides
+    chosen = {key: getattr(cfg, key) for key, value in overrides.items() if value == "auto"}
+    if chosen:
+        recorder.features["chosen"] = chosen
     train(cfg, callbacks=[recorder.callback()])
 
 

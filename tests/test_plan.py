@@ -202,6 +202,33 @@ def test_auto_settings_choose_the_fastest_setting_that_fits(tmp_path):
         validate_config(base_config(tmp_path, **auto, gpu_memory_limit="0.1GiB"))
 
 
+def test_auto_offloads_only_when_nothing_fits_without_offloading(tmp_path):
+    from hellbender.plan.auto import choose
+    from hellbender.plan.budget import plan_for
+    from hellbender.plan.memory import GIB
+
+    # Deep enough (on the meta device only) that the checkpointed layers' inputs, which offloading moves to the host,
+    # decide the peak.
+    deep = {"num_hidden_layers": 64}
+    lora = dict(adapter="lora", lora_target_linear=True, micro_batch_size=1, sequence_len=1024)
+    lora["overrides_of_model_config"] = deep
+    on_card = plan_for(validate_with(base_config(tmp_path, **lora, gradient_checkpointing=True))).memory.needed
+    offloaded = plan_for(validate_with(base_config(tmp_path, **lora, gradient_checkpointing="offload"))).memory.needed
+    assert offloaded < on_card
+    between = f"{(offloaded + on_card) / 2 / GIB:.6f}GiB"
+    auto = dict(lora, gradient_checkpointing="auto", gradient_checkpointing_layers="auto")
+    assert validate_with(base_config(tmp_path, **auto, gpu_memory_limit=between), choose).gradient_checkpointing == (
+        "offload"
+    )
+    # Wherever checkpointing fits on the card, it is chosen over offloading, however fast offloading is planned.
+    for extra in (0.001, 0.05, 0.2, 1.0):
+        limit = f"{on_card / GIB + extra:.6f}GiB"
+        assert validate_with(base_config(tmp_path, **auto, gpu_memory_limit=limit), choose).gradient_checkpointing in (
+            True,
+            False,
+        )
+
+
 @pytest.mark.parametrize("model", ["hellbender/tiny-qwen2.5-vl", "hellbender/tiny-gemma4-vlm"])
 def test_a_vision_language_model_is_planned_on_its_language_layers(tmp_path, model):
     from tests.helpers import vlm_config
