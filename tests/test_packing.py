@@ -361,3 +361,16 @@ def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_model_path,
     # With a KV cache transformers skips the packed-document detection: documents would see each other.
     leaked = per_token_nll(collate(packed_rows), with_forward_kwargs=False)
     assert (leaked - unpacked).abs().max() > 1e-2
+
+
+def test_token_tensor_reads_lists_arrays_and_tensors_as_int64():
+    import numpy as np
+
+    from hellbender.data.collator import token_tensor
+
+    ids = [5, -100, 2**40, 0]
+    for values in (ids, np.array(ids, dtype=np.int64), torch.tensor(ids), np.array(ids[:2], dtype=np.int32)):
+        out = token_tensor(values)
+        assert out.dtype == torch.int64
+        assert out.tolist() == [int(v) for v in values]
+    assert token_tensor([]).shape == (0,)
