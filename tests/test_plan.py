@@ -140,6 +140,47 @@ def test_layer_estimate_matches_the_tensors_autograd_saves(tmp_path):
     assert abs(predicted - sum(saved.values())) < 0.1 * sum(saved.values())
 
 
+def test_gemma4_layers_are_planned_by_their_own_widths(tmp_path):
+    """Gemma 4's layers differ: wider heads on full-attention layers, a double-wide MLP on the layers that share keys
+    and values (the last ones, which `gradient_checkpointing_layers` leaves unrecomputed), and norms a Llama layer
+    lacks. Each layer's plan against the bytes a real forward saves (tiny Gemma 4, LoRA, float32; a tensor that
+    several layers save, such as the attention mask, counts once, in the first)."""
+    from hellbender.models.loading import load_tokenizer
+    from hellbender.models.stack import build_trainable_model
+    from tests.helpers import vlm_config
+
+    raw = vlm_config(tmp_path, "hellbender/tiny-gemma4-vlm", adapter="lora", lora_target_linear=True, lora_r=4)
+    cfg = validate_config({**raw, "gradient_checkpointing": False})
+    model = build_trainable_model(cfg, load_tokenizer(cfg))
+    layers = next(m for n, m in model.named_modules() if n.endswith("language_model.layers"))
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    current: list[int | None] = [None]
+    seen: set[int] = set()
+    measured = [0] * len(layers)
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if current[0] is not None and ptr not in weights and ptr not in seen:
+            seen.add(ptr)
+            measured[current[0]] += t.untyped_storage().nbytes()
+        return t
+
+    for index, layer in enumerate(layers):
+        layer.register_forward_pre_hook(lambda *_, index=index: current.__setitem__(0, index))
+        layer.register_forward_hook(lambda *_: current.__setitem__(0, None))
+    ids = torch.randint(5, 200, (2, 64))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    facts = describe(cfg, meta_model(cfg))
+    settings = plan_settings(cfg)
+    assert facts.kv_shared_layers and any(w.inner == 2 * facts.layer_widths[0].inner for w in facts.layer_widths)
+    for index in range(len(layers)):
+        planned = layer_bytes_per_token(facts, settings, 4, False, index) * ids.numel()
+        if index in facts.kv_shared_layers:  # no keys or values of its own (as memory.py plans them)
+            planned -= 4 * 2 * facts.layer_widths[index].kv * ids.numel()
+        assert abs(planned / measured[index] - 1) < 0.1, (index, planned, measured[index])
+
+
 def test_memory_limit_reads_gib_and_units():
     assert memory_limit_gib(20) == 20.0
     assert memory_limit_gib("20GiB") == 20.0

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hellbender.config import validate_config
+from hellbender.plan.activations import layer_bytes_per_token
 from hellbender.plan.budget import plan_for
 from hellbender.plan.flops import forward_kernels, micro_batch_kernels, step_flops_parts
 from hellbender.plan.model_facts import describe, meta_model
@@ -155,10 +156,18 @@ def test_gemma4_kv_shared_layers_save_no_keys_or_values_of_their_own(tmp_path):
     )
     plan = plan_for(cfg)
     first_shared = facts.kv_shared_layers[0]
-    # the same layer type (and width) earlier in the model, with its own keys and values
+    # the same layer type earlier in the model, with its own keys and values (and an MLP half as wide: Gemma 4
+    # doubles the MLP of the layers that share keys and values, so each layer's own count is taken out)
     twin = next(i for i in range(first_shared) if facts.sliding_windows[i] == facts.sliding_windows[first_shared])
-    saved = 4 * 2 * facts.kv_dim * plan.settings.tokens  # float32 run: k and v per token
-    assert plan.memory.per_layer[twin] - plan.memory.per_layer[first_shared] == saved
+    assert facts.layer_widths[first_shared].inner == 2 * facts.layer_widths[twin].inner
+    tokens = plan.settings.tokens
+
+    def own(index: int) -> int:
+        return int(layer_bytes_per_token(facts, plan.settings, 4, True, index) * tokens)
+
+    saved = 4 * 2 * facts.layer_widths[first_shared].kv * tokens  # float32 run: k and v per token
+    difference = plan.memory.per_layer[twin] - plan.memory.per_layer[first_shared]
+    assert difference == own(twin) - own(first_shared) + saved
 
 
 def test_a_vision_tower_is_reported_as_not_modelled_per_image(tmp_path):

@@ -36,10 +36,17 @@ _FUSED_CHUNK_TOKENS = 1024
 TRL_TILE_TOKENS, TRL_TILE_VOCAB = 4096, 32768
 
 
-def layer_bytes_per_token(facts: ModelFacts, s: PlanSettings, element: int, norm_trains: bool) -> float:
-    """Bytes saved for backward per token by one decoder layer that is not checkpointed."""
+def layer_bytes_per_token(
+    facts: ModelFacts, s: PlanSettings, element: int, norm_trains: bool, layer: int | None = None
+) -> float:
+    """Bytes saved for backward per token by one decoder layer that is not checkpointed: decoder layer `layer` by its
+    own widths, or an average layer."""
     h, i = facts.hidden, facts.intermediate
     q, k = facts.q_dim, facts.kv_dim
+    extra_norms = 0
+    if layer is not None and layer < len(facts.layer_widths):
+        widths = facts.layer_widths[layer]
+        q, k, i, extra_norms = widths.q, widths.kv, widths.inner, widths.extra_norms
     a = element
     norm = a * h if s.liger_rms_norm else 4 * h
     if norm_trains:
@@ -57,7 +64,9 @@ def layer_bytes_per_token(facts: ModelFacts, s: PlanSettings, element: int, norm
         lora += a * inp.rank_sum * 2  # A's output and its (scaled) copy into B
         if facts.lora_dropout > 0:
             lora += inp.modules * (a + 1) * inp.width
-    return attention + mlp + lora
+    # Norms beyond the two above (Gemma's after attention and after the MLP, per-head q and k norms): each saves its
+    # float32 input.
+    return attention + mlp + lora + 4 * extra_norms
 
 
 def attention_scores_bytes(facts: ModelFacts, s: PlanSettings, element: int, layer: int) -> float:

@@ -85,6 +85,10 @@ class MemoryPlan:
         return self.peak + self.allocator_margin + CUDA_CONTEXT_BYTES
 
 
+def _kv_width(facts: ModelFacts, index: int) -> int:
+    return facts.layer_widths[index].kv if index < len(facts.layer_widths) else facts.kv_dim
+
+
 def _shards(s: PlanSettings, part: str) -> int:
     """By how many GPUs `part` is split."""
     levels = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp2": 3}
@@ -136,26 +140,34 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     tokens = s.tokens
     checkpointed = s.checkpointed(facts.layers)
     norm_trains = any(p.trainable and "norm" in p.name for p in facts.parameters)
-    full_layer = layer_bytes_per_token(facts, s, element, norm_trains) * tokens
+    full_layers = [layer_bytes_per_token(facts, s, element, norm_trains, i) * tokens for i in range(facts.layers)]
     kept_input = checkpoint_input_bytes_per_token(facts, element) * tokens
     per_layer = []
     for index in range(facts.layers):
         if index < checkpointed:
             per_layer.append(0 if s.offload else kept_input)
         else:
-            shared = element * 2 * facts.kv_dim * tokens if index in facts.kv_shared_layers else 0
+            shared = element * 2 * _kv_width(facts, index) * tokens if index in facts.kv_shared_layers else 0
             per_layer.append(
-                int(full_layer - shared + facts.merged_expert_bytes + attention_scores_bytes(facts, s, element, index))
+                int(
+                    full_layers[index]
+                    - shared
+                    + facts.merged_expert_bytes
+                    + attention_scores_bytes(facts, s, element, index)
+                )
             )
     if checkpointed and s.offload:
         on_host = checkpointed * kept_input
         host_parts["offloaded layer inputs (pinned slabs)"] = math.ceil(on_host / SLAB_BYTES) * SLAB_BYTES
         per_layer[0] = 2 * kept_input  # the input being copied out and the one fetched ahead in backward
     activations = sum(per_layer)
-    recompute = (
-        int(full_layer + facts.merged_expert_bytes + attention_scores_bytes(facts, s, element, 0))
-        if checkpointed
-        else 0
+    # Backward recomputes one checkpointed layer at a time: the largest of them.
+    recompute = max(
+        (
+            int(full_layers[i] + facts.merged_expert_bytes + attention_scores_bytes(facts, s, element, i))
+            for i in range(checkpointed)
+        ),
+        default=0,
     )
     loss = int(distillation_loss_bytes(facts, s, element) if s.method.distills else loss_bytes(facts, s, element))
     q, k = facts.q_dim, facts.kv_dim

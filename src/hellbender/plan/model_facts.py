@@ -54,6 +54,16 @@ class LoraInput:
     rank_sum: int  # sum of the ranks of the modules reading it
 
 
+@dataclass(frozen=True)
+class LayerWidths:
+    """One decoder layer's widths that its saved activations scale with."""
+
+    q: int  # query (and attention output) width
+    kv: int  # key (and value) width
+    inner: int  # the MLP's inner width (with the routed experts' share for a mixture of experts)
+    extra_norms: int = 0  # elements per token normalised beyond a Llama layer's two norms (Gemma's four, q/k norms)
+
+
 @dataclass
 class ModelFacts:
     parameters: list[Parameter]
@@ -67,6 +77,7 @@ class ModelFacts:
     q_dim: int  # query (and attention output) width, averaged over the layers
     kv_dim: int  # key (and value) width, averaged over the layers
     sliding_windows: list[int | None]  # per decoder layer: the attention window, None for full attention
+    layer_widths: list[LayerWidths] = field(default_factory=list)  # per decoder layer (the averages above where empty)
     lora_inputs: list[LoraInput] = field(default_factory=list)  # of one decoder layer (the first)
     lora_dropout: float = 0.0
     head_trainable: bool = False
@@ -212,6 +223,24 @@ def _describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
     else:
         intermediate = dense_inner or _setting(text, "intermediate_size", 4 * text.hidden_size)
     windows = _sliding_windows(text, len(layers))
+    # Per layer where the layers differ (Gemma 4: wider heads on full-attention layers, a double-wide MLP on the layers
+    # that share keys and values): the layers left unrecomputed are the last ones, not average ones.
+    widths = zip(
+        _layer_widths(layers, ("q_proj",), "out_features"),
+        _layer_widths(layers, ("k_proj",), "out_features"),
+        _layer_widths(layers, ("down_proj",), "in_features"),
+        strict=True,
+    )
+    experts_inner = intermediate - dense_inner if dense_inner else 0  # the routed experts' share (0 without)
+    layer_widths = [
+        LayerWidths(
+            q or q_dim,
+            kv or kv_dim,
+            inner + experts_inner if inner else intermediate,
+            _extra_norm_elements(layer, q or q_dim, kv, text.hidden_size),
+        )
+        for layer, (q, kv, inner) in zip(layers, widths, strict=True)
+    ]
     facts = ModelFacts(
         parameters=parameters,
         hidden=text.hidden_size,
@@ -224,6 +253,7 @@ def _describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
         kv_dim=kv_dim,
         vocab=text.vocab_size,
         sliding_windows=windows,
+        layer_widths=layer_widths,
         lora_dropout=cfg.lora_dropout if cfg.adapter else 0.0,
         head_trainable=bool(head_weight is not None and head_weight.requires_grad),
         head_numel=head_weight.numel() if head_weight is not None else 0,
@@ -333,14 +363,44 @@ def _setting(text: Any, name: str, default: Any) -> Any:
 def _mean_width(layers: list[Any], names: tuple[str, ...], attribute: str) -> int:
     """The average `attribute` of the linear layers named `names` in the decoder layers (0 if there are none); LoRA's
     wrappers are read through to the base layer."""
+    widths = [w for w in _layer_widths(layers, names, attribute) if w]
+    return round(sum(widths) / len(widths)) if widths else 0
+
+
+_LLAMA_NORMS = 2  # the attention's and the MLP's input norms, which activations.py counts for every layer
+
+
+def _extra_norm_elements(layer: Any, q: int, kv: int, hidden: int) -> int:
+    """Elements per token that one decoder layer's norms normalise beyond a Llama layer's two (each saves its float32
+    input for backward): Gemma's norms after attention and after the MLP, per-head query and key norms. A layer that
+    reads shared keys and values (no `k_proj`, `kv` 0) runs no key or value norm."""
+    widths = []
+    for name, module in layer.named_modules():
+        if not type(module).__name__.endswith(("RMSNorm", "LayerNorm")):
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "q_norm":
+            widths.append(q)
+        elif leaf in ("k_norm", "v_norm"):
+            widths.append(kv)
+        else:
+            widths.append(hidden)
+    hidden_norms = sum(1 for w in widths if w == hidden)
+    return sum(widths) - min(hidden_norms, _LLAMA_NORMS) * hidden
+
+
+def _layer_widths(layers: list[Any], names: tuple[str, ...], attribute: str) -> list[int]:
+    """Per decoder layer, the `attribute` of its first linear layer named `names` (0 where it has none)."""
     widths = []
     for layer in layers:
+        found = 0
         for name, module in layer.named_modules():
-            if name.rsplit(".", 1)[-1] in names:
-                base = getattr(module, "base_layer", module)
-                if hasattr(base, attribute):
-                    widths.append(getattr(base, attribute))
-    return round(sum(widths) / len(widths)) if widths else 0
+            base = getattr(module, "base_layer", module)
+            if name.rsplit(".", 1)[-1] in names and hasattr(base, attribute):
+                found = getattr(base, attribute)
+                break
+        widths.append(found)
+    return widths
 
 
 def _sliding_windows(text: Any, count: int) -> list[int | None]:
