@@ -102,7 +102,7 @@ def predict(case: Case, job: throughput.Job, card: str) -> dict[str, Any]:
     # Every `auto` case sets `gpu_memory_limit`, so the choice does not depend on the card.
     cfg = validate_config(throughput.hellbender_raw_config(job, case.overrides), choose_auto=choose)
     plan = plan_for(cfg, gpu=card)
-    chosen = {key: getattr(cfg, key) for key, value in case.overrides.items() if value == "auto"}
+    chosen = throughput.auto_choices(cfg, case.overrides)
     return {
         "peak_gib": plan.memory.peak / GIB,
         "needs_gib": plan.memory.needed / GIB,

@@ -1127,6 +1127,11 @@ def hellbender_raw_config(job: Job, overrides: dict[str, Any]) -> dict[str, Any]
     return raw
 
 
+def auto_choices(cfg: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The values the planner chose for the keys `overrides` set to `auto`."""
+    return {key: getattr(cfg, key) for key, value in overrides.items() if value == "auto"}
+
+
 def train_hellbender(job: Job, recorder: StepRecorder, overrides: dict[str, Any]) -> None:
     from hellbender.config import validate_config
     from hellbender.plan.auto import choose
@@ -1141,7 +1146,7 @@ def train_hellbender(job: Job, recorder: StepRecorder, overrides: dict[str, Any]
         recorder.features["kernels"] = ",".join(kernels)
     if overrides:
         recorder.features["overrides"] = overrides
-    chosen = {key: getattr(cfg, key) for key, value in overrides.items() if value == "auto"}
+    chosen = auto_choices(cfg, overrides)
     if chosen:
         recorder.features["chosen"] = chosen
     train(cfg, callbacks=[recorder.callback()])

@@ -106,13 +106,18 @@ def fused_head_bytes(facts: ModelFacts, scored: int, element: int) -> float:
     return tile + hidden + weight_gradient
 
 
+def no_grad_layer_bytes(facts: ModelFacts, tokens: int, element: int) -> int:
+    """One decoder layer's largest moment in a forward without gradients, where nothing is saved: the residual stream
+    and its normed copy, the MLP's up projection, activation and product."""
+    return tokens * (2 * element * facts.hidden + 3 * element * facts.intermediate)
+
+
 def reference_forward_bytes(facts: ModelFacts, s: PlanSettings, element: int) -> float:
     """Peak transient bytes of a forward without gradients over the micro-batch's rows (the reference, KTO's KL
-    rows): nothing is saved, so one layer's largest moment is alive (the residual stream and its normed copy, the
-    MLP's up projection, activation and product), or the fused head's moment (the last hidden states, the answer
-    tokens' copy and one tile)."""
+    rows): one layer's largest moment (`no_grad_layer_bytes`), or the fused head's moment (the last hidden states,
+    the answer tokens' copy and one tile)."""
     tokens = s.tokens
-    layer = tokens * (2 * element * facts.hidden + 3 * element * facts.intermediate)
+    layer = no_grad_layer_bytes(facts, tokens, element)
     scored = s.scored_tokens
     tile = min(scored, TRL_TILE_TOKENS) * min(facts.vocab, TRL_TILE_VOCAB) * element
     head = tokens * element * facts.hidden + scored * element * facts.hidden + tile

@@ -23,6 +23,7 @@ the run's dtype, V the student's vocabulary, k the targets per token).
 
 from __future__ import annotations
 
+from hellbender.plan.activations import no_grad_layer_bytes
 from hellbender.plan.method import KD_CHUNKED, KD_LOGITS
 from hellbender.plan.model_facts import ModelFacts
 from hellbender.plan.settings import PlanSettings
@@ -85,7 +86,7 @@ def teacher_forward_bytes(teacher: ModelFacts, s: PlanSettings, element: int, vo
     tokens, shape = s.tokens, s.method
     cut = min(vocab, teacher.vocab)
     cast = 0 if element == 4 and cut == teacher.vocab else 4  # `.float()` of the cut logits
-    layer = tokens * (2 * element * teacher.hidden + 3 * element * teacher.intermediate)
+    layer = no_grad_layer_bytes(teacher, tokens, element)
     targets = tokens * shape.top_k * TARGET_SLOT_BYTES
     if shape.head == KD_CHUNKED:
         chunk = chunk_positions(teacher.vocab, tokens) * (element * teacher.vocab + cast * cut)

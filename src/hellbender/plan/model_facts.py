@@ -363,8 +363,27 @@ def _setting(text: Any, name: str, default: Any) -> Any:
 def _mean_width(layers: list[Any], names: tuple[str, ...], attribute: str) -> int:
     """The average `attribute` of the linear layers named `names` in the decoder layers (0 if there are none); LoRA's
     wrappers are read through to the base layer."""
-    widths = [w for w in _layer_widths(layers, names, attribute) if w]
+    widths = [w for layer in _widths_by_layer(layers, names, attribute) for w in layer]
     return round(sum(widths) / len(widths)) if widths else 0
+
+
+def _layer_widths(layers: list[Any], names: tuple[str, ...], attribute: str) -> list[int]:
+    """Per decoder layer, the average `attribute` of its linear layers named `names` (0 where it has none)."""
+    return [round(sum(w) / len(w)) if w else 0 for w in _widths_by_layer(layers, names, attribute)]
+
+
+def _widths_by_layer(layers: list[Any], names: tuple[str, ...], attribute: str) -> list[list[int]]:
+    """Per decoder layer, the `attribute` of each of its linear layers named `names` (read through LoRA's wrappers)."""
+    out = []
+    for layer in layers:
+        widths = []
+        for name, module in layer.named_modules():
+            if name.rsplit(".", 1)[-1] in names:
+                base = getattr(module, "base_layer", module)
+                if hasattr(base, attribute):
+                    widths.append(getattr(base, attribute))
+        out.append(widths)
+    return out
 
 
 _LLAMA_NORMS = 2  # the attention's and the MLP's input norms, which activations.py counts for every layer
@@ -387,20 +406,6 @@ def _extra_norm_elements(layer: Any, q: int, kv: int, hidden: int) -> int:
             widths.append(hidden)
     hidden_norms = sum(1 for w in widths if w == hidden)
     return sum(widths) - min(hidden_norms, _LLAMA_NORMS) * hidden
-
-
-def _layer_widths(layers: list[Any], names: tuple[str, ...], attribute: str) -> list[int]:
-    """Per decoder layer, the `attribute` of its first linear layer named `names` (0 where it has none)."""
-    widths = []
-    for layer in layers:
-        found = 0
-        for name, module in layer.named_modules():
-            base = getattr(module, "base_layer", module)
-            if name.rsplit(".", 1)[-1] in names and hasattr(base, attribute):
-                found = getattr(base, attribute)
-                break
-        widths.append(found)
-    return widths
 
 
 def _sliding_windows(text: Any, count: int) -> list[int | None]:

@@ -15,6 +15,11 @@ from hellbender.plan.method import (
 )
 from hellbender.plan.settings import PlanSettings
 
+DISTILLATION_LOSSES = {
+    KD_LOGITS: "distillation loss over the whole logits",
+    KD_CHUNKED: "distillation loss, a chunk of positions at a time",
+}
+
 
 def _gib(n: float) -> str:
     return f"{n / GIB:6.2f} GiB"
@@ -41,8 +46,7 @@ def describe_run(plan: Plan) -> str:
         LOGITS: "fused loss" if s.fused_loss else "full-logits loss",
         FUSED_HEAD: "TRL's fused LM head (no full logits)",
         SCORE_HEAD: "score head",
-        KD_LOGITS: "distillation loss over the whole logits",
-        KD_CHUNKED: "distillation loss a chunk of positions at a time",
+        **DISTILLATION_LOSSES,
     }[shape.head]
     return (
         f"{cfg.base_model}: {method}{bits}, {batch}, {ckpt}, {head}, optimizer {s.optimizer}, {s.gpus} GPU(s) "
@@ -157,10 +161,8 @@ def _head_label(plan: Plan) -> str:
         return f"fused LM head over {s.scored_tokens:,} answer tokens (no full logits)"
     if s.method.head == SCORE_HEAD:
         return "score head (one score per token, no vocabulary logits)"
-    if s.method.head == KD_LOGITS:
-        return "distillation loss over the whole logits"
-    if s.method.head == KD_CHUNKED:
-        return "distillation loss, a chunk of positions at a time"
+    if s.method.distills:
+        return DISTILLATION_LOSSES[s.method.head]
     return "logits and loss" if s.rows == s.micro_batch_size else f"logits and loss of {s.rows} rows"
 
 
