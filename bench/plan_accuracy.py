@@ -1,11 +1,15 @@
 """How close `hellbender plan` comes to what a run measures: predicted against measured peak allocated GPU memory and
 median step time, for settings of W1 (Llama-3-8B shape, LoRA r16, seq 2048), W2 (Llama-3.2-1B shape, full
-fine-tune) and W3 (Gemma-4-E2B shape with its vision tower, LoRA), on one GPU; and what the planner's `auto` chooses
-under a memory limit, against a sweep of hand-set settings run beside it.
+fine-tune), W3 (Gemma-4-E2B shape with its vision tower, LoRA) and W4 (the 8B shape, QLoRA, one long row per step),
+on one GPU; and what the planner's `auto` chooses under a memory limit, against a sweep of hand-set settings run
+beside it.
 
 Groups of cases (`--cases` takes case or group names): `settings` (the first table: one workload at several
-micro-batches, checkpointed layers, offloading and row lengths), `auto-19` and `auto-40` (W2 with every plannable key
-`auto` under `gpu_memory_limit` 19.3 / 40 GiB, and hand-set W2 settings to compare with). A setting fits a limit
+micro-batches, checkpointed layers, offloading and row lengths), `W3-layers` (W3 at more checkpointed layers), `W4`
+(W4's recipe at 32,768-98,304 tokens, and without `tiled_mlp`), `auto-19` and `auto-40` (W2 with every plannable key
+`auto` under `gpu_memory_limit` 19.3 / 40 GiB, and hand-set W2 settings to compare with), `auto-W1-24` (W1 with
+Liger's kernels, under 24 GiB) and `auto-W1-30` (W1 under 30 GiB). A W4 case runs `--w4-steps` steps at its one
+length, none left out as warm-up. A setting fits a limit
 when its measured peak *reserved* memory is within it: the limit is what the process may take, and the allocator
 reserves more than it hands out (the planner adds its allocator margin for that).
 
@@ -45,12 +49,21 @@ import throughput  # noqa: E402  (beside this script)
 @dataclass(frozen=True)
 class Case:
     name: str
-    workload: str  # throughput.py's W1 or W2
+    workload: str  # throughput.py's W1, W2, W3 or W4
     overrides: dict[str, Any] = field(default_factory=dict)
+    seq: int | None = None  # W4: the one sequence length tried (one row per step)
 
 
 AUTO = {"micro_batch_size": "auto", "gradient_checkpointing": "auto", "gradient_checkpointing_layers": "auto"}
 NO_CKPT = {"gradient_checkpointing": False}
+LIGER = {
+    "liger_rope": True,
+    "liger_rms_norm": True,
+    "liger_glu_activation": True,
+    "liger_fused_linear_cross_entropy": True,
+}
+# W4's recipe for long rows: 4-bit base, Liger, each layer's input offloaded, the MLP run in shards.
+W4_RECIPE = {"load_in_4bit": True, **LIGER, "gradient_checkpointing": "offload", "tiled_mlp": True}
 
 CASES: tuple[Case, ...] = (
     Case("W1-ckpt-all", "W1"),
@@ -73,6 +86,23 @@ CASES: tuple[Case, ...] = (
     Case("W2-auto-40", "W2", {**AUTO, "gpu_memory_limit": 40}),
     Case("W2-mb8-ckpt-all", "W2", {"micro_batch_size": 8}),
     Case("W2-mb8-ckpt-4", "W2", {"micro_batch_size": 8, "gradient_checkpointing_layers": 4}),
+    Case("W1-liger-auto-24", "W1", {**LIGER, **AUTO, "gpu_memory_limit": 24}),
+    Case("W1-liger-ckpt-24", "W1", {**LIGER, "gradient_checkpointing_layers": 24}),
+    Case("W1-liger-ckpt-20", "W1", {**LIGER, "gradient_checkpointing_layers": 20}),
+    Case("W1-liger-mb4-ckpt-all", "W1", {**LIGER, "micro_batch_size": 4}),
+    Case("W1-auto-30", "W1", {**AUTO, "gpu_memory_limit": 30}),
+    Case("W1-ckpt-24", "W1", {"gradient_checkpointing_layers": 24}),
+    Case("W1-ckpt-20", "W1", {"gradient_checkpointing_layers": 20}),
+    Case("W4-32k", "W4", W4_RECIPE, seq=32_768),
+    Case("W4-65k", "W4", W4_RECIPE, seq=65_536),
+    Case("W4-98k", "W4", W4_RECIPE, seq=98_304),
+    Case("W4-65k-untiled", "W4", {**W4_RECIPE, "tiled_mlp": False}, seq=65_536),
+    Case(
+        "W3-packed-mb2-ckpt-17",
+        "W3",
+        {"sample_packing": True, "micro_batch_size": 2, "gradient_checkpointing_layers": 17},
+    ),
+    Case("W3-packed-mb4-ckpt-26", "W3", {"sample_packing": True, "gradient_checkpointing_layers": 26}),
 )
 GROUPS: dict[str, tuple[str, ...]] = {
     "settings": (
@@ -82,14 +112,19 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "auto-19": ("W2-auto-19.3", "W2-mb1-no-ckpt", "W2-mb2-no-ckpt", "W2-mb2-ckpt-4", "W2-mb2-ckpt-all", "W2-ckpt",
                 "W2-mb4-ckpt-12"),
     "auto-40": ("W2-auto-40", "W2-ckpt-8", "W2-mb8-ckpt-all", "W2-mb8-ckpt-4"),
+    "auto-W1-24": ("W1-liger-auto-24", "W1-liger-ckpt-24", "W1-liger-ckpt-20", "W1-liger-mb4-ckpt-all"),
+    "auto-W1-30": ("W1-auto-30", "W1-ckpt-24", "W1-ckpt-20"),
+    "W4": ("W4-32k", "W4-65k", "W4-98k", "W4-65k-untiled"),
+    "W3-layers": ("W3-packed-mb2-ckpt-17", "W3-packed-mb4-ckpt-26"),
 }  # fmt: skip
 
 
 def job_for(case: Case, workdir: Path, steps: int) -> throughput.Job:
     w = throughput.workload(case.workload, tiny=False)
     paths = throughput.Paths(workdir)
-    data = paths.vlm_rows(w) if w.family == "gemma4-vlm" else paths.causal_rows(w.seq, steps * w.micro_batch)
-    return throughput.Job(w, "hellbender", paths, steps, w.seq, data, cuda=True)
+    seq = case.seq or w.seq
+    data = paths.vlm_rows(w) if w.family == "gemma4-vlm" else paths.causal_rows(seq, steps * w.micro_batch)
+    return throughput.Job(w, "hellbender", paths, steps, seq, data, cuda=True)
 
 
 def predict(case: Case, job: throughput.Job, card: str) -> dict[str, Any]:
@@ -128,6 +163,10 @@ def measure(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, str(BENCH / "throughput.py"), "--workloads", case.workload, "--variants", "hellbender"]
     command += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--workdir", str(args.workdir)]
     command += ["--json", str(out)]
+    if case.seq:  # W4 searches lengths; pin it to the case's one
+        seconds = str(args.case_timeout_s)
+        command += ["--w4-start", str(case.seq), "--w4-max-seq", str(case.seq), "--w4-steps", str(args.w4_steps)]
+        command += ["--w4-budget-s", seconds, "--w4-trial-timeout-s", seconds]
     for key, value in case.overrides.items():
         command += ["--hb-set", f"{key}={json.dumps(value)}"]
     subprocess.run(command, check=False, timeout=args.case_timeout_s)
@@ -154,7 +193,7 @@ def write_shapes(workdir: Path, cases: list[Case], steps: int) -> None:
         else:
             LlamaConfig(**w.shape).save_pretrained(job.model_dir)
             build_tiny_tokenizer().save_pretrained(job.model_dir)
-            throughput.pretokenized_rows(job.data, steps * w.micro_batch, w.seq)
+            throughput.pretokenized_rows(job.data, steps * w.micro_batch, job.seq)
 
 
 def ratio(predicted: float | None, measured: float | None) -> str:
@@ -168,7 +207,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/hb-bench"))
     p.add_argument("--case-timeout-s", type=float, default=240)
+    p.add_argument("--w4-steps", type=int, default=2, help="W4 cases: steps at the case's length (no warm-up left out)")
     p.add_argument("--dry-run", action="store_true", help="predictions only, no GPU (models' config.json only)")
+    p.add_argument("--card", default="H100", help="--dry-run: the card to predict for (a measured run: its own)")
     args = p.parse_args()
     by_name = {c.name: c for c in CASES}
     names = [n for item in args.cases.split(",") for n in GROUPS.get(item, (item,))]
@@ -193,7 +234,7 @@ def main() -> None:
         if not args.dry_run and not measured.get("ok", True):
             rows.append(f"| {case.name} | {case.overrides or 'defaults'} | | failed |" + " |" * 7)
             continue
-        predicted = predict(case, job, card_of(device) if not args.dry_run else "H100")
+        predicted = predict(case, job, card_of(device) if not args.dry_run else args.card)
         peak, step = measured.get("peak_allocated_gib"), measured.get("step_s")
         reserved, speed = measured.get("peak_reserved_gib"), measured.get("tokens_per_s")
         settings = {k: v for k, v in case.overrides.items() if v != "auto"}
@@ -205,7 +246,7 @@ def main() -> None:
             f"{_num(speed, ',.0f')} |"
         )
         print(rows[-1], flush=True)
-    print(f"\ndevice: {device}; predictions for {card_of(device) if not args.dry_run else 'H100'}\n")
+    print(f"\ndevice: {device}; predictions for {card_of(device) if not args.dry_run else args.card}\n")
     print("\n".join(rows))
     if args.dry_run:
         shutil.rmtree(args.workdir, ignore_errors=True)

@@ -1475,6 +1475,9 @@ def w4_search(runner: Runner, w: Workload, variant: str, budget_s: float) -> dic
         "trials": trials,
         "peak_allocated_gib": best.get("peak_allocated_gib") if best else None,
         "peak_reserved_gib": best.get("peak_reserved_gib") if best else None,
+        # Over all of the longest trial's steps (no warm-up left out: one or two steps at that length).
+        "step_s": best.get("step_s") if best else None,
+        "tokens_per_s": best.get("tokens_per_s") if best else None,
         "features": best.get("features", {}) if best else {},
         "params": best.get("params", {}) if best else {},
         **{k: best[k] for k in ("device", "torch", "transformers", "peft", "gpu_memory_gib") if best and k in best},

@@ -112,13 +112,14 @@ def test_activations_grow_with_batch_and_length_and_checkpointing_lowers_them(tm
     assert scores > whole  # eager attention saves its probabilities
 
 
-def test_layer_estimate_matches_the_tensors_autograd_saves(tmp_path):
+@pytest.mark.parametrize("tiled_mlp", [False, True], ids=["mlp", "tiled-mlp"])
+def test_layer_estimate_matches_the_tensors_autograd_saves(tmp_path, tiled_mlp):
     """The per-layer formula against the bytes a real forward saves for backward (saved-tensor hooks, parameters
-    left out), for full fine-tuning in float32 on the tiny Llama."""
+    left out), for full fine-tuning in float32 on the tiny Llama; with `tiled_mlp` the MLP keeps only its input."""
     from hellbender.models.loading import load_tokenizer
     from hellbender.models.stack import build_trainable_model
 
-    cfg = validate_config(base_config(tmp_path, adapter=None))
+    cfg = validate_config(base_config(tmp_path, adapter=None, tiled_mlp=tiled_mlp))
     model = build_trainable_model(cfg, load_tokenizer(cfg))
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     layer = model.model.layers[1]
@@ -138,6 +139,78 @@ def test_layer_estimate_matches_the_tensors_autograd_saves(tmp_path):
     facts = describe(cfg, meta_model(cfg))
     predicted = layer_bytes_per_token(facts, plan_settings(cfg), 4, norm_trains=True) * ids.numel()
     assert abs(predicted - sum(saved.values())) < 0.1 * sum(saved.values())
+
+
+def _malloc_in_use() -> int:
+    """Bytes the C allocator has handed out and not taken back (glibc's mallinfo2): where CPU tensors live."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                          "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"gradient_checkpointing": False},
+        {"gradient_checkpointing": True},
+        {"adapter": "lora", "lora_target_linear": True, "gradient_checkpointing": True},
+        {"adapter": "lora", "lora_target_linear": True, "gradient_checkpointing": True, "tiled_mlp": True},
+    ],
+    ids=["full", "full-checkpointed", "lora-checkpointed", "lora-checkpointed-tiled-mlp"],
+)
+def test_planned_peak_is_the_peak_a_real_step_reaches(tmp_path, overrides):
+    """The whole plan (weights, gradients, states, saved activations, the recomputed layer and backward's
+    workspaces) against the most memory a real optimizer step holds at once: CPU tensors counted by the C allocator
+    after every op, in the second step (the optimizer's states exist, as in every later one). A Llama with an MLP 16x
+    its width and rows of 2,048 tokens, so that the MLP's inner tensors weigh as they do in long-row runs."""
+    pytest.importorskip("ctypes")
+    try:
+        _malloc_in_use()
+    except (OSError, AttributeError):
+        pytest.skip("glibc's mallinfo2 is not available here")
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hellbender.models.loading import load_tokenizer
+    from hellbender.models.stack import build_trainable_model
+
+    shape = dict(vocab_size=512, hidden_size=128, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=4096)  # fmt: skip
+    LlamaForCausalLM(LlamaConfig(**shape)).save_pretrained(tmp_path / "wide-mlp")
+    raw = base_config(tmp_path, base_model=str(tmp_path / "wide-mlp"), tokenizer_config="hellbender/tiny-llama")
+    cfg = validate_config({**raw, "sequence_len": 2048, "micro_batch_size": 2, "optimizer": "adamw_torch", **overrides})
+    model = build_trainable_model(cfg, load_tokenizer(cfg)).train()  # checkpointing runs in training mode only
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, foreach=False)
+    ids = torch.randint(5, 200, (2, 2048))
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    class Peak(TorchDispatchMode):
+        bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            Peak.bytes = max(Peak.bytes, _malloc_in_use())
+            return out
+
+    step()
+    states = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if t.dim())
+    before = _malloc_in_use() - states  # the model and the rest of the process; the states count in the plan
+    with Peak():
+        step()
+    measured = Peak.bytes - before + sum(p.numel() * p.element_size() for p in model.parameters())
+    planned = plan_memory(describe(cfg, meta_model(cfg)), plan_settings(cfg), 4).peak
+    assert 0.9 < planned / measured < 1.1, (planned / 2**20, measured / 2**20)
 
 
 def test_gemma4_layers_are_planned_by_their_own_widths(tmp_path):

@@ -15,15 +15,19 @@ per element of the run's dtype), the tensors saved for backward are, as counted 
   attention output and the MLP input are saved once more (a each; measured: the MLP inner input is not), plus the
   rank-sized intermediate of each module. On a 4- or 8-bit base PEFT skips that cast under autocast. LoRA dropout
   adds its output and mask (a + 1 per input element) per wrapped module.
+- `tiled_mlp`: the MLP runs without a graph and saves only its input (a h); its LoRA modules save nothing. Its
+  backward recomputes one shard of the sequence at a time (`tiled_mlp_backward_bytes`).
 """
 
 from __future__ import annotations
 
+from hellbender.models.tiled_mlp import shard_count
 from hellbender.plan.method import FUSED_HEAD, SCORE_HEAD
 from hellbender.plan.model_facts import ModelFacts
 from hellbender.plan.settings import PlanSettings
 
 _LORA_COPIED = ("attention input", "attention output", "MLP input")
+_MLP_INPUTS = ("MLP input", "MLP inner")  # LoRA inputs inside the MLP (`tiled_mlp` saves none of them)
 # Bytes per logit at the loss's peak without a fused loss: the bf16 logits the model returns, their float32 copy's
 # log-softmax (4), its gradient (4), the gradient of the float32 copy (2 more in its cast back) and the bf16 gradient (a): 12 for bf16. Fits W1 and W2's measured
 # peaks in docs/benchmarks.md to 3%.
@@ -56,9 +60,13 @@ def layer_bytes_per_token(
         # Shared-prompt DPO rows go through torch's varlen attention kernel, which torch 2.11 gives no grouped-query
         # option: it is given one key-value head per query head (train/shared_prompt.py) and saves the expanded ones.
         attention += 2 * a * (q - k)
-    mlp = norm + a * h + (2 if s.liger_glu else 3) * a * i + a * i
+    mlp = norm + a * h
+    if not s.tiled_mlp:
+        mlp += (2 if s.liger_glu else 3) * a * i + a * i
     lora = 0.0
     for inp in facts.lora_inputs:
+        if s.tiled_mlp and inp.group in _MLP_INPUTS:
+            continue
         if s.quantized_bits is None and inp.group in _LORA_COPIED:
             lora += a * inp.width
         lora += a * inp.rank_sum * 2  # A's output and its (scaled) copy into B
@@ -67,6 +75,23 @@ def layer_bytes_per_token(
     # Norms beyond the two above (Gemma's after attention and after the MLP, per-head q and k norms): each saves its
     # float32 input.
     return attention + mlp + lora + 4 * extra_norms
+
+
+def tiled_mlp_backward_bytes(facts: ModelFacts, s: PlanSettings, element: int, norm_trains: bool) -> float:
+    """`tiled_mlp`'s backward in one layer, beyond what the layer saved: one shard recomputed with its graph (what
+    an untiled MLP saves, for the shard's tokens), and the input gradients of the shards done, gathered into one
+    tensor at the end (the list and the joined copy: two of the stream's width at that moment)."""
+    if not s.tiled_mlp:
+        return 0.0
+    untiled = s.but(tiled_mlp=False)
+    mlp_per_token = max(
+        layer_bytes_per_token(facts, untiled, element, norm_trains, layer)
+        - layer_bytes_per_token(facts, s, element, norm_trains, layer)
+        for layer in range(max(facts.layers, 1))
+    )
+    shard_tokens = s.rows * -(-s.row_len // shard_count(s.row_len, facts.hidden, s.tiled_mlp_shards))
+    gradients = element * facts.hidden * s.tokens
+    return gradients + max(shard_tokens * mlp_per_token, gradients)
 
 
 def attention_scores_bytes(facts: ModelFacts, s: PlanSettings, element: int, layer: int) -> float:

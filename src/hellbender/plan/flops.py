@@ -8,7 +8,7 @@ causal context, half the sequence or the window; d = heads x head_dim) and twice
 layers outside the decoder (a vision tower) run forward only. Preference methods add their forwards without
 gradients and score answers with TRL's fused LM head (`step_flops_parts`; the rows are `method.py`'s); online
 distillation adds its teacher's forward over every token, 2 T (N_teacher + its head) and its attention, at the card's
-share of the peak. The optimizer
+share of the peak. `tiled_mlp` runs each MLP's forward once more in backward (2 T N_mlp). The optimizer
 step is bound by memory bandwidth: it reads and writes weights, gradients and states about once each.
 
 Under the compute lies the host's floor: the kernels the step launches (`launches.py`'s counts) times
@@ -101,6 +101,8 @@ def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: 
         + 3 * attention_forward + vision + 3 * merge,
         "recomputation": recomputed * (2 * tokens * (decoder + lora) + attention_forward + merge),
     }  # fmt: skip
+    if s.tiled_mlp:  # each shard's MLP forward runs once more, with its graph, in backward
+        parts["tiled MLP recomputation"] = 2 * tokens * facts.mlp_linear_numel
     # The reference runs the base weights only: the adapter is switched off, or the frozen copy has none.
     reference = 2 * tokens * decoder + head_forward + attention_forward + vision
     if s.method.reference_forwards:

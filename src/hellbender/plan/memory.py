@@ -18,6 +18,7 @@ from hellbender.plan.activations import (
     layer_bytes_per_token,
     loss_bytes,
     reference_forward_bytes,
+    tiled_mlp_backward_bytes,
 )
 from hellbender.plan.distillation import loss_bytes as distillation_loss_bytes
 from hellbender.plan.distillation import target_bytes, teacher_forward_bytes
@@ -72,6 +73,8 @@ class MemoryPlan:
     teacher_weights: int = 0  # online distillation's frozen teacher, whole on every GPU
     teacher_forward: int = 0  # its forward without gradients, before the student's
     teacher_targets: int = 0  # distillation's top-k targets of the micro-batch, and the loss's copy of them
+    tiled_mlp_backward: int = 0  # `tiled_mlp`: one recomputed shard and the gathered input gradients
+    mlp_workspace: int = 0  # the gradient at the MLP's inner width in a layer's backward
     phases: dict[str, int] = field(default_factory=dict)  # what is allocated at each moment
     notes: list[str] = field(default_factory=list)
 
@@ -177,6 +180,12 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         k = max(k, q)
     attention_workspace = element * tokens * (q + 2 * k)  # one layer's dq, dk, dv in backward
     residual = element * tokens * facts.hidden * 2  # the gradient flowing down the residual stream, and its sum
+    tiled_mlp = int(tiled_mlp_backward_bytes(facts, s, element, norm_trains))
+    # The gradient at the MLP's inner width (down_proj's input), beside the layer's saved tensors; a tiled MLP has
+    # it for one shard (in `tiled_mlp`). The MLP's backward runs before the attention's, which then finds the MLP's
+    # tensors freed: the layer's backward holds the larger of the two workspaces, not both.
+    mlp_workspace = 0 if s.tiled_mlp else element * tokens * _widest_inner(facts)
+    layer_workspace = max(attention_workspace, mlp_workspace + tiled_mlp)
 
     # The reference copy is the model as built, the adapter aside (full fine-tuning has none), sharded as the weights.
     reference_copy = weights_split if s.method.reference_copy else 0
@@ -198,7 +207,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         # The reference runs after the policy's forward: its activations and the head's saved answer states are alive
         "loss": fixed + grads_now + activations + targets + max(loss, saved_by_head + reference_forward),
         "backward": fixed + gradients + activations - sum(per_layer[checkpointed:]) + recompute
-        + attention_workspace + residual,
+        + residual + layer_workspace,
         "optimizer step": fixed + gradients + step_temporaries,
     }  # fmt: skip
     if teacher:  # before the student's forward: none of its activations of this micro-batch exist yet
@@ -227,4 +236,10 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         teacher_weights=teacher_weights,
         teacher_forward=teacher_forward,
         teacher_targets=targets,
+        tiled_mlp_backward=tiled_mlp,
+        mlp_workspace=mlp_workspace,
     )
+
+
+def _widest_inner(facts: ModelFacts) -> int:
+    return max((w.inner for w in facts.layer_widths), default=facts.intermediate)

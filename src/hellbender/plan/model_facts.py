@@ -104,6 +104,15 @@ class ModelFacts:
     def trainable(self) -> list[Parameter]:
         return [p for p in self.parameters if p.trainable]
 
+    @property
+    def mlp_linear_numel(self) -> int:
+        """Linear weights of the decoder layers' MLPs, their adapters' included (`tiled_mlp` runs them once more)."""
+        return sum(
+            p.numel
+            for p in self.parameters
+            if p.in_layer is not None and ".mlp." in p.name and (p.quantizable or _is_lora_part(p.name))
+        )
+
     def layer_parameters(self, index: int) -> list[Parameter]:
         return [p for p in self.parameters if p.in_layer == index]
 

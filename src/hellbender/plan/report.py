@@ -117,6 +117,8 @@ def render(plan: Plan) -> str:
         (f"teacher's top-{shape.top_k} targets (ids, log-probabilities, mask)", m.teacher_targets),
         ("teacher forward (no gradients, before the student's)", m.teacher_forward),
         ("attention workspace (backward)", m.attention_workspace),
+        ("MLP gradient at its inner width (backward)", m.mlp_workspace),
+        ("tiled MLP: one shard and the input gradients (backward)", m.tiled_mlp_backward),
         ("optimizer step temporaries", m.step_temporaries),
     ]  # fmt: skip
     for label, value in rows:

@@ -33,6 +33,8 @@ class PlanSettings:
     liger_rope: bool = False
     clips_gradients: bool = True  # `max_grad_norm` > 0: a norm over every gradient before the optimizer step
     context_parallel: int = 1  # `context_parallel_size`: each GPU holds 1/N of every row's tokens
+    tiled_mlp: bool = False  # `tiled_mlp`: each MLP saves only its input and runs in shards along the sequence
+    tiled_mlp_shards: int | None = None  # `tiled_mlp_num_shards` (None: about one per `hidden_size` tokens)
 
     @property
     def rows(self) -> int:
@@ -92,6 +94,8 @@ def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None
         liger_rope=cfg.liger_rope,
         clips_gradients=bool(cfg.max_grad_norm),
         context_parallel=min(cfg.context_parallel_size or 1, gpus),
+        tiled_mlp=cfg.tiled_mlp,
+        tiled_mlp_shards=cfg.tiled_mlp_num_shards,
     )
 
 
