@@ -3,6 +3,10 @@ the activation estimate, and the refusal of a config that does not fit `gpu_memo
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 import yaml
@@ -141,17 +145,23 @@ def test_layer_estimate_matches_the_tensors_autograd_saves(tmp_path, tiled_mlp):
     assert abs(predicted - sum(saved.values())) < 0.1 * sum(saved.values())
 
 
-def _malloc_in_use() -> int:
-    """Bytes the C allocator has handed out and not taken back (glibc's mallinfo2): where CPU tensors live."""
+@functools.cache
+def _mallinfo2() -> Callable[[], Any]:
+    """glibc's mallinfo2, which reports what the C allocator (where CPU tensors live) has handed out."""
     import ctypes
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                           "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
 
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = MallInfo2
-    info = libc.mallinfo2()
+    mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    mallinfo2.restype = MallInfo2
+    return mallinfo2
+
+
+def _malloc_in_use() -> int:
+    """Bytes handed out and not yet taken back: small blocks and the large ones the allocator maps on its own."""
+    info = _mallinfo2()()
     return info.uordblks + info.hblkhd
 
 
@@ -170,7 +180,6 @@ def test_planned_peak_is_the_peak_a_real_step_reaches(tmp_path, overrides):
     workspaces) against the most memory a real optimizer step holds at once: CPU tensors counted by the C allocator
     after every op, in the second step (the optimizer's states exist, as in every later one). A Llama with an MLP 16x
     its width and rows of 2,048 tokens, so that the MLP's inner tensors weigh as they do in long-row runs."""
-    pytest.importorskip("ctypes")
     try:
         _malloc_in_use()
     except (OSError, AttributeError):
