@@ -15,7 +15,7 @@ from hellbender.config import validate_config
 from hellbender.config import validate_config as validate_with
 from hellbender.config.training import memory_limit_gib
 from hellbender.errors import ConfigError
-from hellbender.plan.activations import layer_bytes_per_token
+from hellbender.plan.activations import attention_scores_bytes, layer_bytes_per_token
 from hellbender.plan.fit import element_size
 from hellbender.plan.memory import plan_memory, quantized_bytes
 from hellbender.plan.model_facts import Parameter, describe, meta_model
@@ -165,21 +165,32 @@ def _malloc_in_use() -> int:
     return info.uordblks + info.hblkhd
 
 
+LORA_ALL = {"adapter": "lora", "lora_target_linear": True}
+GEMMA4_EAGER = {"base_model": "hellbender/tiny-gemma4", "attn_implementation": "eager", "sequence_len": 1024}
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
         {"gradient_checkpointing": False},
         {"gradient_checkpointing": True},
-        {"adapter": "lora", "lora_target_linear": True, "gradient_checkpointing": True},
-        {"adapter": "lora", "lora_target_linear": True, "gradient_checkpointing": True, "tiled_mlp": True},
+        {**LORA_ALL, "gradient_checkpointing": True},
+        {**LORA_ALL, "gradient_checkpointing": True, "tiled_mlp": True},
+        {**GEMMA4_EAGER, "gradient_checkpointing": False},
+        {**GEMMA4_EAGER, **LORA_ALL, "gradient_checkpointing": True},
     ],
-    ids=["full", "full-checkpointed", "lora-checkpointed", "lora-checkpointed-tiled-mlp"],
-)
+    ids=[
+        "full", "full-checkpointed", "lora-checkpointed", "lora-checkpointed-tiled-mlp", "gemma4-eager",
+        "gemma4-eager-lora-checkpointed",
+    ],
+)  # fmt: skip
 def test_planned_peak_is_the_peak_a_real_step_reaches(tmp_path, overrides):
     """The whole plan (weights, gradients, states, saved activations, the recomputed layer and backward's
     workspaces) against the most memory a real optimizer step holds at once: CPU tensors counted by the C allocator
     after every op, in the second step (the optimizer's states exist, as in every later one). A Llama with an MLP 16x
-    its width and rows of 2,048 tokens, so that the MLP's inner tensors weigh as they do in long-row runs."""
+    its width and rows of 2,048 tokens, so that the MLP's inner tensors weigh as they do in long-row runs; and the
+    tiny Gemma 4 under eager attention, whose probabilities (every layer's over the whole row, sliding ones too) and
+    their gradients in backward outweigh the rest."""
     try:
         _malloc_in_use()
     except (OSError, AttributeError):
@@ -192,12 +203,15 @@ def test_planned_peak_is_the_peak_a_real_step_reaches(tmp_path, overrides):
 
     shape = dict(vocab_size=512, hidden_size=128, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=4096)  # fmt: skip
-    LlamaForCausalLM(LlamaConfig(**shape)).save_pretrained(tmp_path / "wide-mlp")
-    raw = base_config(tmp_path, base_model=str(tmp_path / "wide-mlp"), tokenizer_config="hellbender/tiny-llama")
+    if "base_model" not in overrides:  # the wide-MLP Llama, built here
+        LlamaForCausalLM(LlamaConfig(**shape)).save_pretrained(tmp_path / "wide-mlp")
+        overrides = {"base_model": str(tmp_path / "wide-mlp"), "tokenizer_config": "hellbender/tiny-llama", **overrides}
+    raw = base_config(tmp_path)
     cfg = validate_config({**raw, "sequence_len": 2048, "micro_batch_size": 2, "optimizer": "adamw_torch", **overrides})
+    length = cfg.sequence_len
     model = build_trainable_model(cfg, load_tokenizer(cfg)).train()  # checkpointing runs in training mode only
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, foreach=False)
-    ids = torch.randint(5, 200, (2, 2048))
+    ids = torch.randint(5, 200, (2, length))
 
     def step() -> None:
         model(input_ids=ids, labels=ids).loss.backward()
@@ -222,17 +236,21 @@ def test_planned_peak_is_the_peak_a_real_step_reaches(tmp_path, overrides):
     assert 0.9 < planned / measured < 1.1, (planned / 2**20, measured / 2**20)
 
 
-def test_gemma4_layers_are_planned_by_their_own_widths(tmp_path):
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_gemma4_layers_are_planned_by_their_own_widths(tmp_path, attention):
     """Gemma 4's layers differ: wider heads on full-attention layers, a double-wide MLP on the layers that share keys
     and values (the last ones, which `gradient_checkpointing_layers` leaves unrecomputed), and norms a Llama layer
     lacks. Each layer's plan against the bytes a real forward saves (tiny Gemma 4, LoRA, float32; a tensor that
-    several layers save, such as the attention mask, counts once, in the first)."""
+    several layers save, such as the attention mask, counts once, in the first). Eager attention saves each layer's
+    probabilities over the whole row, sliding-window layers included (rows of 256 tokens, 16 times the window)."""
     from hellbender.models.loading import load_tokenizer
     from hellbender.models.stack import build_trainable_model
     from tests.helpers import vlm_config
 
     raw = vlm_config(tmp_path, "hellbender/tiny-gemma4-vlm", adapter="lora", lora_target_linear=True, lora_r=4)
-    cfg = validate_config({**raw, "gradient_checkpointing": False})
+    length = 256 if attention == "eager" else 64
+    settings = {"sequence_len": length, "micro_batch_size": 2, "attn_implementation": attention}
+    cfg = validate_config({**raw, "gradient_checkpointing": False, **settings})
     model = build_trainable_model(cfg, load_tokenizer(cfg))
     layers = next(m for n, m in model.named_modules() if n.endswith("language_model.layers"))
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -250,7 +268,7 @@ def test_gemma4_layers_are_planned_by_their_own_widths(tmp_path):
     for index, layer in enumerate(layers):
         layer.register_forward_pre_hook(lambda *_, index=index: current.__setitem__(0, index))
         layer.register_forward_hook(lambda *_: current.__setitem__(0, None))
-    ids = torch.randint(5, 200, (2, 64))
+    ids = torch.randint(5, 200, (2, length))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(input_ids=ids, labels=ids)
     facts = describe(cfg, meta_model(cfg))
@@ -258,6 +276,7 @@ def test_gemma4_layers_are_planned_by_their_own_widths(tmp_path):
     assert facts.kv_shared_layers and any(w.inner == 2 * facts.layer_widths[0].inner for w in facts.layer_widths)
     for index in range(len(layers)):
         planned = layer_bytes_per_token(facts, settings, 4, False, index) * ids.numel()
+        planned += attention_scores_bytes(facts, settings, 4, index)
         if index in facts.kv_shared_layers:  # no keys or values of its own (as memory.py plans them)
             planned -= 4 * 2 * facts.layer_widths[index].kv * ids.numel()
         assert abs(planned / measured[index] - 1) < 0.1, (index, planned, measured[index])

@@ -7,7 +7,7 @@ per element of the run's dtype), the tensors saved for backward are, as counted 
 - each RMSNorm: its float32 input (4h; Liger's kernel: its input, a h), and its output when the norm's weight
   trains (a h, full fine-tuning);
 - the attention input (a h, shared by q, k and v), rotated q and k with v (a (q + 2k)), the attention output (a q,
-  shared with o_proj's input); eager attention adds the probabilities: heads x context x (4 + a) per token; shared-
+  shared with o_proj's input); eager attention adds the probabilities: heads x row x (4 + a) per token; shared-
   prompt DPO rows under the varlen kernel save k and v expanded to every query head (2 a (q - k) more);
 - the MLP input (a h), SiLU's input, its output and the up projection (3 a i; Liger's SwiGLU recomputes the
   activation: 2 a i) and down_proj's input (a i);
@@ -95,12 +95,14 @@ def tiled_mlp_backward_bytes(facts: ModelFacts, s: PlanSettings, element: int, n
 
 
 def attention_scores_bytes(facts: ModelFacts, s: PlanSettings, element: int, layer: int) -> float:
-    """Eager attention's saved probabilities for one layer and one micro-batch (flash and SDPA kernels save none)."""
+    """Eager attention's saved probabilities for one layer and one micro-batch (flash and SDPA kernels save none):
+    the float32 softmax output, and its copy in the run's dtype that multiplies the values (none in float32). Every
+    query's row covers the whole row of keys, sliding-window layers too: eager attention applies the window as a
+    mask on the full matrix."""
     if not s.eager_attention:
         return 0.0
-    window = facts.sliding_windows[layer] if layer < len(facts.sliding_windows) else None
-    context = min(s.row_len, window) if window else s.row_len
-    return s.rows * facts.heads * s.row_len * context * (4 + element)
+    per_score = 4 + (element if element < 4 else 0)
+    return s.rows * facts.heads * s.row_len * s.row_len * per_score
 
 
 def checkpoint_input_bytes_per_token(facts: ModelFacts, element: int) -> int:

@@ -179,6 +179,8 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     ):  # the varlen kernel's key-value heads expanded (activations.py)
         k = max(k, q)
     attention_workspace = element * tokens * (q + 2 * k)  # one layer's dq, dk, dv in backward
+    if s.eager_attention:  # and the float32 gradients of its probabilities and of the scores beneath them
+        attention_workspace += 2 * 4 * s.rows * facts.heads * s.row_len**2
     residual = element * tokens * facts.hidden * 2  # the gradient flowing down the residual stream, and its sum
     tiled_mlp = int(tiled_mlp_backward_bytes(facts, s, element, norm_trains))
     # The gradient at the MLP's inner width (down_proj's input), beside the layer's saved tensors; a tiled MLP has
@@ -206,8 +208,9 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     phases = {
         # The reference runs after the policy's forward: its activations and the head's saved answer states are alive
         "loss": fixed + grads_now + activations + targets + max(loss, saved_by_head + reference_forward),
-        "backward": fixed + gradients + activations - sum(per_layer[checkpointed:]) + recompute
-        + residual + layer_workspace,
+        # Backward starts with every saved tensor alive; by the checkpointed layers the others' are freed.
+        "backward": fixed + gradients + residual + layer_workspace
+        + max(activations, activations - sum(per_layer[checkpointed:]) + recompute),
         "optimizer step": fixed + gradients + step_temporaries,
     }  # fmt: skip
     if teacher:  # before the student's forward: none of its activations of this micro-batch exist yet
