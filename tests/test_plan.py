@@ -15,7 +15,7 @@ from hellbender.config import validate_config
 from hellbender.config import validate_config as validate_with
 from hellbender.config.training import memory_limit_gib
 from hellbender.errors import ConfigError
-from hellbender.plan.activations import attention_scores_bytes, layer_bytes_per_token
+from hellbender.plan.activations import attention_scores_bytes, layer_bytes_per_token, loss_bytes
 from hellbender.plan.fit import element_size
 from hellbender.plan.memory import plan_memory, quantized_bytes
 from hellbender.plan.model_facts import Parameter, describe, meta_model
@@ -280,6 +280,39 @@ def test_gemma4_layers_are_planned_by_their_own_widths(tmp_path, attention):
         if index in facts.kv_shared_layers:  # no keys or values of its own (as memory.py plans them)
             planned -= 4 * 2 * facts.layer_widths[index].kv * ids.numel()
         assert abs(planned / measured[index] - 1) < 0.1, (index, planned, measured[index])
+
+
+def test_final_logit_softcapping_keeps_one_more_logit_sized_tensor(tmp_path):
+    """Gemma's final logit soft-capping (cap x tanh(logits / cap)) keeps tanh's output for backward: what the tiny
+    Gemma 4 saves outside its decoder layers grows by one logit-sized tensor, and the plan's loss by as much."""
+    from hellbender.models.loading import load_tokenizer
+    from hellbender.models.stack import build_trainable_model
+
+    def saved_and_planned(softcap: float | None) -> tuple[int, float]:
+        raw = base_config(tmp_path, base_model="hellbender/tiny-gemma4", gradient_checkpointing=False)
+        cfg = validate_config({**raw, "overrides_of_model_config": {"final_logit_softcapping": softcap}})
+        model = build_trainable_model(cfg, load_tokenizer(cfg))
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        inside, saved = [0], {}
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if not inside[0] and ptr not in weights:
+                saved[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        for layer in model.model.layers:
+            layer.register_forward_pre_hook(lambda *_: inside.__setitem__(0, inside[0] + 1))
+            layer.register_forward_hook(lambda *_: inside.__setitem__(0, inside[0] - 1))
+        ids = torch.randint(5, 200, (4, 128))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, labels=ids)
+        facts = describe(cfg, meta_model(cfg))
+        assert facts.logit_softcapping == bool(softcap)
+        return sum(saved.values()), loss_bytes(facts, plan_settings(cfg), 4)
+
+    (capped, planned_capped), (plain, planned_plain) = saved_and_planned(30.0), saved_and_planned(None)
+    assert abs((capped - plain) / (planned_capped - planned_plain) - 1) < 0.1
 
 
 def test_memory_limit_reads_gib_and_units():

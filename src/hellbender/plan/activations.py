@@ -120,7 +120,9 @@ def loss_bytes(facts: ModelFacts, s: PlanSettings, element: int) -> float:
     if s.fused_loss:
         chunk = min(tokens, _FUSED_CHUNK_TOKENS)
         return chunk * facts.vocab * 8 + tokens * facts.hidden * (element + 4)
-    return tokens * facts.vocab * (element + _LOGIT_BYTES_BEYOND_DTYPE)
+    # Final logit soft-capping (cap x tanh(logits / cap)) keeps tanh's output for backward: one more logit each.
+    softcap = element if facts.logit_softcapping else 0
+    return tokens * facts.vocab * (element + _LOGIT_BYTES_BEYOND_DTYPE + softcap)
 
 
 def fused_head_bytes(facts: ModelFacts, scored: int, element: int) -> float:

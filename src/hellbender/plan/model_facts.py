@@ -99,6 +99,7 @@ class ModelFacts:
     not_modelled: list[str] = field(default_factory=list)  # what the plan leaves out for this model, said in the report
     notes: list[str] = field(default_factory=list)  # how this model's special parts are planned
     teacher: ModelFacts | None = None  # online distillation's teacher (`kd_teacher_model`), frozen beside the student
+    logit_softcapping: bool = False  # `final_logit_softcapping` (Gemma): the head's tanh saves its logit-sized output
 
     @property
     def trainable(self) -> list[Parameter]:
@@ -268,6 +269,7 @@ def _describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
         head_numel=head_weight.numel() if head_weight is not None else 0,
     )
     facts.attention = getattr(text, "_attn_implementation", None) or "sdpa"
+    facts.logit_softcapping = bool(_setting(text, "final_logit_softcapping", None))
     facts.shared_prompt_refusal = why_model_not_shared(model)
     facts.decoder_linear_numel = sum(
         p.numel for p in parameters if p.quantizable and p.in_layer is not None and not _is_lora_part(p.name)
