@@ -94,7 +94,7 @@ def tiled_mlp_backward_bytes(facts: ModelFacts, s: PlanSettings, element: int, n
     return gradients + max(shard_tokens * mlp_per_token, gradients)
 
 
-def attention_scores_bytes(facts: ModelFacts, s: PlanSettings, element: int, layer: int) -> float:
+def attention_scores_bytes(facts: ModelFacts, s: PlanSettings, element: int) -> float:
     """Eager attention's saved probabilities for one layer and one micro-batch (flash and SDPA kernels save none):
     the float32 softmax output, and its copy in the run's dtype that multiplies the values (none in float32). Every
     query's row covers the whole row of keys, sliding-window layers too: eager attention applies the window as a

@@ -152,12 +152,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         else:
             shared = element * 2 * _kv_width(facts, index) * tokens if index in facts.kv_shared_layers else 0
             per_layer.append(
-                int(
-                    full_layers[index]
-                    - shared
-                    + facts.merged_expert_bytes
-                    + attention_scores_bytes(facts, s, element, index)
-                )
+                int(full_layers[index] - shared + facts.merged_expert_bytes + attention_scores_bytes(facts, s, element))
             )
     if checkpointed and s.offload:
         on_host = checkpointed * kept_input
@@ -167,7 +162,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     # Backward recomputes one checkpointed layer at a time: the largest of them.
     recompute = max(
         (
-            int(full_layers[i] + facts.merged_expert_bytes + attention_scores_bytes(facts, s, element, i))
+            int(full_layers[i] + facts.merged_expert_bytes + attention_scores_bytes(facts, s, element))
             for i in range(checkpointed)
         ),
         default=0,
