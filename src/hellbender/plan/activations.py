@@ -94,15 +94,17 @@ def tiled_mlp_backward_bytes(facts: ModelFacts, s: PlanSettings, element: int, n
     return gradients + max(shard_tokens * mlp_per_token, gradients)
 
 
+def eager_scores(facts: ModelFacts, s: PlanSettings) -> int:
+    """Attention scores one layer builds for one micro-batch under eager attention (flash and SDPA kernels build
+    none): every query against the whole row of keys, in sliding-window layers too, since eager attention applies the
+    window as a mask on the full matrix."""
+    return s.rows * facts.heads * s.row_len * s.row_len if s.eager_attention else 0
+
+
 def attention_scores_bytes(facts: ModelFacts, s: PlanSettings, element: int) -> float:
-    """Eager attention's saved probabilities for one layer and one micro-batch (flash and SDPA kernels save none):
-    the float32 softmax output, and its copy in the run's dtype that multiplies the values (none in float32). Every
-    query's row covers the whole row of keys, sliding-window layers too: eager attention applies the window as a
-    mask on the full matrix."""
-    if not s.eager_attention:
-        return 0.0
-    per_score = 4 + (element if element < 4 else 0)
-    return s.rows * facts.heads * s.row_len * s.row_len * per_score
+    """Eager attention's saved probabilities for one layer and one micro-batch: the float32 softmax output, and its
+    copy in the run's dtype that multiplies the values (none in float32)."""
+    return eager_scores(facts, s) * (4 + (element if element < 4 else 0))
 
 
 def checkpoint_input_bytes_per_token(facts: ModelFacts, element: int) -> int:

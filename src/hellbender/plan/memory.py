@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from hellbender.plan.activations import (
     attention_scores_bytes,
     checkpoint_input_bytes_per_token,
+    eager_scores,
     layer_bytes_per_token,
     loss_bytes,
     reference_forward_bytes,
@@ -145,15 +146,14 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     norm_trains = any(p.trainable and "norm" in p.name for p in facts.parameters)
     full_layers = [layer_bytes_per_token(facts, s, element, norm_trains, i) * tokens for i in range(facts.layers)]
     kept_input = checkpoint_input_bytes_per_token(facts, element) * tokens
+    scores = attention_scores_bytes(facts, s, element)  # the same in every layer
     per_layer = []
     for index in range(facts.layers):
         if index < checkpointed:
             per_layer.append(0 if s.offload else kept_input)
         else:
             shared = element * 2 * _kv_width(facts, index) * tokens if index in facts.kv_shared_layers else 0
-            per_layer.append(
-                int(full_layers[index] - shared + facts.merged_expert_bytes + attention_scores_bytes(facts, s, element))
-            )
+            per_layer.append(int(full_layers[index] - shared + facts.merged_expert_bytes + scores))
     if checkpointed and s.offload:
         on_host = checkpointed * kept_input
         host_parts["offloaded layer inputs (pinned slabs)"] = math.ceil(on_host / SLAB_BYTES) * SLAB_BYTES
@@ -161,10 +161,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     activations = sum(per_layer)
     # Backward recomputes one checkpointed layer at a time: the largest of them.
     recompute = max(
-        (
-            int(full_layers[i] + facts.merged_expert_bytes + attention_scores_bytes(facts, s, element))
-            for i in range(checkpointed)
-        ),
+        (int(full_layers[i] + facts.merged_expert_bytes + scores) for i in range(checkpointed)),
         default=0,
     )
     loss = int(distillation_loss_bytes(facts, s, element) if s.method.distills else loss_bytes(facts, s, element))
@@ -174,8 +171,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     ):  # the varlen kernel's key-value heads expanded (activations.py)
         k = max(k, q)
     attention_workspace = element * tokens * (q + 2 * k)  # one layer's dq, dk, dv in backward
-    if s.eager_attention:  # and the float32 gradients of its probabilities and of the scores beneath them
-        attention_workspace += 2 * 4 * s.rows * facts.heads * s.row_len**2
+    attention_workspace += 2 * 4 * eager_scores(facts, s)  # eager: the float32 gradients of probabilities and scores
     residual = element * tokens * facts.hidden * 2  # the gradient flowing down the residual stream, and its sum
     tiled_mlp = int(tiled_mlp_backward_bytes(facts, s, element, norm_trains))
     # The gradient at the MLP's inner width (down_proj's input), beside the layer's saved tensors; a tiled MLP has
