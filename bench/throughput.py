@@ -35,6 +35,9 @@ Measurements:
   data loader and collator (image processing for W3), forward, backward and optimizer step. Steps 1..`--warmup`
   (default 5 of `--steps` 25) are skipped. tokens/s is the median over the steady steps of tokens / step time. The
   share of step time before `on_step_begin` (fetching and collating the batch) is reported as "waits for the batch".
+- `--free-running`: the steady steps timed as one span instead, synchronised only at its start and at the last
+  step's end (before anything saved there; with `--epoch`, at the run's end), so each side's own waits for the GPU (reading a loss, a count, a flag) cost what they cost in a real run, where
+  nothing synchronises every step. tokens/s is the span's tokens over its wall time; no per-step figures.
 - tokens per step: counted in a forward pre-hook on the trained model from the batch's `attention_mask`: micro-batch
   x seq for W1/W2 (fixed length, no padding), the real tokens (image tokens included) for W3.
 - peak memory: `torch.cuda.max_memory_allocated` / `max_memory_reserved` from the start of training (stats reset
@@ -89,6 +92,7 @@ GPU_WORKLOADS = ("W1", "W2", "W3", "W4", "W7")
 # when training begins, to see how much of the step-time spread it causes.
 GC_EXPERIMENT_ENV = "HB_BENCH_GC"
 PROFILE_ENV = "HB_BENCH_PROFILE"  # `--profile-steps A-B`, passed to the children
+FREE_RUNNING_ENV = "HB_BENCH_FREE_RUNNING"  # `--free-running`, passed to the children
 ALL_WORKLOADS = (*GPU_WORKLOADS, "cpu")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # W7's expert weights (transformers 5's fused experts): what LORA_TARGETS' MLP projections name in an OLMoE layer.
@@ -745,7 +749,13 @@ class StepRecorder:
         self.cuda = torch.cuda.is_available()
         self.features = features
         self.steps: list[dict[str, Any]] = []
-        self.rows: list[tuple[int, int]] = []  # (tokens, image tokens) of each row seen since the last step end
+        # Per micro-batch since the last step end: each row's tokens and image tokens, as tensors on the batch's device
+        # (read back at the step's end, or at the run's end when free-running).
+        self.rows: list[tuple[Any, Any]] = []
+        # `--free-running`: no synchronisation between the steady steps, only at their start and the run's end.
+        self.free_running = os.environ.get(FREE_RUNNING_ENV) == "1"
+        self._steady_start: float | None = None
+        self.steady_wall_s: float | None = None
         self.flops: FlopModel | None = None
         self.params: dict[str, int] = {}
         self.peak_allocated: int | None = None
@@ -782,17 +792,20 @@ class StepRecorder:
             return
         mask = kwargs.get("attention_mask")
         if mask is not None and mask.dim() == 2:
-            lengths = mask.sum(dim=1).tolist()
+            lengths = mask.sum(dim=1)
         elif self._pad_id is not None and kwargs.get("position_ids") is not None:
             # Packed rows carry no mask: the padding after a row's last document is the pad id.
-            lengths = (ids != self._pad_id).sum(dim=1).tolist()
+            lengths = (ids != self._pad_id).sum(dim=1)
         else:
-            lengths = [ids.shape[1]] * ids.shape[0]
-        if self._image_token_id is not None:
-            images = (ids == self._image_token_id).sum(dim=1).tolist()
-        else:
-            images = [0] * len(lengths)
-        self.rows.extend(zip((int(n) for n in lengths), (int(i) for i in images), strict=True))
+            lengths = torch.full((ids.shape[0],), ids.shape[1])
+        images = (ids == self._image_token_id).sum(dim=1) if self._image_token_id is not None else lengths * 0
+        self.rows.append((lengths, images))  # tensors: counting makes the host wait for nothing
+
+    @staticmethod
+    def _read_rows(rows: list[tuple[Any, Any]]) -> list[tuple[int, int]]:
+        return [
+            (int(n), int(i)) for lengths, images in rows for n, i in zip(lengths.tolist(), images.tolist(), strict=True)
+        ]
 
     def on_train_begin(self, args: Any, model: Any) -> None:
         import torch
@@ -826,6 +839,10 @@ class StepRecorder:
         )
 
     def on_step_begin(self, step: int) -> None:
+        if self.free_running:
+            if step == self.warmup + 1:
+                self._steady_start = self._sync()
+            return
         # The GPU is idle here (synchronised at the last step end): this sync only timestamps the batch's arrival.
         self._begin = self._sync()
         if self.profiled is not None:
@@ -836,12 +853,19 @@ class StepRecorder:
     def on_step_end(self, step: int) -> None:
         import torch
 
+        if self.free_running:
+            self.steps.append({"step": step, "rows": self.rows})
+            self.rows = []
+            if step == self.total_steps:  # before the step's own end: a checkpoint saved at the last step
+                self.steady_wall_s = self._sync() - (self._steady_start or 0.0)
+            return
         now = self._sync()
         if self.profiled is not None:
             self.profiled.step_ends(step)
         seconds, self._last = now - (self._last or now), now
-        tokens = sum(n for n, _ in self.rows)
-        flops = sum(self.flops.row(n, i) for n, i in self.rows) if self.flops else 0.0
+        rows = self._read_rows(self.rows)
+        tokens = sum(n for n, _ in rows)
+        flops = sum(self.flops.row(n, i) for n, i in rows) if self.flops else 0.0
         self.rows = []
         # `compute_s`: forward, backward and optimizer step; the rest of `seconds` is fetching and collating the batch.
         record = {
@@ -865,8 +889,15 @@ class StepRecorder:
     def on_train_end(self) -> None:
         import torch
 
+        end = self._sync()
+        if self.free_running and self._steady_start is not None:
+            if self.steady_wall_s is None:  # `--epoch`: the number of steps was not known in advance
+                self.steady_wall_s = end - self._steady_start
+            for record in self.steps:
+                rows = self._read_rows(record.pop("rows"))
+                record["tokens"] = sum(n for n, _ in rows)
+                record["flops"] = sum(self.flops.row(n, i) for n, i in rows) if self.flops else 0.0
         if self.cuda:
-            torch.cuda.synchronize()
             self.peak_allocated = torch.cuda.max_memory_allocated()
             self.peak_reserved = torch.cuda.max_memory_reserved()
 
@@ -901,10 +932,20 @@ class StepRecorder:
             "peak_allocated_gib": self.peak_allocated / GIB if self.peak_allocated is not None else None,
             "peak_reserved_gib": self.peak_reserved / GIB if self.peak_reserved is not None else None,
             "peak_host_gib": peak_rss_gib(),
-            # Every step, warm-up included: with `--epoch`, the wall time of one pass over the rows.
-            "all_steps_s": sum(s["seconds"] for s in self.steps),
             "all_tokens": sum(s["tokens"] for s in self.steps),
         }
+        if self.free_running:
+            result["free_running"] = True
+            if self.steady_wall_s and steady:  # one span, synchronised at its two ends only
+                tokens = sum(s["tokens"] for s in steady)
+                result["tokens_per_s"] = tokens / self.steady_wall_s
+                result["step_s"] = self.steady_wall_s / len(steady)
+                result["tokens_per_step"] = statistics.median(s["tokens"] for s in steady)
+                if self.peak:
+                    result["mfu"] = sum(s["flops"] for s in steady) / self.steady_wall_s / (self.peak * 1e12)
+            return result
+        # Every step, warm-up included: with `--epoch`, the wall time of one pass over the rows.
+        result["all_steps_s"] = sum(s["seconds"] for s in self.steps)
         if steady:
             result["tokens_per_s"] = statistics.median(s["tokens"] / s["seconds"] for s in steady)
             result["step_s"] = statistics.median(s["seconds"] for s in steady)
@@ -1520,6 +1561,8 @@ def count(n: float) -> str:
 def features_text(result: dict[str, Any]) -> str:
     f = dict(result.get("features") or {})
     parts = [str(v) if k != "overrides" else f"overrides {v}" for k, v in f.items() if k not in ("bf16",)]
+    if result.get("free_running"):
+        parts.append("free-running (synchronised at the steady span's ends only)")
     if result.get("data_share") is not None:
         parts.append(f"{result['data_share']:.0%} of step time waits for the batch")
     if result.get("step_p10_s"):
@@ -1593,6 +1636,8 @@ def parent_main(args: argparse.Namespace) -> int:
         os.environ[GC_EXPERIMENT_ENV] = "frozen"  # read by the children, which inherit the environment
     if args.profile_steps:
         os.environ[PROFILE_ENV] = args.profile_steps
+    if args.free_running:
+        os.environ[FREE_RUNNING_ENV] = "1"
     selected = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = sorted(set(selected) - set(ALL_WORKLOADS))
     if unknown:
@@ -1719,6 +1764,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="A-B",
         help="profile steps A..B of each training run: per step, GPU busy against wall time, and the "
         "top host and device operators (the profiler's own work makes that run's timings incomparable)",
+    )
+    p.add_argument(
+        "--free-running",
+        action="store_true",
+        help="time the steady steps as one span, synchronising the GPU only at its start and at the run's end (as "
+        "a real run goes: the host queues the next step's work while the GPU runs this one); tokens/s is that "
+        "span's, with no per-step times, spread or batch wait",
     )
     p.add_argument(
         "--gc",

@@ -136,7 +136,8 @@ def test_the_trainer_scores_a_slice_with_the_labels_shifted_before_the_cut(tmp_p
     unshifted = causal_lm_loss({"logits": logits}, labels[:, part], num_items_in_batch=trained)
     assert not torch.allclose(loss, unshifted, rtol=1e-3)
     counter = trainer.token_counter()
-    assert (counter._step_input, counter._step_trained) == (8, 4)  # the slice's tokens; positions 4-7 are trained
+    counter.on_step_end(args, trainer.state, trainer.control)
+    assert (counter.input_tokens, counter.trained_tokens) == (8, 4)  # the slice's tokens; positions 4-7 are trained
 
 
 def test_a_process_holds_the_two_chunks_the_ring_layout_gives_it_and_each_document_piece_once():

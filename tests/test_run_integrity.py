@@ -188,6 +188,42 @@ def test_a_diverged_run_stops_with_exit_3_and_keeps_its_last_good_checkpoint(tmp
     assert all(math.isfinite(e.get("grad_norm", 0.0)) for e in trainer_state(out)["log_history"])
 
 
+class StepsRun(TrainerCallback):
+    """The optimizer steps that ran (their ends), and those whose loss was logged."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.logged: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if "loss" in (logs or {}):
+            self.logged.append(state.global_step)
+
+
+@pytest.mark.parametrize(
+    ("poisoned", "last_run"),
+    [(2, 3), (3, 4)],
+    ids=["found at the next ordinary step", "found before the next step's log and save"],
+)
+def test_a_step_that_neither_logs_nor_saves_is_checked_at_most_one_step_late(tmp_path, poisoned, last_run):
+    """Logs and saves at steps 1 and 4 only: an ordinary step's flags are read at the next step's end (so the host
+    never waits for the GPU there), and a log or save waits for its own. The NaN step is named, training stops by the
+    next step's end, and no checkpoint or log comes after it."""
+    cfg = base_config(tmp_path, max_steps=8, logging_steps=4, save_steps=4)
+    ran = StepsRun()
+    metrics = train(validate_config(cfg), callbacks=[PoisonWeights(poisoned, float("nan")), ran])
+    out = Path(cfg["output_dir"])
+    assert metrics["exit_code"] == DIVERGED_EXIT_CODE
+    assert ran.steps == list(range(1, last_run + 1))
+    assert checkpoint_dirs(out) == [] and ran.logged == [1]
+    report = (out / "report" / "report.md").read_text()
+    assert f"Training diverged at step {poisoned}: the loss and gradient norm" in report
+    assert "no checkpoint had been saved yet" in report
+
+
 def test_hellbender_train_exits_3_on_divergence_with_one_paragraph(tmp_path, caplog):
     """The real command: an fp32 run with a learning rate that overflows the weights."""
     import yaml

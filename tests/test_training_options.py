@@ -10,7 +10,7 @@ import pytest
 
 from hellbender.config import validate_config
 from hellbender.errors import ConfigError
-from hellbender.train.arguments import training_arguments
+from hellbender.train.arguments import accelerator_arguments, training_arguments
 from hellbender.train.run import train
 from hellbender.train.schedule import plan_schedule
 from tests.helpers import base_config, trainer_state
@@ -109,3 +109,13 @@ def test_accelerator_config_is_passed_to_the_trainer(tmp_path):
     assert training_arguments(plain, plan_schedule(plain, 100), has_eval=False).accelerator_config.to_dict() == (
         args.accelerator_config.to_dict() | {"gradient_accumulation_kwargs": None}
     )
+
+
+def test_pinned_batches_are_copied_to_the_gpu_without_waiting_unless_the_config_says_otherwise(tmp_path):
+    plain = validate_config(base_config(tmp_path))
+    assert accelerator_arguments(plain, pinned=True) == {"non_blocking": True}
+    assert accelerator_arguments(plain, pinned=False) is None  # transformers' defaults
+    told = validate_config(base_config(tmp_path, accelerator_config={"non_blocking": False}))
+    assert accelerator_arguments(told, pinned=True)["non_blocking"] is False
+    args = training_arguments(plain, plan_schedule(plain, 100), has_eval=False)
+    assert args.logging_nan_inf_filter is False  # it reads each micro-batch's loss: the divergence check stops instead

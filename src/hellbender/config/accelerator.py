@@ -79,8 +79,10 @@ class AcceleratorSettings(BaseModel):
         description="Shuffle with accelerate's seeded sampler, so the order of every epoch follows from `seed`. "
         "`false` is refused: resume is exact only when the order follows from the seed.",
     )
-    non_blocking: bool = Field(
-        False, description="Copy batches to the GPU without waiting (pays off with pinned memory, which GPUs use)."
+    non_blocking: bool | None = Field(
+        None,
+        description="Copy batches to the GPU without waiting for it. Default: on with a GPU (batches are pinned "
+        "in memory there, which makes the copy asynchronous); `false` makes every copy wait for the GPU.",
     )
     gradient_accumulation_kwargs: GradientAccumulationKwargs | None = Field(
         None, description="accelerate's gradient-accumulation settings: `sync_each_batch`."

@@ -81,7 +81,7 @@ UNSET_MEANS: dict[str, str] = {
     "cosine_min_lr_ratio": "the cosine decays to 0",
     "cosine_constant_lr_ratio": "the cosine decays until the last step",
     "early_stopping_patience": "training runs to its last step",
-    "accelerator_config": "transformers' defaults (dispatching off for streamed data)",
+    "accelerator_config": "transformers' defaults, but `non_blocking` on with a GPU (dispatching off for streamed data)",
     "dispatch_batches": "accelerate's choice: off for prepared data; always off for streamed data",
     "gradient_accumulation_kwargs": "accelerate's defaults (gradients synchronized once per optimizer step)",
     "num_steps": "`gradient_accumulation_steps` decides",

@@ -50,11 +50,13 @@ def tracker_environment(cfg: HellbenderConfig) -> dict[str, str]:
     return {variable: str(getattr(cfg, key)) for key, variable in keys.items() if getattr(cfg, key)}
 
 
-def accelerator_arguments(cfg: HellbenderConfig) -> dict[str, Any] | None:
-    """`accelerator_config` as given, with dispatching off for streamed data: every process reads the stream and
-    keeps its share of the samples. Dispatching collated batches from one process would slice every tensor along its
+def accelerator_arguments(cfg: HellbenderConfig, pinned: bool) -> dict[str, Any] | None:
+    """`accelerator_config` as given, with pinned batches copied to the GPU without waiting unless told otherwise, and
+    dispatching off for streamed data: every process reads the stream and keeps its share of the samples. Dispatching collated batches from one process would slice every tensor along its
     first dimension, which for image tensors (patches, grids) is not the batch dimension."""
     given = cfg.accelerator_config.trainer_arguments() if cfg.accelerator_config else {}
+    if pinned:  # a copy from pinned memory need not wait for the GPU
+        given.setdefault("non_blocking", True)
     if cfg.uses_streaming:
         given["dispatch_batches"] = False  # `true` is refused at validation
     return given or None
@@ -112,6 +114,9 @@ def training_arguments(
         tf32=cfg.tf32 or None,
         logging_steps=schedule.logging_steps,
         logging_first_step=True,
+        # The filter reads every micro-batch's loss on the host, a wait for the GPU; the divergence check stops the run
+        # before a non-finite loss is logged, without waiting (train/divergence.py).
+        logging_nan_inf_filter=False,
         save_strategy="steps",
         save_steps=schedule.save_steps,
         save_total_limit=None,  # CheckpointKeeper rotates, after the newer checkpoint is complete
@@ -126,7 +131,7 @@ def training_arguments(
         remove_unused_columns=False,
         ignore_data_skip=cfg.ignore_data_skip or data_resumes_itself,
         restore_callback_states_from_checkpoint=True,  # token counters continue on resume
-        accelerator_config=accelerator_arguments(cfg),
+        accelerator_config=accelerator_arguments(cfg, pinned=torch.cuda.is_available()),
         dataloader_num_workers=on_this_machine["dataloader_num_workers"],
         dataloader_pin_memory=torch.cuda.is_available(),
         include_num_input_tokens_seen="no",

@@ -10,6 +10,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def one_gpu_for_one_process() -> str | None:
@@ -68,17 +72,18 @@ def runs_on_cpu_processes() -> bool:
     return world_size() > 1 and not torch.cuda.is_available()
 
 
-def sum_over_processes(values: list[int]) -> list[int]:
-    """`values` summed element-wise over all processes (every process must call this at the same point)."""
+def summed_over_processes(values: torch.Tensor) -> torch.Tensor:
+    """`values` summed element-wise over all processes (every process must call this at the same point). Under NCCL
+    the sum is queued on the GPU's stream and stays there: the host does not wait for it."""
     import torch
     import torch.distributed as dist
 
     if world_size() == 1 or not dist.is_initialized():
         return values
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    totals = torch.tensor(values, dtype=torch.int64, device=device)
+    totals = values.to(device, copy=True)
     dist.all_reduce(totals)
-    return [int(v) for v in totals.tolist()]
+    return totals
 
 
 def close_process_group() -> None:

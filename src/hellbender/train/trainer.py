@@ -29,7 +29,7 @@ from hellbender.models.router_aux_loss import router_aux_coefficient
 from hellbender.models.split_attention import SPLIT_ATTENTION, splitting_rows
 from hellbender.storage import FINAL_MANIFEST, complete_checkpoints, listed_files, move_files_into, write_manifest
 from hellbender.train.console import StepLines
-from hellbender.train.divergence import Divergence, agreed, not_finite, weights_not_finite
+from hellbender.train.divergence import Divergence, StepFlags, agreed, weights_not_finite
 from hellbender.train.row_split import split_rows
 from hellbender.train.run_identity import RunIdentity, check_still_owner
 from hellbender.train.sampling import EpochSeededLengthGroupedSampler
@@ -96,7 +96,7 @@ class HellbenderMixin:
         self._lr_factor = lr_factor
         self.run = run
         self.divergence = divergence if divergence is not None else Divergence()
-        self._loss_not_finite = False
+        self._step_flags = StepFlags()
         super().__init__(*args, **kwargs)
         self._rng_checkpoint: str | None = None
         if self.pop_callback(ProgressCallback) is not None:  # present unless the progress bar is disabled
@@ -128,8 +128,7 @@ class HellbenderMixin:
             self._load_rng_state(self._rng_checkpoint)  # transformers' own restore, same files and order
             self._rng_checkpoint = None
         loss = super().training_step(model, inputs, num_items_in_batch)
-        # The Trainer checks each micro-batch loss for NaN / inf itself (to filter its logs), so this adds no sync.
-        self._loss_not_finite = self._loss_not_finite or not_finite(loss)
+        self._step_flags.add_loss(loss)
         channel = side_channel_of(self.model)
         if channel is not None:  # backward is done: nothing routed around a checkpoint outlives the step
             channel.clear()
@@ -139,20 +138,23 @@ class HellbenderMixin:
         self, tr_loss, grad_norm, model, trial, epoch, ignore_keys_for_eval, start_time, *a, **kw
     ):
         """At the end of each optimizer step: stop on a non-finite loss, gradient norm or (before a save or at the
-        last step) weight, before this step is logged, evaluated or saved."""
+        last step) weight, before anything from that step on is logged, evaluated or saved (`StepFlags`)."""
         if self.divergence.step is None:
             control = self.control
-            check_weights = control.should_save or control.should_training_stop
-            flags = [
-                self._loss_not_finite,
-                not_finite(grad_norm),
-                check_weights and weights_not_finite(self.model.parameters()),
-            ]
-            self._loss_not_finite = False
-            flags = agreed(flags, self.args.device)
+            decide_now = any(
+                (control.should_log, control.should_evaluate, control.should_save, control.should_training_stop)
+            )
+            self._step_flags.end_step(self.state.global_step, grad_norm, self.args.device)
+            found = self._step_flags.first_not_finite(including_newest=decide_now)
+            if found is not None:
+                step, flags = found[0], [*found[1], False]
+            else:
+                check_weights = control.should_save or control.should_training_stop
+                weights = check_weights and agreed([weights_not_finite(self.model.parameters())], self.args.device)[0]
+                step, flags = self.state.global_step, [False, False, weights]
             if any(flags):
                 newest = complete_checkpoints(self.args.output_dir)
-                self.divergence.record(self.state.global_step, flags, str(newest[-1]) if newest else None)
+                self.divergence.record(step, flags, str(newest[-1]) if newest else None)
         if self.divergence.step is not None:
             self.control.should_log = self.control.should_evaluate = self.control.should_save = False
             self.control.should_training_stop = True
@@ -261,7 +263,7 @@ class HellbenderTrainer(HellbenderMixin, Trainer):
                 # Packed rows carry no padding mask; `row_split` counted the slice's real tokens instead.
                 real = inputs["attention_mask"].sum() if "attention_mask" in inputs else real_tokens.sum()
                 trained = (shift_labels != IGNORE_INDEX).sum()
-            self.token_counter().add(int(real), int(trained))
+            self.token_counter().add(real, trained)  # tensors: counting waits for nothing
         if model.training and stream_rows is not None:
             self._callback(StreamPosition).advance(int(stream_rows.max()))
         inputs.update(forward_kwargs(inputs))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from hellbender.data.formats.base import IGNORE_INDEX
 
 
@@ -28,9 +30,9 @@ class PreTokenizedPairs:
     def tokenize_row(self, feature: dict[str, Any], model: Any = None) -> dict[str, list[int]]:
         return legacy_pair_columns(feature)
 
-    def batch_tokens(self, inputs: dict[str, Any]) -> tuple[int, int]:
+    def batch_tokens(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """(input tokens, trained tokens): both answers' sequences, and their answer tokens."""
         sides = ("chosen", "rejected")
-        real = sum(int(inputs[f"{side}_attention_mask"].sum()) for side in sides)
-        trained = sum(int((inputs[f"{side}_labels"] != IGNORE_INDEX).sum()) for side in sides)
+        real = sum(inputs[f"{side}_attention_mask"].sum() for side in sides)
+        trained = sum((inputs[f"{side}_labels"] != IGNORE_INDEX).sum() for side in sides)
         return real, trained

@@ -282,7 +282,7 @@ class OnlineRLMixin:
             write_file_atomically(target, rows)
         return metrics
 
-    def batch_tokens(self, inputs: dict[str, Any]) -> tuple[int, int]:
+    def batch_tokens(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """(prompt and completion tokens, completion tokens) of a generated batch: the completions are trained."""
-        completion = int(inputs["completion_mask"].sum())
-        return int(inputs["prompt_mask"].sum()) + completion, completion
+        completion = inputs["completion_mask"].sum()
+        return inputs["prompt_mask"].sum() + completion, completion

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 from trl import RewardConfig, RewardTrainer
 
@@ -72,9 +73,9 @@ class RewardModelTrainer(HellbenderMixin, PreferenceMixin, RewardTrainer):
             desc=f"Joining prompts and answers of the {dataset_name} pairs",
         )
 
-    def batch_tokens(self, inputs: dict[str, Any]) -> tuple[int, int]:
+    def batch_tokens(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Chosen and rejected sequences are read whole: every real token is an input and a trained one."""
-        real = int(inputs["attention_mask"].sum())
+        real = inputs["attention_mask"].sum()
         return real, real
 
 

@@ -9,6 +9,8 @@ import copy
 import dataclasses
 from typing import Any
 
+import torch
+
 from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError
 from hellbender.models.activation_checkpointing import CHANNEL_ATTRIBUTE, OFFLOADER_ATTRIBUTE
@@ -228,10 +230,10 @@ class PreferenceMixin:
     def _method_columns(self, dataset: Any, args: Any, dataset_name: str) -> Any:
         return dataset
 
-    def batch_tokens(self, inputs: dict[str, Any]) -> tuple[int, int]:
-        """(input tokens, trained tokens) of a collated batch: every row's real tokens, and its answer tokens (the
-        scored ones, never the prompt)."""
-        return int(inputs["attention_mask"].sum()), int(inputs["completion_mask"].sum())
+    def batch_tokens(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input tokens, trained tokens) of a collated batch, as tensors where the batch is: every row's real
+        tokens, and its answer tokens (the scored ones, never the prompt)."""
+        return inputs["attention_mask"].sum(), inputs["completion_mask"].sum()
 
     def compute_loss(self, model, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch=None):
         if model.training:
