@@ -315,6 +315,70 @@ def test_final_logit_softcapping_keeps_one_more_logit_sized_tensor(tmp_path):
     assert abs((capped - plain) / (planned_capped - planned_plain) - 1) < 0.1
 
 
+def saved_outside_the_layers(cfg) -> int:
+    """Bytes that a real forward of `cfg`'s model (float32, 4 rows of 128 tokens) makes outside its decoder layers and
+    saves for backward, there or in a layer. Everything made outside is held until the end, so no address is reused."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hellbender.models.loading import load_tokenizer
+    from hellbender.models.stack import build_trainable_model
+
+    model = build_trainable_model(cfg, load_tokenizer(cfg))
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    inside, made_outside, held, saved = [0], set(), [], {}
+
+    class MadeOutside(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not inside[0]:
+                for t in out if isinstance(out, (tuple, list)) else [out]:
+                    if isinstance(t, torch.Tensor):
+                        held.append(t)
+                        made_outside.add(t.untyped_storage().data_ptr())
+            return out
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in made_outside and ptr not in weights:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    layers = next(m for n, m in model.named_modules() if n.endswith("model.layers"))
+    for layer in layers:
+        layer.register_forward_pre_hook(lambda *_: inside.__setitem__(0, inside[0] + 1))
+        layer.register_forward_hook(lambda *_: inside.__setitem__(0, inside[0] - 1))
+    ids = torch.randint(5, 200, (4, 128))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), MadeOutside():
+        model(input_ids=ids, labels=ids)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("adapter", [None, "lora"], ids=["full", "lora (the norm frozen)"])
+def test_gemmas_per_layer_inputs_are_planned_as_what_their_norm_saves(tmp_path, adapter):
+    """Gemma 4's per-layer inputs are made once, before the first layer, for every layer, and each layer saves its
+    slice: what the tiny Gemma 4 makes outside its layers and saves grows with their width as the plan does (widths 16
+    and 32; the installed transformers cannot run the model without them)."""
+    from transformers import Gemma4ForCausalLM
+
+    from hellbender.models.tiny_vlm.gemma4 import build_config, build_tokenizer
+
+    lora = dict(adapter="lora", lora_target_linear=True, lora_r=4) if adapter else {}
+
+    def saved_and_planned(width: int) -> tuple[int, int]:
+        text = build_config(build_tokenizer()).text_config
+        text.hidden_size_per_layer_input = width
+        Gemma4ForCausalLM(text).save_pretrained(tmp_path / f"ple-{width}")
+        overrides = dict(base_model=str(tmp_path / f"ple-{width}"), tokenizer_config="hellbender/tiny-gemma4")
+        cfg = validate_config(base_config(tmp_path, gradient_checkpointing=False, **overrides, **lora))
+        facts = describe(cfg, meta_model(cfg))
+        assert facts.per_layer_inputs == width * facts.layers
+        return saved_outside_the_layers(cfg), plan_memory(facts, plan_settings(cfg), 4).activations
+
+    (saved, planned), (saved_narrow, planned_narrow) = saved_and_planned(32), saved_and_planned(16)
+    assert saved > saved_narrow
+    assert planned - planned_narrow == saved - saved_narrow
+
+
 def test_memory_limit_reads_gib_and_units():
     assert memory_limit_gib(20) == 20.0
     assert memory_limit_gib("20GiB") == 20.0

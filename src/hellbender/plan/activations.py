@@ -127,6 +127,17 @@ def loss_bytes(facts: ModelFacts, s: PlanSettings, element: int) -> float:
     return tokens * facts.vocab * (element + _LOGIT_BYTES_BEYOND_DTYPE + softcap)
 
 
+def per_layer_inputs_bytes(facts: ModelFacts, tokens: int, element: int) -> int:
+    """Gemma's per-layer inputs, made for every layer before the first one and alive until backward reaches the
+    model's start: the combined tensor in the run's dtype (each layer saves its slice, or a checkpoint keeps it), and
+    what their projection's RMSNorm saves, which computes in float32 whatever the run's dtype: its float32 input (and
+    its normalized output where the norm trains) and two float32 statistics per layer and token."""
+    if not facts.per_layer_inputs:
+        return 0
+    norm = 4 * facts.per_layer_inputs * (1 + facts.per_layer_inputs_norm_trains) + 2 * 4 * facts.layers
+    return tokens * (element * facts.per_layer_inputs + norm)
+
+
 def fused_head_bytes(facts: ModelFacts, scored: int, element: int) -> float:
     """Peak bytes of TRL's fused LM head over `scored` answer tokens in backward: the answer tokens' hidden states it
     saved (a copy, gathered by the label mask), their float32 gradient accumulator and its cast back, one tile of

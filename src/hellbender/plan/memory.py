@@ -18,6 +18,7 @@ from hellbender.plan.activations import (
     eager_scores,
     layer_bytes_per_token,
     loss_bytes,
+    per_layer_inputs_bytes,
     reference_forward_bytes,
     tiled_mlp_backward_bytes,
 )
@@ -158,7 +159,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         on_host = checkpointed * kept_input
         host_parts["offloaded layer inputs (pinned slabs)"] = math.ceil(on_host / SLAB_BYTES) * SLAB_BYTES
         per_layer[0] = 2 * kept_input  # the input being copied out and the one fetched ahead in backward
-    activations = sum(per_layer)
+    activations = sum(per_layer) + per_layer_inputs_bytes(facts, tokens, element)
     # Backward recomputes one checkpointed layer at a time: the largest of them.
     recompute = max(
         (int(full_layers[i] + facts.merged_expert_bytes + scores) for i in range(checkpointed)),

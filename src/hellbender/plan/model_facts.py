@@ -100,6 +100,10 @@ class ModelFacts:
     notes: list[str] = field(default_factory=list)  # how this model's special parts are planned
     teacher: ModelFacts | None = None  # online distillation's teacher (`kd_teacher_model`), frozen beside the student
     logit_softcapping: bool = False  # `final_logit_softcapping` (Gemma): the head's tanh saves its logit-sized output
+    # Gemma's per-layer inputs (`hidden_size_per_layer_input` per layer), made once before the first layer: values per
+    # token for all layers together, and whether their projection's norm trains.
+    per_layer_inputs: int = 0
+    per_layer_inputs_norm_trains: bool = False
 
     @property
     def trainable(self) -> list[Parameter]:
@@ -270,6 +274,8 @@ def _describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
     )
     facts.attention = getattr(text, "_attn_implementation", None) or "sdpa"
     facts.logit_softcapping = bool(_setting(text, "final_logit_softcapping", None))
+    facts.per_layer_inputs = len(layers) * (_setting(text, "hidden_size_per_layer_input", None) or 0)
+    facts.per_layer_inputs_norm_trains = any(p.trainable and "per_layer_projection_norm" in p.name for p in parameters)
     facts.shared_prompt_refusal = why_model_not_shared(model)
     facts.decoder_linear_numel = sum(
         p.numel for p in parameters if p.quantizable and p.in_layer is not None and not _is_lora_part(p.name)
