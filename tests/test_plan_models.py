@@ -215,3 +215,22 @@ def test_context_parallelism_plans_each_gpu_with_its_share_of_the_rows(tmp_path)
         validate_config(base_config(tmp_path, context_parallel_size=2, **{**common, "sample_packing": True})), gpus=2
     )
     assert "the whole row's keys and values each GPU gathers" in render(packed)
+
+
+def test_attention_flops_count_the_scores_the_kernel_computes(tmp_path):
+    """Causal kernels (SDPA without a mask, flash) skip the keys after each query: half a row on average. SDPA given a
+    mask (packed rows' documents, sliding windows) and eager attention compute every score of the row and mask it
+    afterwards; flash skips the keys outside a window."""
+    from hellbender.plan.flops import attention_step_flops
+
+    cfg = validate_config(base_config(tmp_path, sequence_len=2048, sample_packing=True))
+    facts = describe(cfg, meta_model(cfg))
+    packed = plan_settings(cfg)
+    assert packed.attention == "sdpa" and packed.packed
+    flash, unpacked, eager = (packed.but(attention="flash_attention_2"), packed.but(packed=False),
+                              packed.but(packed=False, attention="eager"))  # fmt: skip
+    assert attention_step_flops(facts, packed) == 2 * attention_step_flops(facts, flash)
+    assert attention_step_flops(facts, unpacked) == attention_step_flops(facts, flash)
+    assert attention_step_flops(facts, eager) == attention_step_flops(facts, packed)
+    window = 512
+    assert unpacked.context(window) == 2048 and flash.context(window) == window and flash.context(None) == 1024

@@ -3,8 +3,9 @@ on a card.
 
 Per micro-batch of T tokens, with N the base linear weights (decoder and output head), N_a the adapter's and N_t the
 trained ones: forward 2 T (N + N_a); backward 2 T (N + N_a) for the activation gradients plus 2 T N_t for the weight
-gradients; each checkpointed layer runs its forward again. Attention adds 4 T c d per layer forward (c the average
-causal context, half the sequence or the window; d = heads x head_dim) and twice that backward. Frozen linear
+gradients; each checkpointed layer runs its forward again. Attention adds 4 T c d per layer forward (c the keys
+whose scores the kernel computes per query: half the row or the window for causal kernels, the whole row for eager
+attention and SDPA given a mask, `PlanSettings.context`; d = heads x head_dim) and twice that backward. Frozen linear
 layers outside the decoder (a vision tower) run forward only. Preference methods add their forwards without
 gradients and score answers with TRL's fused LM head (`step_flops_parts`; the rows are `method.py`'s); online
 distillation adds its teacher's forward over every token, 2 T (N_teacher + its head) and its attention, at the card's

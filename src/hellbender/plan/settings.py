@@ -35,6 +35,8 @@ class PlanSettings:
     context_parallel: int = 1  # `context_parallel_size`: each GPU holds 1/N of every row's tokens
     tiled_mlp: bool = False  # `tiled_mlp`: each MLP saves only its input and runs in shards along the sequence
     tiled_mlp_shards: int | None = None  # `tiled_mlp_num_shards` (None: about one per `hidden_size` tokens)
+    attention: str = "sdpa"  # `attn_implementation`
+    packed: bool = False  # `sample_packing`: several documents share a row
 
     @property
     def rows(self) -> int:
@@ -57,7 +59,12 @@ class PlanSettings:
         return -(-self.method.scored_tokens(self.micro_batch_size, self.sequence_len) // self.context_parallel)
 
     def context(self, window: int | None) -> float:
-        """Keys a query attends to on average in a layer with attention `window` (None: full attention)."""
+        """Keys whose scores a query's attention computes, on average, in a layer with attention `window` (None: full
+        attention). Eager attention, and SDPA given a mask (packed rows' documents, a sliding window), compute the
+        whole row and mask it afterwards; causal kernels skip the keys after the query, windowed ones those outside
+        the window."""
+        if self.attention == "eager" or (self.attention == "sdpa" and (self.packed or window)):
+            return self.row_len
         full = self.method.mean_context(self.sequence_len)
         return min(self.row_len, window) if window else full
 
@@ -96,6 +103,8 @@ def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None
         context_parallel=min(cfg.context_parallel_size or 1, gpus),
         tiled_mlp=cfg.tiled_mlp,
         tiled_mlp_shards=cfg.tiled_mlp_num_shards,
+        attention=cfg.attn_implementation or "sdpa",
+        packed=cfg.sample_packing,
     )
 
 
