@@ -36,8 +36,9 @@ Measurements:
   (default 5 of `--steps` 25) are skipped. tokens/s is the median over the steady steps of tokens / step time. The
   share of step time before `on_step_begin` (fetching and collating the batch) is reported as "waits for the batch".
 - `--free-running`: the steady steps timed as one span instead, synchronised only at its start and at the last
-  step's end (before anything saved there; with `--epoch`, at the run's end), so each side's own waits for the GPU (reading a loss, a count, a flag) cost what they cost in a real run, where
-  nothing synchronises every step. tokens/s is the span's tokens over its wall time; no per-step figures.
+  step's end (before anything saved there; with `--epoch`, at the run's end), so each side's own waits for the GPU
+  (reading a loss, a count, a flag) cost what they cost in a real run, where nothing synchronises every step.
+  tokens/s is the span's tokens over its wall time; no per-step figures.
 - tokens per step: counted in a forward pre-hook on the trained model from the batch's `attention_mask`: micro-batch
   x seq for W1/W2 (fixed length, no padding), the real tokens (image tokens included) for W3.
 - peak memory: `torch.cuda.max_memory_allocated` / `max_memory_reserved` from the start of training (stats reset
@@ -752,7 +753,7 @@ class StepRecorder:
         # Per micro-batch since the last step end: each row's tokens and image tokens, as tensors on the batch's device
         # (read back at the step's end, or at the run's end when free-running).
         self.rows: list[tuple[Any, Any]] = []
-        # `--free-running`: no synchronisation between the steady steps, only at their start and the run's end.
+        # `--free-running`: no synchronisation between the steady steps, only at their start and the last one's end.
         self.free_running = os.environ.get(FREE_RUNNING_ENV) == "1"
         self._steady_start: float | None = None
         self.steady_wall_s: float | None = None

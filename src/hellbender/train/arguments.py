@@ -52,8 +52,9 @@ def tracker_environment(cfg: HellbenderConfig) -> dict[str, str]:
 
 def accelerator_arguments(cfg: HellbenderConfig, pinned: bool) -> dict[str, Any] | None:
     """`accelerator_config` as given, with pinned batches copied to the GPU without waiting unless told otherwise, and
-    dispatching off for streamed data: every process reads the stream and keeps its share of the samples. Dispatching collated batches from one process would slice every tensor along its
-    first dimension, which for image tensors (patches, grids) is not the batch dimension."""
+    dispatching off for streamed data: every process reads the stream and keeps its share of the samples.
+    Dispatching collated batches from one process would slice every tensor along its first dimension, which for
+    image tensors (patches, grids) is not the batch dimension."""
     given = cfg.accelerator_config.trainer_arguments() if cfg.accelerator_config else {}
     if pinned:  # a copy from pinned memory need not wait for the GPU
         given.setdefault("non_blocking", True)
