@@ -72,18 +72,19 @@ def runs_on_cpu_processes() -> bool:
     return world_size() > 1 and not torch.cuda.is_available()
 
 
-def summed_over_processes(values: torch.Tensor) -> torch.Tensor:
-    """`values` summed element-wise over all processes (every process must call this at the same point). Under NCCL
-    the sum is queued on the GPU's stream and stays there: the host does not wait for it."""
+def reduced_over_processes(values: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """`values` reduced element-wise over all processes, by `op` ("sum" or "max"; every process must call this at the
+    same point). Under NCCL the reduction is queued on the GPU's stream and its result stays there: the host does not
+    wait for it."""
     import torch
     import torch.distributed as dist
 
     if world_size() == 1 or not dist.is_initialized():
         return values
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    totals = values.to(device, copy=True)
-    dist.all_reduce(totals)
-    return totals
+    reduced = values.to(device, copy=True)
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return reduced
 
 
 def close_process_group() -> None:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from hellbender.train.distributed import reduced_over_processes
+
 # What went non-finite, by the bit the processes agree on (a bitwise-or over processes as a max of each bit).
 WHAT = ("loss", "gradient norm", "weights")
 
@@ -89,7 +91,7 @@ class StepFlags:
         loss = self._loss if self._loss is not None else not_finite_flag(None, device)
         flags = torch.stack([loss.to(device), not_finite_flag(grad_norm, device).to(device)]).to(torch.int32)
         self._loss = None
-        flags = max_over_processes(flags)
+        flags = reduced_over_processes(flags, "max")  # or-ed over the processes
         event = None
         if flags.is_cuda:
             host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
@@ -125,26 +127,6 @@ def weights_not_finite(parameters: Iterable[torch.nn.Parameter]) -> bool:
     return False
 
 
-def max_over_processes(flags: torch.Tensor) -> torch.Tensor:
-    """`flags` or-ed over every training process, on the device: NCCL queues the reduction on the GPU's stream, so the
-    host does not wait for it."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flags
-    if dist.get_backend() == "nccl":
-        flags = flags.to(torch.device("cuda", torch.cuda.current_device()))
-    flags = flags.clone()
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return flags
-
-
-def agreed(flags: list[bool], device: torch.device) -> list[bool]:
+def agreed(flags: list[bool]) -> list[bool]:
     """The flags or-ed over every training process, so that all of them stop at the same step."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flags
-    tensor = torch.tensor([int(f) for f in flags], device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in tensor.tolist()]
+    return [bool(v) for v in reduced_over_processes(torch.tensor([int(f) for f in flags]), "max").tolist()]

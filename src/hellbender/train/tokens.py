@@ -8,7 +8,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from hellbender.train.distributed import summed_over_processes
+from hellbender.train.distributed import reduced_over_processes
 
 
 class TokenCounter(TrainerCallback, ExportableState):
@@ -35,7 +35,7 @@ class TokenCounter(TrainerCallback, ExportableState):
 
     def on_step_end(self, args, state, control, **kwargs):
         step = self._step if self._step is not None else torch.zeros(2, dtype=torch.int64)
-        step = summed_over_processes(step)
+        step = reduced_over_processes(step)
         # A step that counted nothing adds zeros made on the host (moved once, where a real step's counts are).
         self._unread = step if self._unread is None else self._unread + step.to(self._unread.device)
         self._step = None

@@ -150,7 +150,7 @@ class HellbenderMixin:
                 step, flags = found[0], [*found[1], False]
             else:
                 check_weights = control.should_save or control.should_training_stop
-                weights = check_weights and agreed([weights_not_finite(self.model.parameters())], self.args.device)[0]
+                weights = check_weights and agreed([weights_not_finite(self.model.parameters())])[0]
                 step, flags = self.state.global_step, [False, False, weights]
             if any(flags):
                 newest = complete_checkpoints(self.args.output_dir)
