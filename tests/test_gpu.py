@@ -302,14 +302,18 @@ def test_torch_compile_trains_to_the_same_losses(tmp_path):
         assert got[step] == pytest.approx(expected[step], rel=3e-2), (step, got, expected)
 
 
-def assert_compiled_layers_train_to_the_uncompiled_losses(tmp_path: Path, **common) -> None:
-    """Train `common` uncompiled, then with `torch_compile: true` (each checkpointed layer compiled, not the whole
-    model, no graph break); the losses agree within bf16 tolerance."""
+def assert_compiled_layers_train_to_the_uncompiled_losses(
+    tmp_path: Path, compiled_only: dict | None = None, **common
+) -> None:
+    """Train `common` uncompiled, then with `torch_compile: true` and `compiled_only` (each checkpointed layer
+    compiled, not the whole model, no graph break); the losses agree within bf16 tolerance."""
     from torch._dynamo.utils import counters
     from transformers import TrainerCallback
 
     eager = validate_config(base_config(tmp_path / "eager", **common))
-    compiled = validate_config(base_config(tmp_path / "compiled", torch_compile=True, **common))
+    compiled = validate_config(
+        base_config(tmp_path / "compiled", torch_compile=True, **(compiled_only or {}), **common)
+    )
     seen = {}
 
     class Inspect(TrainerCallback):
@@ -349,6 +353,17 @@ def test_compiled_layers_with_liger_fused_cross_entropy_train_to_the_uncompiled_
     assert_compiled_layers_train_to_the_uncompiled_losses(
         tmp_path, bf16=True, max_steps=10, gradient_checkpointing=True, learning_rate=1e-3,
         liger_fused_linear_cross_entropy=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("adapter", ["lora", None])
+def test_compiled_layers_under_a_memory_budget_train_to_the_uncompiled_losses(tmp_path, adapter):
+    """`activation_memory_budget` with inductor: the unchecked compiled layers recompute part of what they would
+    keep, and the run's losses stay the uncompiled run's."""
+    extra = dict(adapter="lora", lora_target_linear=True, lora_dropout=0.0) if adapter else dict(learning_rate=1e-3)
+    assert_compiled_layers_train_to_the_uncompiled_losses(
+        tmp_path, compiled_only={"activation_memory_budget": 0.5}, bf16=True, max_steps=10,
+        gradient_checkpointing=True, gradient_checkpointing_layers=1, **extra,
     )  # fmt: skip
 
 

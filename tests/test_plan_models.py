@@ -185,8 +185,10 @@ def test_torch_compile_is_reported_as_not_modelled(tmp_path):
     """Compiled layers change the step's kernels, time and memory (measured on GPU); the plan says it gives the
     uncompiled run's numbers instead of presenting them as the compiled run's."""
     compiled = render(plan_for(validate_config(base_config(tmp_path, torch_compile=True))))
-    assert "NOT MODELLED: `torch_compile`" in compiled
+    assert "NOT MODELLED: `torch_compile`" in compiled and "activation_memory_budget" not in compiled
     assert "NOT MODELLED" not in render(plan_for(validate_config(base_config(tmp_path))))
+    budget = render(plan_for(validate_config(base_config(tmp_path, torch_compile=True, activation_memory_budget=0.8))))
+    assert "`activation_memory_budget: 0.8` makes the unchecked compiled layers keep less" in budget
 
 
 def test_fused_lora_layers_are_reported_as_not_modelled_unless_compiled(tmp_path):

@@ -10,7 +10,9 @@ from hellbender.config.config_class import config_class_problems
 from hellbender.config.data import CHAT_ROLES, is_preference_type
 from hellbender.config.data_order import data_order_problems
 from hellbender.config.deepspeed import deepspeed_problems
+from hellbender.config.defaults import TORCH_COMPILE_DEFAULTS
 from hellbender.config.distillation_checks import distillation_problems
+from hellbender.config.kernels import PARTITIONING_BACKENDS
 from hellbender.config.lora_kernel_checks import lora_kernel_problems
 from hellbender.config.mistral_common import mistral_common_problems
 from hellbender.config.model import is_hub_kernel
@@ -373,6 +375,25 @@ def _multimodal_pretrain_conflicts(cfg: HellbenderConfig) -> list[str]:
     return problems
 
 
+def _memory_budget_problems(cfg: HellbenderConfig) -> list[str]:
+    if cfg.activation_memory_budget is None:
+        return []
+    if not cfg.torch_compile:
+        return [
+            f"`activation_memory_budget: {cfg.activation_memory_budget}` needs `torch_compile: true`: it tells the "
+            "compiler what the compiled layers may keep for backward, and nothing is compiled. Add `torch_compile: "
+            "true`, or remove the key."
+        ]
+    backend = cfg.torch_compile_backend or TORCH_COMPILE_DEFAULTS["torch_compile_backend"]
+    if backend not in PARTITIONING_BACKENDS:
+        return [
+            f"`activation_memory_budget` with `torch_compile_backend: {backend}`: only "
+            f"{' and '.join(f'`{b}`' for b in PARTITIONING_BACKENDS)} split the compiled graph by torch's partitioner, "
+            "which is what honours the budget. Use `inductor` (the default), or remove the key."
+        ]
+    return []
+
+
 def _checkpointing_kwargs_problems(kwargs: dict) -> list[str]:
     problems = []
     others = sorted(str(k) for k in kwargs if k != "use_reentrant")
@@ -444,6 +465,7 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "gathering those engines add around each layer. Turn off "
             "`torch_compile` or activation checkpointing (`gradient_checkpointing`, `fsdp_config.activation_checkpointing`)."
         )
+    problems += _memory_budget_problems(cfg)
     liger = sorted(k for k in type(cfg).model_fields if k.startswith("liger_") and getattr(cfg, k))
     liger += ["cut_cross_entropy"] if cfg.cut_cross_entropy else []
     if cfg.compiles_layers:

@@ -115,6 +115,7 @@ UNSET_MEANS: dict[str, str] = {
     "tiled_mlp_num_shards": "about one shard per `hidden_size` tokens (from the model)",
     "torch_compile_backend": "not compiled (`torch_compile` is off)",
     "torch_compile_mode": "not compiled (`torch_compile` is off)",
+    "activation_memory_budget": "the compiler keeps what it judges fastest (a budget of 1.0)",
     "image_size": "images keep their size",
     "processor_type": "a text model",
     "fsdp_version": "no FSDP",

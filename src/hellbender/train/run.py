@@ -20,6 +20,7 @@ from hellbender.data.pretokenized_packing import packed_pretokenized_rows
 from hellbender.data.streaming import streaming_dataset
 from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.models.activation_checkpointing import layers_left_unchecked
+from hellbender.models.compile_settings import compile_settings
 from hellbender.models.fixes.gemma3n import packed_tail_token_id
 from hellbender.models.loading import load_tokenizer_and_processor, model_skeleton
 from hellbender.models.packed_attention import documents_need_one_row
@@ -182,7 +183,8 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
         if streams_images:
             trainer.restore_rng_before_first_step(resume_from)
     try:
-        metrics = dict(trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None).metrics)
+        with compile_settings(cfg):
+            metrics = dict(trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None).metrics)
     except TrainingAlreadyDone:
         logger.info("%s is the last step: saving the final model", resume_from)
         metrics = {}
