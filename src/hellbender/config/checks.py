@@ -115,6 +115,7 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
             "flex attention, which keep packed documents from attending to each other."
         )
     problems += _flex_compile_conflicts(cfg)
+    problems += _memory_budget_problems(cfg)
     for where, name in [("", cfg.chat_template)] + [
         (f"Dataset `{e.path}`: ", e.chat_template) for e in cfg.datasets + cfg.test_datasets
     ]:
@@ -155,6 +156,25 @@ def find_conflicts(cfg: HellbenderConfig) -> list[str]:
                 f"Dataset `{entry.path}`: `chat_template: jinja` needs `chat_template_jinja` in the same entry."
             )
     return problems
+
+
+def _memory_budget_problems(cfg: HellbenderConfig) -> list[str]:
+    if cfg.activation_memory_budget is None:
+        return []
+    if not cfg.torch_compile:
+        return [
+            f"`activation_memory_budget: {cfg.activation_memory_budget}` needs `torch_compile: true`: it tells the "
+            "compiler what the compiled layers may keep for backward, and nothing is compiled. Add `torch_compile: "
+            "true`, or remove the key."
+        ]
+    backend = cfg.torch_compile_backend or TORCH_COMPILE_DEFAULTS["torch_compile_backend"]
+    if backend not in PARTITIONING_BACKENDS:
+        return [
+            f"`activation_memory_budget` with `torch_compile_backend: {backend}`: only "
+            f"{' and '.join(f'`{b}`' for b in PARTITIONING_BACKENDS)} split the compiled graph by torch's partitioner, "
+            "which is what honours the budget. Use `inductor` (the default), or remove the key."
+        ]
+    return []
 
 
 def _flex_compile_conflicts(cfg: HellbenderConfig) -> list[str]:
@@ -375,25 +395,6 @@ def _multimodal_pretrain_conflicts(cfg: HellbenderConfig) -> list[str]:
     return problems
 
 
-def _memory_budget_problems(cfg: HellbenderConfig) -> list[str]:
-    if cfg.activation_memory_budget is None:
-        return []
-    if not cfg.torch_compile:
-        return [
-            f"`activation_memory_budget: {cfg.activation_memory_budget}` needs `torch_compile: true`: it tells the "
-            "compiler what the compiled layers may keep for backward, and nothing is compiled. Add `torch_compile: "
-            "true`, or remove the key."
-        ]
-    backend = cfg.torch_compile_backend or TORCH_COMPILE_DEFAULTS["torch_compile_backend"]
-    if backend not in PARTITIONING_BACKENDS:
-        return [
-            f"`activation_memory_budget` with `torch_compile_backend: {backend}`: only "
-            f"{' and '.join(f'`{b}`' for b in PARTITIONING_BACKENDS)} split the compiled graph by torch's partitioner, "
-            "which is what honours the budget. Use `inductor` (the default), or remove the key."
-        ]
-    return []
-
-
 def _checkpointing_kwargs_problems(kwargs: dict) -> list[str]:
     problems = []
     others = sorted(str(k) for k in kwargs if k != "use_reentrant")
@@ -465,7 +466,6 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "gathering those engines add around each layer. Turn off "
             "`torch_compile` or activation checkpointing (`gradient_checkpointing`, `fsdp_config.activation_checkpointing`)."
         )
-    problems += _memory_budget_problems(cfg)
     liger = sorted(k for k in type(cfg).model_fields if k.startswith("liger_") and getattr(cfg, k))
     liger += ["cut_cross_entropy"] if cfg.cut_cross_entropy else []
     if cfg.compiles_layers:
