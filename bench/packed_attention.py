@@ -1,12 +1,14 @@
 """Attention over packed rows on one GPU: what transformers' SDPA path costs when a row holds several documents,
-against the same row as one document and against torch's varlen kernel over the documents.
+against the same row as one document, torch's varlen kernel over the documents and flex attention.
 
 W1's attention shape (2 rows of 2,048 tokens, 32 query heads, 8 key-value heads, head size 128, bf16), forward +
 backward, median of `--iters`:
 - `sdpa, one document per row`: transformers' SDPA function without a mask (`is_causal`), what W1 measures;
 - `sdpa, block mask`: the same function given the [rows, 1, T, T] block-diagonal causal mask transformers builds
   from restarting position ids (its kernel computes every block, and the key-value heads are repeated for it);
-- `varlen`: torch's varlen kernel over the documents (`cu_seqlens`), causal within each.
+- `varlen`: torch's varlen kernel over the documents (`cu_seqlens`), causal within each;
+- `flex`: compiled flex attention with a document-causal block mask (`attn_implementation: flex_attention`), which
+  skips the blocks no query may read.
 
     python3 bench/packed_attention.py [--iters 30] [--documents 256-1024]
 """
@@ -92,6 +94,20 @@ def main() -> int:
     def sdpa(attention_mask: torch.Tensor | None) -> torch.Tensor:
         return sdpa_attention_forward(module, q, k, v, attention_mask, scaling=DIM**-0.5)[0]
 
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    document = torch.tensor([[d for d, n in enumerate(r) for _ in range(n)] for r in rows], device="cuda")
+
+    def same_document_causal(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return (document[b, q_idx] == document[b, kv_idx]) & (kv_idx <= q_idx)
+
+    blocks = create_block_mask(same_document_causal, ROWS, None, LENGTH, LENGTH, device="cuda")
+    compiled_flex = torch.compile(flex_attention)
+
+    def flex() -> torch.Tensor:
+        out = compiled_flex(q, k, v, block_mask=blocks, scale=DIM**-0.5, enable_gqa=True)
+        return out.transpose(1, 2)
+
     def varlen() -> torch.Tensor:
         flat = [t.transpose(1, 2).reshape(ROWS * LENGTH, t.shape[1], DIM) for t in (q, k, v)]
         out = causal_varlen(*flat, (starts, starts), (longest, longest), DIM**-0.5)
@@ -101,6 +117,7 @@ def main() -> int:
         "sdpa, one document per row": lambda: sdpa(None),
         "sdpa, block mask": lambda: sdpa(mask),
         "varlen": varlen,
+        "flex": flex,
     }
     outputs, grads = {}, {}
     for name, call in cases.items():
