@@ -125,11 +125,12 @@ def main() -> int:
         out.backward(grad)
         outputs[name], grads[name] = out.detach().float(), q.grad.detach().float()
         q.grad = k.grad = v.grad = None
-    difference = (outputs["varlen"] - outputs["sdpa, block mask"]).abs().max().item()
-    grad_difference = (grads["varlen"] - grads["sdpa, block mask"]).abs().max().item()
-    print(
-        f"varlen against the block mask: output max |difference| {difference:.1e}, query gradient {grad_difference:.1e}"
-    )
+    for name in ("varlen", "flex"):
+        difference = (outputs[name] - outputs["sdpa, block mask"]).abs().max().item()
+        grad_difference = (grads[name] - grads["sdpa, block mask"]).abs().max().item()
+        print(
+            f"{name} against the block mask: output max |difference| {difference:.1e}, query grad {grad_difference:.1e}"
+        )
     print("| attention | ms forward + backward | forward ms | peak MiB above inputs |")
     print("|---|---|---|---|")
     for name, call in cases.items():

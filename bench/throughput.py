@@ -1646,6 +1646,8 @@ def parent_main(args: argparse.Namespace) -> int:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if set(variants) - set(VARIANTS):
         raise SystemExit(f"--variants takes {', '.join(VARIANTS)}")
+    if args.documents and ("baseline" in variants or args.documents <= 0):
+        raise SystemExit("--documents takes a positive length and runs hellbender's variants only (it packs the rows)")
     steps = 0 if args.epoch else args.steps or (6 if args.tiny else 25)  # 0: one epoch
     warmup = args.warmup if args.warmup is not None else (2 if args.tiny else 5)
     if steps and warmup >= steps:
@@ -1707,8 +1709,9 @@ def parent_main(args: argparse.Namespace) -> int:
             if w.family == "gemma4-vlm":
                 data = vlm_rows(paths.vlm_rows(w), w.rows, w.image_px)
             else:
-                rows = steps * w.micro_batch
-                data = pretokenized_rows(paths.causal_rows(w.seq, rows), rows, w.seq)
+                length = args.documents or w.seq  # `--documents`: rows of that many tokens, packed by hellbender
+                rows = steps * w.micro_batch * (w.seq // length)
+                data = pretokenized_rows(paths.causal_rows(length, rows), rows, length)
             for variant in variants:
                 results.append(runner.train(w, variant, steps, warmup, w.seq, data, timeout=args.child_timeout_s))
                 save()
@@ -1779,6 +1782,12 @@ def parser() -> argparse.ArgumentParser:
         default="automatic",
         help="Python's garbage collection in the training runs: as usual, or frozen and disabled from the first step "
         "(an experiment on the step-time spread)",
+    )
+    p.add_argument(
+        "--documents",
+        type=int,
+        help="W1/W2: data rows of this many tokens instead of whole rows, for hellbender variants with "
+        "`--hb-set sample_packing=true` (several documents per packed row; SDPA against flex attention)",
     )
     p.add_argument("--workdir", type=Path, default=Path("/tmp/hb-bench"), help="models, data, runs (reused)")
     p.add_argument("--json", type=Path, help="also write every result to this JSON file")
