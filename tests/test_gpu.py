@@ -480,6 +480,10 @@ def test_fused_gated_norm_keeps_tiny_models_logits_and_gradients():
             id="compile-kwargs",
         ),
         pytest.param({"gradient_checkpointing": True}, id="activation-checkpointing"),
+        pytest.param(
+            {"torch_compile": True, "gradient_checkpointing": True, "pad_to_sequence_len": True},
+            id="compiled-layers",
+        ),
     ],
 )
 def test_packing_with_flex_attention_trains_to_the_sdpa_losses(tmp_path, flex_settings):
