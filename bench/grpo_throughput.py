@@ -210,6 +210,8 @@ class GrpoRecorder(tp.StepRecorder):
     def watch_generation(self, model: Any) -> None:
         """Wrap `model.generate` (an attribute of this instance only): every completion gets exactly
         `completion_len` tokens, and the time, prompt and completion tokens of each call are recorded."""
+        import torch
+
         original = model.generate
 
         def generate(*args: Any, **kwargs: Any) -> Any:
@@ -231,7 +233,9 @@ class GrpoRecorder(tp.StepRecorder):
             width = int(ids.shape[1])
             prompts = [int(n) for n in mask.sum(dim=1).tolist()] if mask is not None else [width] * int(ids.shape[0])
             new = int(sequences.shape[1]) - width
-            self.rows.extend((p + new, 0) for p in prompts)
+            # the recorder's rows are (lengths, image tokens) tensors per batch (throughput.py's `_read_rows`)
+            lengths = torch.tensor([p + new for p in prompts])
+            self.rows.append((lengths, lengths * 0))
             self.generate_s += seconds
             self.generations.append(
                 {
