@@ -24,6 +24,12 @@ Variants, in one process (`--liger` empty):
                      hellbender's `trl.compile_generation`
 Then each `--liger` set (default `rope` and `rms_norm,swiglu`) in a child process of its own (Liger patches the model
 classes for the whole process): eager and compiled, with those Liger kernels applied.
+
+`--profile` instead times only hellbender's decoding (compiled, chunked prefill) at each `--rows` value given
+(comma-separated, one child each: every shape compiles anew) and `--shape` (`1b`, or `8b` for W1's Llama-3-8B
+shape), and profiles one timed call: the GPU's kernel time per new token (the union of the kernels' intervals) against
+the wall time per token, the kernels launched per token, and the kernels that took the most time. What the planner's
+model of generation is fitted to (docs/plan.md, "Online RL").
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ if str(HERE) not in sys.path:
 GIB = 2**30
 
 
-def build(liger: list[str]) -> Any:
+def build(liger: list[str], shape: str = "1b") -> Any:
     import throughput as tp
     import torch
     from peft import LoraConfig, get_peft_model
@@ -60,7 +66,9 @@ def build(liger: list[str]) -> Any:
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(
-            LlamaConfig(**tp.LLAMA32_1B), dtype=torch.bfloat16, attn_implementation="sdpa"
+            LlamaConfig(**(tp.LLAMA32_1B if shape == "1b" else tp.LLAMA3_8B)),
+            dtype=torch.bfloat16,
+            attn_implementation="sdpa",
         )
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0))
     for name, parameter in model.named_parameters():
@@ -95,10 +103,10 @@ def child(args: argparse.Namespace) -> None:
     import torch
     from transformers import GenerationConfig
 
-    from hellbender.train.methods.online import PREFILL_CHUNK_TOKENS
+    from hellbender.config.rl import PREFILL_CHUNK_TOKENS
 
     liger = [k for k in args.liger.split(",") if k]
-    model = build(liger)
+    model = build(liger, args.shape)
     prompts = torch.randint(0, 128_000, (args.rows, args.prompt_len), device="cuda")
     mask = torch.ones_like(prompts)
     sampling = dict(max_new_tokens=args.new, min_new_tokens=args.new, do_sample=True, temperature=1.0, top_p=1.0,
@@ -116,6 +124,9 @@ def child(args: argparse.Namespace) -> None:
 
         return call
 
+    if args.profile:
+        profile_decoding(generate(chunked), args)
+        return
     suffix = f", Liger {'+'.join(liger)}" if liger else ""
     measure("eager" + suffix, generate(eager), args.repeats, args.new)
     if not liger:
@@ -127,6 +138,42 @@ def child(args: argparse.Namespace) -> None:
         measure(f"compiled, chunked prefill ({PREFILL_CHUNK_TOKENS})", generate(chunked), args.repeats, args.new)
 
 
+def profile_decoding(generate: Callable[[], Any], args: argparse.Namespace) -> None:
+    """One timed `generate` under the profiler after a warm-up: wall and GPU kernel time per new token, kernels per
+    token and the top kernels by total time."""
+    import torch
+
+    generate()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
+        generate()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - started
+    peak = (torch.cuda.max_memory_allocated() - before) / GIB
+    kernels = [
+        e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0
+    ]
+    intervals = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, reach = 0.0, float("-inf")
+    for start, end in intervals:  # the union of the kernels' intervals
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    totals: dict[str, list[float]] = {}
+    for e in kernels:
+        totals.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    print(
+        f"| {args.shape} | {args.rows} | {args.prompt_len} + {args.new} | {1000 * wall / args.new:.2f} | "
+        f"{busy / 1000 / args.new:.2f} | {len(kernels) / args.new:.0f} | {peak:.2f} |",
+        flush=True,
+    )
+    for name, times in sorted(totals.items(), key=lambda item: -sum(item[1]))[:8]:
+        print(f"  {sum(times) / 1000 / args.new:7.3f} ms/token  {len(times) / args.new:5.1f}/token  {name[:110]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=64)
@@ -134,6 +181,9 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--liger", default=None, help="in a child: the Liger kernels to apply (comma-separated)")
+    parser.add_argument("--shape", default="1b", choices=("1b", "8b"))
+    parser.add_argument("--profile", action="store_true", help="profile hellbender's decoding (see above)")
+    parser.add_argument("--rows-list", default=None, help="with --profile: the --rows values, comma-separated")
     parser.add_argument("--liger-sets", default="rope;rms_norm,swiglu", help="the Liger sets, each its own child")
     args = parser.parse_args()
     if args.liger is not None:
@@ -141,6 +191,17 @@ def main() -> None:
         return
     import torch
 
+    if args.profile:
+        print(f"{torch.cuda.get_device_name()}; hellbender's decoding (compiled, chunked prefill), one profiled call")
+        print(
+            "| shape | rows | prompt + new | wall ms/token | GPU busy ms/token | kernels/token | peak above before, GiB |"
+        )
+        print("|---|---|---|---|---|---|---|", flush=True)
+        for rows in (args.rows_list or str(args.rows)).split(","):
+            common = ["--rows", rows, "--prompt-len", str(args.prompt_len), "--new", str(args.new)]
+            subprocess.run([sys.executable, __file__, *common, "--shape", args.shape, "--profile", "--liger", ""],
+                           check=True)  # fmt: skip
+        return
     print(f"{torch.cuda.get_device_name()}; {args.rows} rows x {args.prompt_len} prompt tokens, {args.new} new tokens")
     print("| variant | s per generate | ms per new token | peak above before, GiB |\n|---|---|---|---|", flush=True)
     common = ["--rows", str(args.rows), "--prompt-len", str(args.prompt_len), "--new", str(args.new)]
