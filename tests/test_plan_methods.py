@@ -12,7 +12,7 @@ import yaml
 from hellbender.config import validate_config
 from hellbender.errors import ConfigError
 from hellbender.plan.activations import layer_bytes_per_token
-from hellbender.plan.budget import plan_for
+from hellbender.plan.budget import plan_for, refuse_what_does_not_fit
 from hellbender.plan.fit import element_size
 from hellbender.plan.flops import step_flops, step_flops_parts
 from hellbender.plan.memory import plan_memory
@@ -180,25 +180,135 @@ def test_each_method_names_what_it_adds(tmp_path, make, needles):
     assert "NOT MODELLED" not in text and "is not modelled" not in text
 
 
-def test_online_rl_is_named_as_not_modelled(tmp_path):
+def grpo_plan(tmp_path, trl: dict | None = None, **overrides):
     from tests.test_grpo import grpo_config
 
-    cfg = grpo_config(tmp_path)
-    text = render(plan_for(cfg, gpu="H100"))
-    assert "NOT MODELLED: GRPO (online RL)" in text and "generation of the completions" in text
-    assert "is not modelled" in text.splitlines()[-1]  # the verdict says it too
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    return plan_for(grpo_config(tmp_path, trl, **overrides), gpu="H100")
 
 
-def test_auto_settings_are_refused_for_a_method_the_planner_does_not_model(tmp_path):
+@pytest.mark.parametrize("base_model", ["hellbender/tiny-llama", "hellbender/tiny-gemma4"])
+def test_the_planned_key_value_cache_is_the_one_generate_fills(tmp_path, base_model):
+    """The rollout's key-value cache as planned is, to the byte, the static cache `generate` allocates for the same
+    rows: every position but the last token's, sliding-window layers (Gemma 4) holding their window, layers that
+    read another layer's keys and values holding none."""
+    from hellbender.models.loading import load_tokenizer
+    from hellbender.models.stack import build_trainable_model
+    from tests.test_grpo import grpo_config
+
+    rows, prompt, new = 3, 40, 24
+    trl = {"num_generations": 3, "max_completion_length": new}
+    cfg = grpo_config(tmp_path, trl, base_model=base_model, sequence_len=prompt + new, micro_batch_size=rows)
+    planned = plan_for(cfg, gpu="H100").memory.rollout
+    assert (planned.rows, planned.positions) == (rows, prompt + new - 1)
+
+    model = build_trainable_model(cfg, load_tokenizer(cfg)).eval()
+    ids = torch.randint(3, 200, (rows, prompt))
+    out = model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False,
+        cache_implementation="static", disable_compile=True, return_dict_in_generate=True, pad_token_id=0,
+    )  # fmt: skip
+    assert out.sequences.shape[1] == prompt + new
+    cached = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values) if t is not None]
+    assert planned.kv_cache == sum(t.numel() * t.element_size() for t in cached) > 0
+
+
+def test_grpo_plans_the_generation_of_its_completions_beside_training(tmp_path):
+    """GRPO: each micro-batch trains B completions as rows of prompt + completion through TRL's fused head; between
+    optimizer steps the model generates every completion of the next step at once, a moment of its own with their
+    key-value cache, and its time joins the step's."""
+    plan = grpo_plan(tmp_path, {"max_completion_length": 96}, sequence_len=128, gradient_accumulation_steps=2)
+    s, m, t = plan.settings, plan.memory, plan.time
+    assert (s.rows, s.row_len, s.scored_tokens) == (8, 128, 8 * 96)
+    assert (m.rollout.rows, m.rollout.positions) == (16, 127)
+    assert m.phases["generation"] == m.weights + m.adapter + m.optimizer_states + m.rollout.total
+    assert m.reference_forward == 0 and "scoring the rollout" not in m.phases  # beta 0: no reference
+    assert t.rollout.decode_steps == 95 and t.rollout.seconds > 0
+    assert t.examples_per_second == pytest.approx(16 / t.seconds)
+    text = render(plan)
+    assert "GRPO, micro-batch 8 completions: 8 rows of 128 tokens (a 32-token prompt" in text
+    assert "generation every step: 16 completions (4 prompts x 4), compiled decoding" in text
+    assert "generation: key-value cache (16 rows x 127 positions)" in text and "completions/s" in text
+    assert "NOT MODELLED" not in text and "`sequence_len` is not set" not in text
+
+
+def test_without_sequence_len_the_report_says_where_the_planned_prompt_came_from(tmp_path):
+    from hellbender.config import validate_config as validate_with
+    from tests.test_grpo import grpo_settings
+
+    raw = grpo_settings(tmp_path, {"reward_funcs_dir": str(tmp_path), "max_completion_length": 48})
+    del raw["sequence_len"]
+    text = render(plan_for(validate_with(raw), gpu="H100"))
+    assert "`sequence_len` is not set, so prompts are planned at 2,000 tokens" in text
+
+
+def test_a_longer_completion_raises_the_generation_and_not_training(tmp_path):
+    """The cache grows with the positions generated; the rows trained are `sequence_len` either way."""
+    short = grpo_plan(tmp_path / "short", {"max_completion_length": 32}, sequence_len=128)
+    long = grpo_plan(tmp_path / "long", {"max_completion_length": 96}, sequence_len=128)
+    assert long.memory.rollout.kv_cache == short.memory.rollout.kv_cache  # both 127 positions per row
+    longer = grpo_plan(tmp_path / "longer", {"max_completion_length": 96}, sequence_len=256)
+    assert longer.memory.rollout.kv_cache == pytest.approx(long.memory.rollout.kv_cache * 255 / 127)
+    assert long.time.rollout.decode_steps == 3 * short.time.rollout.decode_steps + 2
+
+
+def test_grpo_scores_its_rollout_with_the_reference_and_old_log_probabilities_once_per_generation(tmp_path):
+    """`trl.beta` > 0 adds the reference's forward over the rollout (the base with the adapter off), several
+    `trl.num_iterations` the policy's old log-probabilities; both, and the generation, once every
+    `num_iterations` steps, before any training activations exist."""
+    plain = grpo_plan(tmp_path / "plain", adapter="lora", lora_target_linear=True)
+    beta = grpo_plan(tmp_path / "beta", {"beta": 0.04}, adapter="lora", lora_target_linear=True)
+    assert beta.settings.method.reference == "adapter off" and beta.memory.reference_copy == 0
+    fixed = beta.memory.weights + beta.memory.adapter + beta.memory.optimizer_states
+    assert beta.memory.phases["scoring the rollout"] == fixed + beta.memory.reference_forward > fixed
+    assert beta.memory.phases["loss"] == plain.memory.phases["loss"]  # not stacked on the policy's activations
+    assert beta.time.parts["reference forward"] > 0 and "scoring the rollout (reference; no gradients)" in render(beta)
+
+    twice = grpo_plan(tmp_path / "twice", {"beta": 0.04, "num_iterations": 2}, adapter="lora", lora_target_linear=True)
+    assert twice.time.parts["reference forward"] == pytest.approx(beta.time.parts["reference forward"] / 2)
+    assert twice.time.parts["old log-probabilities (policy, no gradients)"] > 0
+    assert twice.time.rollout.seconds == pytest.approx(beta.time.rollout.seconds)
+    assert "once every 2 steps" in render(twice) and "generation every 2 steps" in render(twice)
+
+    full = grpo_plan(tmp_path / "full", {"beta": 0.04}, adapter=None)
+    assert full.memory.reference_copy > 0  # a frozen copy of the starting weights
+
+
+def test_a_grpo_run_whose_generation_does_not_fit_says_what_lowers_it(tmp_path):
+    """When the generation's cache sets the peak, a smaller micro-batch does not help (the same completions are
+    generated at once): the refusal names what does."""
+    from tests.test_grpo import grpo_config
+
+    keys = dict(sequence_len=1024, micro_batch_size=4, gradient_accumulation_steps=64)
+    plan = grpo_plan(tmp_path, {"max_completion_length": 1000}, **keys)
+    assert plan.memory.peak_phase == "generation"
+    limit = (plan.memory.needed - plan.memory.rollout.kv_cache // 2) / 1024**3
+    cfg = grpo_config(tmp_path, {"max_completion_length": 1000}, **keys, gpu_memory_limit=f"{limit:.4f}GiB")
+    with pytest.raises(ConfigError, match="gpu_memory_limit") as refused:
+        refuse_what_does_not_fit(cfg)
+    assert "the peak is the generation of 256 completions at once" in str(refused.value)
+    assert "trl.max_completion_length" in str(refused.value)
+
+
+def test_auto_micro_batch_for_grpo_holds_whole_groups(tmp_path):
+    """`micro_batch_size: auto` under online RL keeps the batch a multiple of `trl.num_generations`: with one
+    micro-batch per step and groups of 4, the candidates are 4, 8, ...; none fits below 4."""
     from hellbender.config import validate_config as validate_with
     from hellbender.plan.auto import choose
     from tests.test_grpo import grpo_settings
 
-    raw = grpo_settings(
-        tmp_path, {"reward_funcs_dir": str(tmp_path)}, micro_batch_size="auto", gradient_accumulation_steps=4
-    )
-    with pytest.raises(ConfigError, match=r"micro_batch_size: auto.*cannot choose for GRPO \(online RL\)"):
-        validate_with(raw, choose)
+    def needed(micro_batch: int) -> float:
+        return grpo_plan(tmp_path / str(micro_batch), micro_batch_size=micro_batch, gradient_accumulation_steps=1,
+                         sequence_len=2048).memory.needed / 1024**3  # fmt: skip
+
+    def auto(limit: float) -> int:
+        raw = grpo_settings(tmp_path, {"reward_funcs_dir": str(tmp_path)}, micro_batch_size="auto",
+                            gradient_accumulation_steps=1, sequence_len=2048, gpu_memory_limit=f"{limit:.4f}GiB")  # fmt: skip
+        return validate_with(raw, choose).micro_batch_size
+
+    assert auto((needed(4) + needed(8)) / 2) == 4
+    with pytest.raises(ConfigError, match="micro_batch_size: auto.*no setting fits"):
+        auto(needed(4) * 0.999)
 
 
 def test_plan_of_a_full_dpo_run_that_does_not_fit_proposes_precomputed_reference_scores(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from hellbender.config.rl import ONLINE_RL_METHODS
 from hellbender.errors import ConfigError
 
 logger = logging.getLogger("hellbender")
@@ -21,6 +22,8 @@ def _candidates(cfg: Any, asked: list[str], layers: int) -> list[dict[str, Any]]
     micro_batches = _MICRO_BATCHES if "micro_batch_size" in asked else (cfg.micro_batch_size,)
     if cfg.rl == "kto":  # its KL term pairs rows within a micro-batch: at least 2
         micro_batches = tuple(mb for mb in micro_batches if mb >= 2)
+    if cfg.trl is not None and cfg.rl in ONLINE_RL_METHODS:
+        micro_batches = tuple(mb for mb in micro_batches if _holds_whole_groups(cfg, mb))
     modes: tuple[bool | str, ...] = (cfg.gradient_checkpointing,)
     if "gradient_checkpointing" in asked:  # a layer count the config gives needs checkpointing on
         modes = (True, "offload") if cfg.gradient_checkpointing_layers is not None else (False, True, "offload")
@@ -39,6 +42,18 @@ def _candidates(cfg: Any, asked: list[str], layers: int) -> list[dict[str, Any]]
     return out
 
 
+def _holds_whole_groups(cfg: Any, micro_batch: int) -> bool:
+    """Online RL: the global batch, and an evaluation batch that follows the micro-batch, hold whole groups of
+    `trl.num_generations` completions (config/rl_checks.py refuses the others)."""
+    from hellbender.config.rl_checks import launched_world_size
+
+    processes, generations = launched_world_size(), cfg.trl.num_generations
+    if (micro_batch * cfg.gradient_accumulation_steps * processes) % generations:
+        return False
+    follows = cfg.has_eval_data and not cfg.eval_batch_size
+    return not follows or (micro_batch * processes) % generations == 0
+
+
 def choose(cfg: Any, asked: list[str]) -> dict[str, Any]:
     """The values of the `asked` keys for the fastest predicted setting of `cfg` that fits."""
     from hellbender.plan.budget import card_and_budget
@@ -50,12 +65,6 @@ def choose(cfg: Any, asked: list[str]) -> dict[str, Any]:
     card, budget_gib, source = card_and_budget(cfg)
     facts = describe(cfg, meta_model(cfg))
     base = plan_settings(cfg, facts=facts)
-    if base.method.not_modelled:
-        raise ConfigError(
-            f"{', '.join(f'`{key}: auto`' for key in asked)}: the memory planner cannot choose for "
-            f"{base.method.name}: it does not model {base.method.not_modelled}. Give "
-            f"{' and '.join(f'`{key}`' for key in asked)} a value."
-        )
     fitting = []
     for values in _candidates(cfg, asked, facts.layers):
         mode = values["gradient_checkpointing"]

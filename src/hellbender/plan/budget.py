@@ -3,17 +3,15 @@ not fit `gpu_memory_limit`."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 
 from hellbender.config import HellbenderConfig
 from hellbender.config.training import memory_limit_gib
 from hellbender.errors import ConfigError
 from hellbender.plan.cards import CARDS, Card, card_named, this_card
-from hellbender.plan.fit import Plan, make_plan, smallest_fitting_change
+from hellbender.plan.fit import Plan, generation_advice, make_plan, smallest_fitting_change
 from hellbender.plan.memory import GIB
 
-logger = logging.getLogger("hellbender")
 DEFAULT_CARD = "H100"  # planned for when no GPU is visible and none is named
 
 
@@ -44,32 +42,20 @@ def refuse_what_does_not_fit(cfg: HellbenderConfig, gpus: int = 1) -> Plan | Non
     if cfg.gpu_memory_limit is None:
         return None
     plan = plan_for(cfg, gpus=gpus)
-    method = plan.settings.method
     if plan.fits:
-        if method.not_modelled:
-            logger.warning(
-                "`gpu_memory_limit`: checked against supervised training of the same rows only: the planner does "
-                "not model %s, which adds %s.",
-                method.name,
-                method.not_modelled,
-            )
         return plan
     found = smallest_fitting_change(plan)
     limit = memory_limit_gib(cfg.gpu_memory_limit)
-    advice = (
-        f"The smallest change that fits: {found[0].describe()} (predicted {found[1].memory.needed / GIB:.1f} GiB)."
-        if found
-        else "No change the planner tries fits: use more GPUs with FSDP2 (`fsdp_version: 2`), or a larger card."
-    )
-    as_supervised = (
-        f" as supervised training of the same rows ({method.name} adds {method.not_modelled}, which the planner "
-        "does not model)"
-        if method.not_modelled
-        else ""
-    )
+    lowers = generation_advice(plan) or "use more GPUs with FSDP2 (`fsdp_version: 2`), or a larger card"
+    if found:
+        advice = (
+            f"The smallest change that fits: {found[0].describe()} (predicted {found[1].memory.needed / GIB:.1f} GiB)."
+        )
+    else:
+        advice = f"No change the planner tries fits: {lowers}."
     raise ConfigError(
         f"`gpu_memory_limit: {_shown(cfg.gpu_memory_limit)}`: this run is predicted to need "
-        f"{plan.memory.needed / GIB:.1f} GiB per GPU{as_supervised} (peak {plan.memory.peak / GIB:.1f} GiB allocated, at the {plan.memory.peak_phase}, plus the "
+        f"{plan.memory.needed / GIB:.1f} GiB per GPU (peak {plan.memory.peak / GIB:.1f} GiB allocated, at the {plan.memory.peak_phase}, plus the "
         f"allocator's margin and the CUDA context), more than the {limit:.1f} GiB allowed. {advice} "
         "`hellbender plan CONFIG` prints the whole breakdown; raise `gpu_memory_limit` if the card has the room."
     )

@@ -58,8 +58,10 @@ def make_plan(cfg: HellbenderConfig, card: Card, gpus: int, budget_gib: float | 
 
 
 def plan_with(cfg: HellbenderConfig, facts: ModelFacts, settings: PlanSettings, card: Card, budget: int,
-              budget_source: str) -> Plan:  # fmt: skip
-    ga = cfg.gradient_accumulation_steps
+              budget_source: str, gradient_accumulation: int | None = None) -> Plan:  # fmt: skip
+    """`gradient_accumulation`: in place of the config's (a change that keeps the batch with a smaller micro-batch;
+    online RL generates every completion of the step at once)."""
+    ga = gradient_accumulation or cfg.gradient_accumulation_steps
     memory = plan_memory(facts, settings, element_size(cfg), ga, cfg.bnb_settings.bnb_4bit_use_double_quant)
     return Plan(cfg, facts, settings, memory, step_time(facts, settings, memory, card, ga), card, budget, budget_source)
 
@@ -125,10 +127,24 @@ def smallest_fitting_change(plan: Plan) -> tuple[Change, Plan] | None:
                 fields |= change.settings
             else:
                 candidate = plan_with(
-                    plan.cfg, plan.facts, plan.settings.but(**fields), plan.card, plan.budget, plan.budget_source
-                )
+                    plan.cfg, plan.facts, plan.settings.but(**fields), plan.card, plan.budget, plan.budget_source,
+                    keys.get("gradient_accumulation_steps"),
+                )  # fmt: skip
                 if candidate.fits:
                     found.append((Change(keys, fields), candidate))
         if found:
             return max(found, key=lambda pair: pair[1].time.tokens_per_second)
     return None
+
+
+def generation_advice(plan: Plan) -> str:
+    """Online RL whose peak is its generation: what lowers it (no change `smallest_fitting_change` tries does: a
+    smaller micro-batch keeps the completions each generation makes), or "" elsewhere."""
+    rollout = plan.memory.rollout
+    if rollout is None or plan.memory.peak_phase != "generation":
+        return ""
+    return (
+        f"the peak is the generation of {rollout.rows} completions at once ({rollout.kv_cache / GIB:.1f} GiB of "
+        "key-value cache): fewer completions per optimizer step (`micro_batch_size` x `gradient_accumulation_steps`) "
+        "or a shorter `trl.max_completion_length` lowers it"
+    )

@@ -10,7 +10,10 @@ layers outside the decoder (a vision tower) run forward only. Preference methods
 gradients and score answers with TRL's fused LM head (`step_flops_parts`; the rows are `method.py`'s); online
 distillation adds its teacher's forward over every token, 2 T (N_teacher + its head) and its attention, at the card's
 share of the peak. `tiled_mlp` runs each MLP's forward once more in backward (2 T N_mlp). The optimizer
-step is bound by memory bandwidth: it reads and writes weights, gradients and states about once each.
+step is bound by memory bandwidth: it reads and writes weights, gradients and states about once each. Online RL
+scores each rollout once per `trl.num_iterations` steps (the reference with `trl.beta` > 0, the policy's old
+log-probabilities with several iterations) and adds its generation's time, over the same number of steps
+(`generation.py`).
 
 Under the compute lies the host's floor: the kernels the step launches (`launches.py`'s counts) times
 `cards.LAUNCH_SECONDS`. The host queues kernels ahead of the GPU, so the step takes the longer of the two, not their
@@ -23,6 +26,7 @@ from math import ceil
 
 from hellbender.plan import distillation
 from hellbender.plan.cards import LAUNCH_SECONDS, Card
+from hellbender.plan.generation import RolloutTime, rollout_time
 from hellbender.plan.launches import (
     CLIP_OPS,
     FUSED_OPS,
@@ -64,6 +68,7 @@ class StepTime:
     compute_seconds: float = 0.0  # the FLOPs at the card's efficiency
     kernels: float = 0.0  # GPU kernels launched per step
     launch_seconds: float = 0.0  # the host's time to launch them (the floor under the step)
+    rollout: RolloutTime | None = None  # online RL: one generation, which `seconds` counts per optimizer step
 
     @property
     def launch_bound(self) -> bool:
@@ -106,10 +111,16 @@ def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: 
         parts["tiled MLP recomputation"] = 2 * tokens * facts.mlp_linear_numel
     # The reference runs the base weights only: the adapter is switched off, or the frozen copy has none.
     reference = 2 * tokens * decoder + head_forward + attention_forward + vision
+    # Online RL scores its rollout, the rows of every micro-batch of the step, once per generation.
+    per_rollout = 1 / s.method.rollout.iterations if s.method.rollout else 1.0
     if s.method.reference_forwards:
-        parts["reference forward"] = s.method.reference_forwards * reference
+        parts["reference forward"] = s.method.reference_forwards * reference * per_rollout
     if s.method.policy_forwards_without_grad:
         parts["KL rows (policy, no gradients)"] = body_forward + head_forward + attention_forward + vision
+    if s.method.rollout and s.method.rollout.iterations > 1:
+        parts["old log-probabilities (policy, no gradients)"] = (
+            body_forward + head_forward + attention_forward + vision
+        ) * per_rollout
     if s.method.distills and facts.teacher is not None:
         parts[TEACHER_FORWARD] = _teacher_linear(facts.teacher, s) + _attention_forward(facts.teacher, s)
     return {name: value * gradient_accumulation for name, value in parts.items()}
@@ -176,9 +187,16 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     launch = kernels * (card.launch_seconds or LAUNCH_SECONDS)
     # The host queues kernels ahead of the GPU: the step takes the longer of the two, not their sum.
     seconds = max(compute, transfer, launch) + optimizer
+    rollout = None
+    if memory.rollout is not None:  # online RL: a generation every `num_iterations` steps, before training
+        weight_bytes = memory.weights + memory.adapter
+        rollout = rollout_time(facts, s, memory.rollout, weight_bytes, card, forward_kernels(facts.kernels, s))
+        seconds += rollout.seconds / memory.rollout.iterations
     tokens = s.tokens * gradient_accumulation
     examples = s.micro_batch_size * gradient_accumulation
-    return StepTime(flops, seconds, tokens / seconds, transfer, examples / seconds, parts, compute, kernels, launch)
+    return StepTime(
+        flops, seconds, tokens / seconds, transfer, examples / seconds, parts, compute, kernels, launch, rollout
+    )
 
 
 def _layer_forwards(k: KernelCounts, s: PlanSettings) -> list[int]:
@@ -196,7 +214,9 @@ def micro_batch_kernels(k: KernelCounts, s: PlanSettings, layers: int) -> float:
     """Kernels one micro-batch launches: forward, the recomputation of checkpointed layers and backward."""
     forward = _layer_forwards(k, s)
     checkpointed = s.checkpointed(layers)
-    passes = s.method.reference_forwards + (1 if s.method.policy_forwards_without_grad else 0)
+    passes: float = s.method.reference_forwards + (1 if s.method.policy_forwards_without_grad else 0)
+    if s.method.rollout:  # the rollout's scoring, once per generation (`step_flops_parts`)
+        passes = (passes + (s.method.rollout.iterations > 1)) / s.method.rollout.iterations
     trained = sum(forward) + k.outside_trained + HEAD_AND_LOSS
     return (
         3 * trained  # forward and backward (twice the forward's kernels)

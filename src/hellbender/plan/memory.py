@@ -4,7 +4,10 @@ Three moments compete for the peak: the end of the forward pass (every saved act
 alive, the optimizer states from the step before too; a preference method's reference forward runs then), backward
 (all gradients, the checkpointed layers' inputs and one recomputed layer), and the optimizer step (gradients, states
 and the step's temporaries). Online distillation adds a fourth: its teacher's forward, before the student's, when none
-of the student's activations exist yet. Gradients are freed after each step (`zero_grad(set_to_none=True)`), so they
+of the student's activations exist yet. Online RL adds two more between optimizer steps, before any training
+activations exist: the rollout's generation (its key-value cache, `generation.py`) and the forwards without gradients
+that score the rollout (the reference's with `trl.beta` > 0, the policy's with several `trl.num_iterations`), B rows
+at a time. Gradients are freed after each step (`zero_grad(set_to_none=True)`), so they
 count at the forward passes only when gradients accumulate over micro-batches."""
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from hellbender.plan.activations import (
 )
 from hellbender.plan.distillation import loss_bytes as distillation_loss_bytes
 from hellbender.plan.distillation import target_bytes, teacher_forward_bytes
+from hellbender.plan.generation import RolloutMemory, rollout_memory
 from hellbender.plan.method import FUSED_HEAD, STORED_TARGETS
 from hellbender.plan.model_facts import ModelFacts, Parameter
 from hellbender.plan.optimizers import optimizer_rule, state_bytes
@@ -66,7 +70,7 @@ class MemoryPlan:
     step_temporaries: int
     ddp_buckets: int
     reference_copy: int  # a frozen copy of the starting weights (DPO / KTO with full fine-tuning)
-    reference_forward: int  # a forward without gradients after the policy's, whose activations are alive
+    reference_forward: int  # a forward without gradients (after the policy's; online RL: scoring the rollout)
     peak: int
     peak_phase: str
     host: int
@@ -78,6 +82,7 @@ class MemoryPlan:
     tiled_mlp_backward: int = 0  # `tiled_mlp`: one recomputed shard and the gathered input gradients
     mlp_workspace: int = 0  # the gradient at the MLP's inner width in a layer's backward
     phases: dict[str, int] = field(default_factory=dict)  # what is allocated at each moment
+    rollout: RolloutMemory | None = None  # online RL's generation
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -183,7 +188,10 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
 
     # The reference copy is the model as built, the adapter aside (full fine-tuning has none), sharded as the weights.
     reference_copy = weights_split if s.method.reference_copy else 0
-    reference_forward = int(reference_forward_bytes(facts, s, element)) if s.method.reference_forwards else 0
+    scores_rollout = s.method.online and (s.method.reference_forwards or s.method.rollout.iterations > 1)
+    reference_forward = 0
+    if s.method.reference_forwards or scores_rollout:
+        reference_forward = int(reference_forward_bytes(facts, s, element))
     saved_by_head = s.scored_tokens * facts.hidden * element if s.method.head == FUSED_HEAD else loss
     # The teacher is loaded whole beside the student on every GPU (no sharding wraps it).
     teacher = facts.teacher if s.method.distills else None
@@ -197,9 +205,11 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         )
     fixed = weights_split + adapter_split + states + ddp_buckets + reference_copy + teacher_weights
     grads_now = gradients if gradient_accumulation > 1 else 0
+    # The reference runs after the policy's forward: its activations and the head's saved answer states are alive.
+    # Online RL scores its rollout before training instead.
+    beside_loss = 0 if s.method.online else reference_forward
     phases = {
-        # The reference runs after the policy's forward: its activations and the head's saved answer states are alive
-        "loss": fixed + grads_now + activations + targets + max(loss, saved_by_head + reference_forward),
+        "loss": fixed + grads_now + activations + targets + max(loss, saved_by_head + beside_loss),
         # Backward starts with every saved tensor alive; by the checkpointed layers the others' are freed.
         "backward": fixed + gradients + residual + layer_workspace
         + max(activations, activations - sum(per_layer[checkpointed:]) + recompute),
@@ -207,6 +217,11 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     }  # fmt: skip
     if teacher:  # before the student's forward: none of its activations of this micro-batch exist yet
         phases["teacher forward"] = fixed + grads_now + teacher_forward
+    rollout = rollout_memory(facts, s, element, gradient_accumulation) if s.method.online else None
+    if rollout:  # between optimizer steps: the gradients were freed, no activations exist
+        phases["generation"] = fixed + rollout.total
+        if scores_rollout:
+            phases["scoring the rollout"] = fixed + reference_forward
     phase = max(phases, key=phases.get)
     return MemoryPlan(
         weights=weights_split,
@@ -233,6 +248,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         teacher_targets=targets,
         tiled_mlp_backward=tiled_mlp,
         mlp_workspace=mlp_workspace,
+        rollout=rollout,
     )
 
 

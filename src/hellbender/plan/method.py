@@ -20,9 +20,17 @@ without gradients.
   from a teacher model (`kd_teacher_model`) that runs a forward without gradients over the same rows before the
   student's forward, when none of the student's activations of this micro-batch exist yet.
 
+- Online RL (`rl: grpo`, `gdpo`, `rloo`; TRL's GRPOTrainer and RLOOTrainer): B completions per micro-batch, each a
+  row of its prompt and the completion, scored by TRL's fused LM head over the completion tokens. Every
+  `trl.num_iterations` optimizer steps the model first generates the next step's completions (`generation.py`), and
+  the reference (with `trl.beta` > 0) and, with several iterations, the policy score them without gradients, B rows
+  at a time, before any training activations exist.
+
 Rows are planned at their worst case, `sequence_len` tokens each; a pair's prompt is `max_prompt_len` tokens where
-the config sets it, else a single token (the longest answers), and its answers fill the rest of `sequence_len`.
-Online RL (generation) is not modelled: the plan is that of supervised training of the same rows, and says so."""
+the config sets it, else a single token (the longest answers), and its answers fill the rest of `sequence_len`. Online
+RL's prompts are not cut: a row is planned as `sequence_len` tokens of which the completion is
+`trl.max_completion_length` (every completion as long as it may be), so `sequence_len` stands for the longest prompt
+plus that."""
 
 from __future__ import annotations
 
@@ -45,6 +53,17 @@ _NAMES = {"dpo": "DPO", "ipo": "IPO", "kto": "KTO", "orpo": "ORPO", "simpo": "Si
 
 
 @dataclass(frozen=True)
+class Rollout:
+    """Online RL's generation, as TRL runs it with hellbender's settings: one `generate` call over every completion
+    of `steps_per_generation` (= gradient accumulation) micro-batches, every `iterations` optimizer steps."""
+
+    completion_len: int  # `trl.max_completion_length`: every completion planned this long
+    generations: int  # `trl.num_generations`: completions per prompt
+    iterations: int  # `trl.num_iterations`: optimizer steps trained on each generation
+    compiled: bool  # `trl.compile_generation` on a GPU: static cache, compiled decoding, chunked prefill
+
+
+@dataclass(frozen=True)
 class MethodShape:
     name: str = "supervised fine-tuning"
     example: str = "row"  # what one of `micro_batch_size` is: a row, or a pair (of a chosen and a rejected answer)
@@ -57,11 +76,15 @@ class MethodShape:
     teacher: str | None = None  # distillation: TEACHER_MODEL or STORED_TARGETS
     top_k: int = 0  # distillation: the teacher's targets per token
     ce_gradient: bool = False  # distillation with `kd_ce_alpha` > 0: the cross-entropy's log-softmax kept for backward
-    not_modelled: str | None = None  # what the plan leaves out, for a method it cannot model
+    rollout: Rollout | None = None  # online RL: the generation before training (its reference scores the rollout)
 
     @property
     def distills(self) -> bool:
         return self.head in (KD_LOGITS, KD_CHUNKED)
+
+    @property
+    def online(self) -> bool:
+        return self.rollout is not None
 
     @property
     def answers_per_example(self) -> int:
@@ -139,11 +162,7 @@ def method_shape(cfg: HellbenderConfig, facts: ModelFacts | None = None) -> Meth
             )
         return SUPERVISED
     if method not in _NAMES:  # grpo, gdpo, rloo
-        return MethodShape(
-            name=f"{method.upper()} (online RL)",
-            not_modelled="generation of the completions (the KV cache, the rollout time), the completions of each "
-            "prompt scored together, the reward functions and the reference model",
-        )
+        return _online_shape(cfg)
     reference = None
     if method in REFERENCE_METHODS:
         reference = "precomputed" if cfg.precompute_ref_log_probs else "adapter off" if cfg.adapter else "frozen copy"
@@ -156,6 +175,29 @@ def method_shape(cfg: HellbenderConfig, facts: ModelFacts | None = None) -> Meth
         head=FUSED_HEAD if method in REFERENCE_METHODS else LOGITS,
         reference=reference,
         kl_rows=method == "kto",
+    )
+
+
+def _online_shape(cfg: HellbenderConfig) -> MethodShape:
+    """GRPO / GDPO / RLOO: completions as rows through the fused head, after a rollout; the reference with `beta` > 0."""
+    trl = cfg.trl
+    assert trl is not None  # an online method without it is refused at validation
+    compiled = trl.compile_generation
+    if compiled is None:  # as training decides on a GPU (train/methods/online.py's `compiled_generation`)
+        from hellbender.config.rl_checks import compiled_generation_blocker
+
+        compiled = compiled_generation_blocker(cfg) is None
+    reference = None
+    if trl.beta:
+        reference = "adapter off" if cfg.adapter else "frozen copy"
+    completion = trl.max_completion_length
+    return MethodShape(
+        name={"grpo": "GRPO", "gdpo": "GDPO", "rloo": "RLOO"}[cfg.rl or ""],
+        example="completion",
+        prompt_len=max(1, cfg.sequence_len - completion),
+        head=FUSED_HEAD,
+        reference=reference,
+        rollout=Rollout(completion, trl.num_generations, trl.num_iterations, compiled),
     )
 
 

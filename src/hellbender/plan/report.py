@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hellbender.plan.fit import Plan, smallest_fitting_change
+from hellbender.plan.fit import Plan, generation_advice, smallest_fitting_change
+from hellbender.plan.generation import rollout_rows
 from hellbender.plan.memory import ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES, GIB
 from hellbender.plan.method import (
     FUSED_HEAD,
@@ -36,10 +37,12 @@ def describe_run(plan: Plan) -> str:
         ckpt += " (inputs offloaded)"
     sharding = {"none": "DDP" if s.gpus > 1 else "one GPU", "fsdp2": "FSDP2"}.get(s.sharding, s.sharding.upper())
     shape = s.method
-    if shape.name == SUPERVISED.name or shape.not_modelled:
+    if shape.name == SUPERVISED.name:
         batch = f"micro-batch {s.micro_batch_size} x {s.sequence_len} tokens"
     elif shape.distills:
         batch = f"{shape.name}, micro-batch {s.micro_batch_size} x {s.sequence_len} tokens, {_teacher(plan)}"
+    elif shape.rollout:
+        batch = f"{shape.name}, micro-batch {s.micro_batch_size} completions: {_rows(s)}; {_generation(plan)}"
     else:
         batch = f"{shape.name}, micro-batch {s.micro_batch_size} {shape.example}s: {_rows(s)}"
     head = {
@@ -62,12 +65,25 @@ def _teacher(plan: Plan) -> str:
     return f"teacher {plan.cfg.kd_teacher_model} ({billions:.2f}B parameters, frozen) gives its top {shape.top_k}"
 
 
+def _generation(plan: Plan) -> str:
+    """How the rollout is generated, as the report says it."""
+    rollout = plan.settings.method.rollout
+    assert rollout is not None
+    rows = rollout_rows(plan.settings, plan.cfg.gradient_accumulation_steps)
+    how = "compiled decoding, static cache" if rollout.compiled else "eager decoding"
+    every = "every step" if rollout.iterations == 1 else f"every {rollout.iterations} steps"
+    prompts = rows // rollout.generations
+    return f"generation {every}: {rows} completions ({prompts} prompts x {rollout.generations}), {how}"
+
+
 def _rows(s: PlanSettings) -> str:
     """The rows one micro-batch runs, as the report says them."""
     shape = s.method
     prompt, answer = shape.prompt(s.sequence_len), shape.answer(s.sequence_len)
     text = f"{s.rows} rows of {s.row_len:,} tokens"
-    if shape.head == FUSED_HEAD:
+    if shape.rollout:
+        text += f" (a {prompt:,}-token prompt, `sequence_len` less the completion, + a completion of {answer:,})"
+    elif shape.head == FUSED_HEAD:
         unset = "" if shape.prompt_len else "; no `max_prompt_len`, so the longest answers"
         if shape.shared_prompt:
             text += f" (a {prompt:,}-token prompt once + 2 answers of {answer:,} + 1{unset})"
@@ -92,12 +108,6 @@ def render(plan: Plan) -> str:
     kept = [b for i, b in enumerate(m.per_layer) if i < checkpointed]
     lines = [describe_run(plan)]
     shape = plan.settings.method
-    if shape.not_modelled:
-        lines.append(
-            f"NOT MODELLED: {shape.name}. The numbers below are those of supervised training of "
-            f"{plan.settings.micro_batch_size} rows of {plan.settings.sequence_len} tokens; they leave out "
-            f"{shape.not_modelled}."
-        )
     lines += [f"NOT MODELLED: {part}." for part in plan.facts.not_modelled]
     lines += ["", "Predicted peak GPU memory, per GPU:"]
     rows = [
@@ -113,7 +123,10 @@ def render(plan: Plan) -> str:
         (f"activations, {len(kept)} checkpointed layer inputs", sum(kept)),
         ("recomputed layer (backward)", m.recompute),
         (_head_label(plan), m.loss),
-        ("reference forward (no gradients)", m.reference_forward),
+        (_scoring_label(plan), m.reference_forward),
+        (_cache_label(plan), m.rollout.kv_cache if m.rollout else 0),
+        ("generation: keys and values repeated for SDPA, one layer", m.rollout.repeated_kv if m.rollout else 0),
+        ("generation: the prefill's or sampling's moment", max(m.rollout.prefill, m.rollout.sampling) if m.rollout else 0),
         (f"teacher's top-{shape.top_k} targets (ids, log-probabilities, mask)", m.teacher_targets),
         ("teacher forward (no gradients, before the student's)", m.teacher_forward),
         ("attention workspace (backward)", m.attention_workspace),
@@ -137,7 +150,7 @@ def render(plan: Plan) -> str:
     else:
         lines.append("  nothing offloaded")
     measured = "" if plan.card.measured else ", efficiency not measured on this card"
-    examples = f", {t.examples_per_second:,.2f} pairs/s" if shape.example == "pair" else ""
+    examples = f", {t.examples_per_second:,.2f} {shape.example}s/s" if shape.example != "row" else ""
     lines += [
         "",
         f"Predicted step on {plan.card.name}{measured}: {t.flops / 1e12:.0f} TFLOP, {t.seconds:.2f} s, "
@@ -146,12 +159,20 @@ def render(plan: Plan) -> str:
     if set(t.parts) - {"policy forward and backward", "recomputation"}:  # what the method adds
         lines.append("  " + ", ".join(f"{name} {value / 1e12:,.1f}" for name, value in t.parts.items() if value)
                      + " TFLOP")  # fmt: skip
+    if t.rollout:
+        r = t.rollout
+        per = "per step" if shape.rollout.iterations == 1 else f"once every {shape.rollout.iterations} steps"
+        lines.append(
+            f"  generation {r.seconds:.2f} s {per}: prefill {r.prefill_seconds:.2f} s, {r.decode_steps:,} decoding steps "
+            f"of {1000 * r.seconds_per_token:.1f} ms ({r.kernels_per_token:,.0f} kernels each); training and scoring "
+            f"{t.seconds - r.seconds / shape.rollout.iterations:.2f} s per step"
+        )
     if t.launch_bound:
         lines.append(
-            f"  bound by kernel launches: {t.kernels:,.0f} kernels take the host {t.launch_seconds:.3f} s, the GPU's "
+            f"  {'training ' if t.rollout else ''}bound by kernel launches: {t.kernels:,.0f} kernels take the host {t.launch_seconds:.3f} s, the GPU's "
             f"work {t.compute_seconds:.3f} s"
         )
-    lines += [f"note: {note}" for note in m.notes + plan.facts.notes]
+    lines += [f"note: {note}" for note in m.notes + plan.facts.notes + _rollout_notes(plan)]
     lines.append("")
     lines.append(verdict(plan))
     return "\n".join(lines) + "\n"
@@ -168,10 +189,36 @@ def _head_label(plan: Plan) -> str:
     return "logits and loss" if s.rows == s.micro_batch_size else f"logits and loss of {s.rows} rows"
 
 
+def _rollout_notes(plan: Plan) -> list[str]:
+    """Online RL without `sequence_len`: the prompts were planned from its default."""
+    shape, cfg = plan.settings.method, plan.cfg
+    if shape.rollout is None or "sequence_len" in cfg.model_fields_set:
+        return []
+    return [
+        f"`sequence_len` is not set, so prompts are planned at {shape.prompt(plan.settings.sequence_len):,} tokens "
+        f"(its default {cfg.sequence_len:,} less `trl.max_completion_length`): set `sequence_len` to your longest "
+        "prompt plus `trl.max_completion_length`"
+    ]
+
+
+def _scoring_label(plan: Plan) -> str:
+    rollout = plan.settings.method.rollout
+    if rollout is None:
+        return "reference forward (no gradients)"
+    who = [name for name, runs in (("reference", plan.settings.method.reference_forwards),
+                                   ("old log-probabilities", rollout.iterations > 1)) if runs]  # fmt: skip
+    return f"scoring the rollout ({' and '.join(who)}; no gradients)"
+
+
+def _cache_label(plan: Plan) -> str:
+    rollout = plan.memory.rollout
+    if rollout is None:
+        return ""
+    return f"generation: key-value cache ({rollout.rows} rows x {rollout.positions:,} positions)"
+
+
 def verdict(plan: Plan) -> str:
     budget = f"{plan.budget / GIB:.1f} GiB ({plan.budget_source})"
-    if plan.settings.method.not_modelled:
-        budget += f", as supervised training: {plan.settings.method.name} is not modelled"
     if plan.facts.not_modelled:
         budget += ", without what is NOT MODELLED above"
     if plan.fits:
@@ -179,7 +226,8 @@ def verdict(plan: Plan) -> str:
     text = f"does not fit: needs {plan.memory.needed / GIB:.1f} GiB of {budget}"
     found = smallest_fitting_change(plan)
     if found is None:
-        return text + "; no change the planner tries fits (more GPUs with FSDP2, or a larger card)"
+        advice = generation_advice(plan) or "more GPUs with FSDP2, or a larger card"
+        return text + f"; no change the planner tries fits ({advice})"
     change, better = found
     return (
         f"{text}; smallest change that fits: {change.describe()} "

@@ -82,9 +82,13 @@ def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None
     """The settings `cfg` runs with on `gpus` GPUs (`facts`: of its model, where they are at hand)."""
     sharding, offload_optimizer = _sharding(cfg)
     optimizer = cfg.optimizer if cfg.optimizer != "auto" else "adamw_torch_fused"  # the planner plans for a GPU
+    method = method_shape(cfg, facts)
+    sequence_len = cfg.sequence_len
+    if method.rollout is not None:  # a prompt of at least one token, and a completion as long as it may be
+        sequence_len = method.prompt(sequence_len) + method.rollout.completion_len
     return PlanSettings(
         micro_batch_size=cfg.micro_batch_size,
-        sequence_len=cfg.sequence_len,
+        sequence_len=sequence_len,
         checkpointing=cfg.checkpoints_activations,
         offload=cfg.gradient_checkpointing == "offload",
         checkpointed_layers=cfg.gradient_checkpointing_layers,
@@ -97,7 +101,7 @@ def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None
         gpus=gpus,
         sharding=sharding if gpus > 1 else "none",
         offload_optimizer=offload_optimizer,
-        method=method_shape(cfg, facts),
+        method=method,
         liger_rope=cfg.liger_rope,
         clips_gradients=bool(cfg.max_grad_norm),
         context_parallel=min(cfg.context_parallel_size or 1, gpus),

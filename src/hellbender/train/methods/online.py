@@ -19,6 +19,7 @@ import torch
 from hellbender.config import HellbenderConfig
 from hellbender.config.precision import torch_dtype
 from hellbender.config.reward_functions import load_reward_function, reward_model_source
+from hellbender.config.rl import PREFILL_CHUNK_TOKENS
 from hellbender.config.rl_checks import compiled_generation_blocker
 from hellbender.data.contexts import image_policy
 from hellbender.data.grpo_images import IMAGE_PATHS, with_opened_images
@@ -31,11 +32,6 @@ from hellbender.train.methods.shared import build_preference_trainer, shared_arg
 
 logger = logging.getLogger("hellbender")
 
-# Compiled generation reads the prompts into the static cache this many positions at a time: the prefill's
-# activations, not the cache, set the peak of a whole-batch prefill. 64 rows x 256 prompt tokens of the 1B shape on an
-# H200: 1.6 GiB above the model against 2.9 read whole and 2.4 for eager decoding, at about the same speed
-# (bench/grpo_generation.py).
-PREFILL_CHUNK_TOKENS = 64
 # The columns online RL reads: each row's `prompt` (the others are the reward functions' keywords).
 PROMPT_COLUMNS = ("prompt",)
 # Whose rows a reward function's messages name: training's, or evaluation's (`test_datasets`, or the rows of
