@@ -146,10 +146,20 @@ def _recomputed_share(facts: ModelFacts, s: PlanSettings) -> float:
     return s.checkpointed(facts.layers) / facts.layers if facts.layers else 0.0
 
 
+def _forwards_without_gradients(s: PlanSettings) -> float:
+    """Forwards without gradients per micro-batch: the reference's and KTO's KL rows; online RL scores its rollout
+    (the reference, and the old log-probabilities with several iterations) once per generation."""
+    passes = s.method.reference_forwards + s.method.policy_forwards_without_grad
+    rollout = s.method.rollout
+    if rollout is None:
+        return passes
+    return (passes + (1 if rollout.iterations > 1 else 0)) / rollout.iterations
+
+
 def attention_step_flops(facts: ModelFacts, s: PlanSettings, gradient_accumulation: int = 1) -> float:
     """The part of `step_flops` that SDPA's attention kernels run: forward, backward (twice the forward), the
     recomputation and the forwards without gradients (the policy's, and the teacher's apart)."""
-    runs = 3 + _recomputed_share(facts, s) + s.method.reference_forwards + s.method.policy_forwards_without_grad
+    runs = 3 + _recomputed_share(facts, s) + _forwards_without_gradients(s)
     return _attention_forward(facts, s) * runs * gradient_accumulation
 
 
@@ -214,9 +224,7 @@ def micro_batch_kernels(k: KernelCounts, s: PlanSettings, layers: int) -> float:
     """Kernels one micro-batch launches: forward, the recomputation of checkpointed layers and backward."""
     forward = _layer_forwards(k, s)
     checkpointed = s.checkpointed(layers)
-    passes: float = s.method.reference_forwards + (1 if s.method.policy_forwards_without_grad else 0)
-    if s.method.rollout:  # the rollout's scoring, once per generation (`step_flops_parts`)
-        passes = (passes + (s.method.rollout.iterations > 1)) / s.method.rollout.iterations
+    passes = _forwards_without_gradients(s)
     trained = sum(forward) + k.outside_trained + HEAD_AND_LOSS
     return (
         3 * trained  # forward and backward (twice the forward's kernels)
