@@ -307,8 +307,12 @@ def test_auto_micro_batch_for_grpo_holds_whole_groups(tmp_path):
         return validate_with(raw, choose).micro_batch_size
 
     assert auto((needed(4) + needed(8)) / 2) == 4
-    with pytest.raises(ConfigError, match="micro_batch_size: auto.*no setting fits"):
+    with pytest.raises(ConfigError, match="micro_batch_size: auto.*no setting fits.*even with micro-batch 4"):
         auto(needed(4) * 0.999)
+    groups_of_3 = grpo_settings(tmp_path, {"reward_funcs_dir": str(tmp_path), "num_generations": 3},
+                                micro_batch_size="auto", gradient_accumulation_steps=1)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"no micro-batch of 1, 2, 4, .* whole groups of `trl.num_generations: 3`"):
+        validate_with(groups_of_3, choose)
 
 
 def test_plan_of_a_full_dpo_run_that_does_not_fit_proposes_precomputed_reference_scores(tmp_path):

@@ -65,8 +65,19 @@ def choose(cfg: Any, asked: list[str]) -> dict[str, Any]:
     card, budget_gib, source = card_and_budget(cfg)
     facts = describe(cfg, meta_model(cfg))
     base = plan_settings(cfg, facts=facts)
+    named = ", ".join(f"`{key}: auto`" for key in asked)
+    candidates = _candidates(cfg, asked, facts.layers)
+    if not candidates:  # online RL: no micro-batch tried makes whole groups with the accumulation given
+        raise ConfigError(
+            f"{named}: no micro-batch of {', '.join(map(str, _MICRO_BATCHES))} makes the batch whole groups of "
+            f"`trl.num_generations: {cfg.trl.num_generations}` completions with `gradient_accumulation_steps: "
+            f"{cfg.gradient_accumulation_steps}`. Give `micro_batch_size` a value, or make "
+            "`gradient_accumulation_steps` a multiple of `num_generations`"
+            + (" and set `eval_batch_size` to one" if cfg.has_eval_data and not cfg.eval_batch_size else "")
+            + "."
+        )
     fitting = []
-    for values in _candidates(cfg, asked, facts.layers):
+    for values in candidates:
         mode = values["gradient_checkpointing"]
         settings = base.but(
             micro_batch_size=values["micro_batch_size"],
@@ -77,12 +88,16 @@ def choose(cfg: Any, asked: list[str]) -> dict[str, Any]:
         plan = plan_with(cfg, facts, settings, card, int(budget_gib * GIB), source)
         if plan.fits:
             fitting.append((values, plan))
-    named = ", ".join(f"`{key}: auto`" for key in asked)
     if not fitting:
+        smallest = min(values["micro_batch_size"] for values in candidates)
+        every_layer = any(
+            v["gradient_checkpointing"] and v["gradient_checkpointing_layers"] is None for v in candidates
+        )
         raise ConfigError(
             f"{named}: no setting fits {budget_gib:.1f} GiB per GPU ({source}) by the planner's prediction, even with "
-            "micro-batch 1 and every layer checkpointed. Run `hellbender plan CONFIG` for the breakdown; a 4-bit base "
-            "(`adapter: qlora`, `load_in_4bit: true`), Liger's fused loss or more GPUs with FSDP2 lower the need."
+            f"micro-batch {smallest}{' and every layer checkpointed' if every_layer else ''}. Run `hellbender plan "
+            "CONFIG` for the breakdown; a 4-bit base (`adapter: qlora`, `load_in_4bit: true`), Liger's fused loss or "
+            "more GPUs with FSDP2 lower the need."
         )
     # Offloading only when nothing fits without it: its copies and hooks are host work, which the plan undercounts
     # where the step is bound by the host (W2 at micro-batch 2 on an H200: 0.122 s measured with 5 offloaded
