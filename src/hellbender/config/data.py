@@ -405,7 +405,8 @@ class DataSettings(BaseModel):
         gt=1,
         le=MAX_SEQUENCE_LEN,
         description="Maximum tokens per row (and per packed bin); at most 2**31 - 1, as transformers counts a packed "
-        "batch's tokens in 32-bit integers (flash attention's `cu_seqlens`).",
+        "batch's tokens in 32-bit integers (flash attention's `cu_seqlens`). Online RL (`rl: grpo`, `rloo`) does not "
+        "cut prompts; `hellbender plan` reads it there as the longest prompt plus `trl.max_completion_length`.",
     )
     excess_length_strategy: Literal["drop", "truncate", "raise"] = Field(
         "drop",
