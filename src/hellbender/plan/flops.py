@@ -135,11 +135,7 @@ def _teacher_linear(teacher: ModelFacts, s: PlanSettings) -> float:
 
 def _attention_forward(facts: ModelFacts, s: PlanSettings) -> float:
     """The attention scores and their weighted sum in one forward of a micro-batch: 4 T c d per layer."""
-    windows = facts.sliding_windows
-    return sum(
-        4 * s.tokens * s.context(windows[index] if index < len(windows) else None) * facts.q_dim
-        for index in range(facts.layers)
-    )
+    return sum(4 * s.tokens * s.context(facts.window(index)) * facts.q_dim for index in range(facts.layers))
 
 
 def _recomputed_share(facts: ModelFacts, s: PlanSettings) -> float:
@@ -201,7 +197,7 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     if memory.rollout is not None:  # online RL: a generation every `num_iterations` steps, before training
         weight_bytes = memory.weights + memory.adapter
         rollout = rollout_time(facts, s, memory.rollout, weight_bytes, card, forward_kernels(facts.kernels, s))
-        seconds += rollout.seconds / memory.rollout.iterations
+        seconds += rollout.seconds / s.method.rollout.iterations
     tokens = s.tokens * gradient_accumulation
     examples = s.micro_batch_size * gradient_accumulation
     return StepTime(

@@ -64,7 +64,6 @@ class RolloutMemory:
     prefill: int  # the prefill's largest moment, one layer
     sampling: int  # the last position's logits and what sampling makes of them
     element: int  # bytes per value of the cache (the run's dtype)
-    iterations: int  # optimizer steps per generation
 
     @property
     def transient(self) -> int:
@@ -92,30 +91,21 @@ def rollout_rows(s: PlanSettings, gradient_accumulation: int) -> int:
 
 
 def _cached_length(facts: ModelFacts, layer: int, positions: int) -> int:
-    windows = facts.sliding_windows
-    window = windows[layer] if layer < len(windows) else None
+    window = facts.window(layer)
     return min(positions, window) if window else positions
-
-
-def _kv_width(facts: ModelFacts, layer: int) -> int:
-    return facts.layer_widths[layer].kv if layer < len(facts.layer_widths) else facts.kv_dim
-
-
-def _q_width(facts: ModelFacts, layer: int) -> int:
-    return facts.layer_widths[layer].q if layer < len(facts.layer_widths) else facts.q_dim
 
 
 def kv_cache_bytes(facts: ModelFacts, rows: int, positions: int, element: int) -> int:
     """The keys and values every layer that holds its own caches for `rows` rows of `positions` positions."""
     return sum(
-        2 * rows * _cached_length(facts, layer, positions) * _kv_width(facts, layer) * element
+        2 * rows * _cached_length(facts, layer, positions) * facts.kv_width(layer) * element
         for layer in range(facts.layers)
         if layer not in facts.kv_shared_layers
     )
 
 
 def _repeated_kv_bytes(facts: ModelFacts, layer: int, rows: int, positions: int, element: int) -> int:
-    q, kv = _q_width(facts, layer), _kv_width(facts, layer)
+    q, kv = facts.q_width(layer), facts.kv_width(layer)
     return 2 * rows * _cached_length(facts, layer, positions) * q * element if q > kv else 0
 
 
@@ -135,7 +125,6 @@ def rollout_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_ac
         prefill=no_grad_layer_bytes(facts, prefill_tokens, element),
         sampling=rows * facts.vocab * (element + _SAMPLING_BYTES),
         element=element,
-        iterations=rollout.iterations,
     )
 
 

@@ -95,10 +95,6 @@ class MemoryPlan:
         return self.peak + self.allocator_margin + CUDA_CONTEXT_BYTES
 
 
-def _kv_width(facts: ModelFacts, index: int) -> int:
-    return facts.layer_widths[index].kv if index < len(facts.layer_widths) else facts.kv_dim
-
-
 def _shards(s: PlanSettings, part: str) -> int:
     """By how many GPUs `part` is split."""
     levels = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp2": 3}
@@ -158,7 +154,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         if index < checkpointed:
             per_layer.append(0 if s.offload else kept_input)
         else:
-            shared = element * 2 * _kv_width(facts, index) * tokens if index in facts.kv_shared_layers else 0
+            shared = element * 2 * facts.kv_width(index) * tokens if index in facts.kv_shared_layers else 0
             per_layer.append(int(full_layers[index] - shared + facts.merged_expert_bytes + scores))
     if checkpointed and s.offload:
         on_host = checkpointed * kept_input

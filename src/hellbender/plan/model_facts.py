@@ -121,6 +121,18 @@ class ModelFacts:
     def layer_parameters(self, index: int) -> list[Parameter]:
         return [p for p in self.parameters if p.in_layer == index]
 
+    def kv_width(self, index: int) -> int:
+        """Decoder layer `index`'s key (and value) width; the average where the widths per layer are unknown."""
+        return self.layer_widths[index].kv if index < len(self.layer_widths) else self.kv_dim
+
+    def q_width(self, index: int) -> int:
+        """Decoder layer `index`'s query width; the average where the widths per layer are unknown."""
+        return self.layer_widths[index].q if index < len(self.layer_widths) else self.q_dim
+
+    def window(self, index: int) -> int | None:
+        """Decoder layer `index`'s attention window; None for full attention."""
+        return self.sliding_windows[index] if index < len(self.sliding_windows) else None
+
 
 def planned_dtype(cfg: HellbenderConfig) -> Any:
     """The run's dtype on the planned GPU: every card the planner knows computes in bfloat16, so `bf16: auto` is
