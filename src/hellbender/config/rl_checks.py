@@ -26,6 +26,14 @@ def launched_world_size() -> int:
     return int(os.environ["WORLD_SIZE"]) if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ else 1
 
 
+def online_batches(cfg: HellbenderConfig, micro_batch: int) -> tuple[int, int | None]:
+    """Completions in online RL's global batch and in its evaluation batch (None without evaluation data) at
+    `micro_batch`: each must hold whole groups of `trl.num_generations`."""
+    processes = launched_world_size()
+    evaluation = (cfg.eval_batch_size or micro_batch) * processes if cfg.has_eval_data else None
+    return micro_batch * cfg.gradient_accumulation_steps * processes, evaluation
+
+
 def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -77,7 +85,7 @@ def rl_problems(cfg: HellbenderConfig) -> list[str]:
             "is off, so nothing is printed. Set `trl.log_completions: true`, or remove `num_completions_to_print`."
         )
     processes = launched_world_size()
-    batch = cfg.micro_batch_size * cfg.gradient_accumulation_steps * processes
+    batch, eval_batch = online_batches(cfg, cfg.micro_batch_size)
     if batch % trl.num_generations:
         problems.append(
             f"`trl.num_generations: {trl.num_generations}` must divide the global batch, which holds that many "
@@ -87,8 +95,7 @@ def rl_problems(cfg: HellbenderConfig) -> list[str]:
             f"`gradient_accumulation_steps: {_steps_for(cfg.micro_batch_size * processes, trl.num_generations)}`), "
             "or choose a `num_generations` that divides it."
         )
-    eval_batch = (cfg.eval_batch_size or cfg.micro_batch_size) * processes
-    if cfg.has_eval_data and eval_batch % trl.num_generations:
+    if eval_batch is not None and eval_batch % trl.num_generations:
         problems.append(
             f"`eval_batch_size: {cfg.eval_batch_size or cfg.micro_batch_size}` must hold whole groups of "
             f"`trl.num_generations: {trl.num_generations}` completions of each evaluation prompt; the evaluation "

@@ -43,15 +43,11 @@ def _candidates(cfg: Any, asked: list[str], layers: int) -> list[dict[str, Any]]
 
 
 def _holds_whole_groups(cfg: Any, micro_batch: int) -> bool:
-    """Online RL: the global batch, and an evaluation batch that follows the micro-batch, hold whole groups of
-    `trl.num_generations` completions (config/rl_checks.py refuses the others)."""
-    from hellbender.config.rl_checks import launched_world_size
+    """Online RL: the global batch, and the evaluation batch, hold whole groups of `trl.num_generations` completions
+    (config/rl_checks.py refuses the others)."""
+    from hellbender.config.rl_checks import online_batches
 
-    processes, generations = launched_world_size(), cfg.trl.num_generations
-    if (micro_batch * cfg.gradient_accumulation_steps * processes) % generations:
-        return False
-    follows = cfg.has_eval_data and not cfg.eval_batch_size
-    return not follows or (micro_batch * processes) % generations == 0
+    return all(batch % cfg.trl.num_generations == 0 for batch in online_batches(cfg, micro_batch) if batch is not None)
 
 
 def choose(cfg: Any, asked: list[str]) -> dict[str, Any]:
