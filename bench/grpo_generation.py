@@ -141,6 +141,7 @@ def child(args: argparse.Namespace) -> None:
 def profile_decoding(generate: Callable[[], Any], args: argparse.Namespace) -> None:
     """One timed `generate` under the profiler after a warm-up: wall and GPU kernel time per new token, kernels per
     token and the top kernels by total time."""
+    import throughput as tp
     import torch
 
     generate()
@@ -156,12 +157,7 @@ def profile_decoding(generate: Callable[[], Any], args: argparse.Namespace) -> N
     kernels = [
         e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0
     ]
-    intervals = sorted((e.time_range.start, e.time_range.end) for e in kernels)
-    busy, reach = 0.0, float("-inf")
-    for start, end in intervals:  # the union of the kernels' intervals
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
+    busy = tp.busy_time(sorted((e.time_range.start, e.time_range.end) for e in kernels))
     totals: dict[str, list[float]] = {}
     for e in kernels:
         totals.setdefault(e.name, []).append(e.time_range.elapsed_us())

@@ -319,6 +319,16 @@ class Paths:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def busy_time(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals sorted by start: the time a GPU ran any kernel."""
+    busy, reach = 0.0, float("-inf")
+    for start, end in intervals:
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy
+
+
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
     """Write through a temporary sibling and rename, so an interrupted run never leaves a half file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -725,11 +735,7 @@ class ProfiledSteps:
         for name, event in sorted(steps.items(), key=lambda item: int(item[0].rsplit("_", 1)[1])):
             window = event.time_range
             inside = [(a, b) for a, b in kernels if window.start <= a < window.end]
-            busy, reach = 0.0, float("-inf")
-            for a, b in inside:  # union of the kernel intervals
-                if b > reach:
-                    busy += b - max(a, reach)
-                    reach = b
+            busy = busy_time(inside)
             wall = window.end - window.start
             print(
                 f"| {name[8:]} | {wall / 1e3:.1f} | {busy / 1e3:.1f} | {(wall - busy) / 1e3:.1f} | {len(inside)} "
