@@ -5,7 +5,8 @@ on one GPU; and what the planner's `auto` chooses under a memory limit, against 
 beside it.
 
 Groups of cases (`--cases` takes case or group names): `settings` (the first table: one workload at several
-micro-batches, checkpointed layers, offloading and row lengths), `W3-layers` (W3 at more checkpointed layers), `W4`
+micro-batches, checkpointed layers, offloading and row lengths), `W3-layers` (W3 at more checkpointed layers), `W3-batches` (W3 at micro-batches 1 and 4, every layer checkpointed), `auto-W3-48` (W3 with
+every plannable key `auto` under 48 GiB, and one hand-set setting beside the `W3-*` ones measured before), `W4`
 (W4's recipe at 32,768-98,304 tokens, and without `tiled_mlp`), `auto-19` and `auto-40` (W2 with every plannable key
 `auto` under `gpu_memory_limit` 19.3 / 40 GiB, and hand-set W2 settings to compare with), `auto-W1-24` (W1 with
 Liger's kernels, under 24 GiB) and `auto-W1-30` (W1 under 30 GiB). A W4 case runs `--w4-steps` steps at its one
@@ -104,6 +105,10 @@ CASES: tuple[Case, ...] = (
         {"sample_packing": True, "micro_batch_size": 2, "gradient_checkpointing_layers": 17},
     ),
     Case("W3-packed-mb4-ckpt-26", "W3", {"sample_packing": True, "gradient_checkpointing_layers": 26}),
+    Case("W3-packed-mb1", "W3", {"sample_packing": True, "micro_batch_size": 1}),
+    Case("W3-packed-mb4", "W3", {"sample_packing": True}),
+    Case("W3-auto-48", "W3", {"sample_packing": True, **AUTO, "gpu_memory_limit": 48}),
+    Case("W3-packed-mb4-ckpt-30", "W3", {"sample_packing": True, "gradient_checkpointing_layers": 30}),
 )
 GROUPS: dict[str, tuple[str, ...]] = {
     "settings": (
@@ -117,6 +122,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "auto-W1-30": ("W1-auto-30", "W1-ckpt-24", "W1-ckpt-20"),
     "W4": ("W4-32k", "W4-65k", "W4-98k", "W4-65k-untiled", "W4-49k-untiled"),
     "W3-layers": ("W3-packed-mb2-ckpt-17", "W3-packed-mb4-ckpt-26"),
+    "W3-batches": ("W3-packed-mb1", "W3-packed-mb4"),
+    "auto-W3-48": ("W3-auto-48", "W3-packed-mb4-ckpt-30"),
 }  # fmt: skip
 
 

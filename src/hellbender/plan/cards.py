@@ -1,15 +1,14 @@
-"""GPUs the planner knows: memory, dense bf16 peak, memory bandwidth, and the share of the peak a training step
-reaches.
+"""GPUs the planner knows: memory, dense bf16 peak, memory bandwidth, and the share of the peak the step's matmuls
+reach.
 
 Memory is the vendor's capacity in GiB less what the driver keeps (torch's `total_memory` on an H100 80GB: 79.2
 GiB). Peaks are the vendors' dense (no sparsity) bf16 tensor-core numbers from their datasheets, as in
-bench/throughput.py. `efficiency` is the share of that peak the step's real FLOPs (recomputation included) reach in
-full fine-tuning: 0.375 on the H100 is fitted to W2 in docs/benchmarks.md (Llama-3.2-1B shape, full fine-tune, 36,543
-tokens/s, 81 TFLOP per step), and `flops.ADAPTER_EFFICIENCY` (0.80) to W1 on the same card (Llama-3-8B shape, LoRA,
-6,450 tokens/s, 190 TFLOP per step): LoRA's many small matmuls use the card less well. The H200's 0.41 is fitted to
-issue 7's W1 reference (7,079 tokens/s on one H200). The other cards' efficiencies are not measured: they assume the
-H100's share, a little higher where the peak is lower (kernels reach a larger share of a smaller peak). Treat their
-step times as rough."""
+bench/throughput.py. `efficiency` is the share of that peak a step's linear layers reach (their matmuls alone: the
+memory-bound work between them and attention are kernel_costs.py's). On the H200, 0.78: the base matmuls of W1's
+and W3's shapes measured 770-813 TFLOP/s forward and backward (`bench/elementwise_costs.py`), and it fits 35
+measured steps of W1-W4 with `kernel_costs.IN_MODEL_SHARE` (docs/plan.md). On the H100, 0.70, fitted to W1 and W2
+measured there (docs/plan.md). The other cards' efficiencies are not measured: they assume 0.70. Treat their step
+times as rough."""
 
 from __future__ import annotations
 
@@ -36,15 +35,15 @@ LAUNCH_SECONDS = 47e-6
 
 
 CARDS: tuple[Card, ...] = (
-    Card("H100", 79.2, 989.0, 3.35, 25.0, 0.375, True),
-    Card("H100-PCIe", 79.2, 756.0, 2.0, 25.0, 0.375, False),
-    Card("H200", 139.8, 989.0, 4.8, 25.0, 0.41, True),
-    Card("B200", 178.4, 2250.0, 8.0, 25.0, 0.375, False),
-    Card("A100", 79.2, 312.0, 2.0, 12.0, 0.45, False),
-    Card("A100-40GB", 39.4, 312.0, 1.6, 12.0, 0.45, False),
-    Card("L40S", 44.4, 362.0, 0.86, 12.0, 0.40, False),
-    Card("A10G", 22.0, 125.0, 0.6, 6.0, 0.40, False),
-    Card("L4", 22.0, 121.0, 0.3, 6.0, 0.40, False),
+    Card("H100", 79.2, 989.0, 3.35, 25.0, 0.70, True),
+    Card("H100-PCIe", 79.2, 756.0, 2.0, 25.0, 0.70, False),
+    Card("H200", 139.8, 989.0, 4.8, 25.0, 0.78, True),
+    Card("B200", 178.4, 2250.0, 8.0, 25.0, 0.70, False),
+    Card("A100", 79.2, 312.0, 2.0, 12.0, 0.70, False),
+    Card("A100-40GB", 39.4, 312.0, 1.6, 12.0, 0.70, False),
+    Card("L40S", 44.4, 362.0, 0.86, 12.0, 0.70, False),
+    Card("A10G", 22.0, 125.0, 0.6, 6.0, 0.70, False),
+    Card("L4", 22.0, 121.0, 0.3, 6.0, 0.70, False),
 )
 
 

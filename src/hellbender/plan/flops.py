@@ -15,16 +15,20 @@ scores each rollout once per `trl.num_iterations` steps (the reference with `trl
 log-probabilities with several iterations) and adds its generation's time, over the same number of steps
 (`generation.py`).
 
-Under the compute lies the host's floor: the kernels the step launches (`launches.py`'s counts) times
-`cards.LAUNCH_SECONDS`. The host queues kernels ahead of the GPU, so the step takes the longer of the two, not their
-sum (docs/plan.md shows the measurements that decide it)."""
+The GPU's time: the linear layers' FLOPs at the card's matmul share of its peak (`cards.py`), plus attention at the
+rate of the kernel each layer's head size and mask get, plus the memory-bound work between the matmuls (norms,
+rotary embeddings, gated products, residual sums, LoRA's adapters, the unfused loss) from per-element costs measured
+one op at a time (`kernel_costs.py`). Under it lies the host's floor: the kernels the step launches (`launches.py`'s
+counts) times `cards.LAUNCH_SECONDS`. The host queues kernels ahead of the GPU, so the step takes the longer of the
+two, not their sum (docs/plan.md shows the measurements that decide it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from math import ceil
 
-from hellbender.plan import distillation
+from hellbender.plan import distillation, kernel_costs
 from hellbender.plan.cards import LAUNCH_SECONDS, Card
 from hellbender.plan.generation import RolloutTime, rollout_time
 from hellbender.plan.launches import (
@@ -40,21 +44,11 @@ from hellbender.plan.launches import (
     KernelCounts,
 )
 from hellbender.plan.memory import MemoryPlan
-from hellbender.plan.method import FUSED_HEAD, KD_CHUNKED
+from hellbender.plan.method import FUSED_HEAD, KD_CHUNKED, SCORE_HEAD
 from hellbender.plan.model_facts import ModelFacts
 from hellbender.plan.settings import PlanSettings
 
 TEACHER_FORWARD = "teacher forward (no gradients)"
-# Measured on W1 (docs/benchmarks.md, H100): Liger's fused kernels made the step 1.20x faster; 4-bit weights,
-# dequantized before every matmul, 0.87x; LoRA's step reaches 0.80 of full fine-tuning's share of the peak (W1 against
-# W2, cards.py).
-LIGER_SPEEDUP = 1.20
-# SDPA's fused attention kernels reach a larger share of the peak than a training step's matmuls as a whole: fitted to
-# the 8B LoRA runs of 32,768-69,632-token rows on one H200 (docs/plan.md), where attention is 44-62% of the FLOPs,
-# 0.57 of the peak against the card's 0.41. Neither LoRA's nor Liger's nor 4-bit weights' factors apply to it.
-ATTENTION_FACTOR = 1.39
-ADAPTER_EFFICIENCY = 0.80
-FOUR_BIT_SLOWDOWN = 0.87
 
 
 @dataclass(frozen=True)
@@ -65,7 +59,7 @@ class StepTime:
     transfer_seconds: float  # offloaded layer inputs over the host link (overlapped with compute)
     examples_per_second: float = 0.0  # per GPU: rows, or pairs for pair methods
     parts: dict[str, float] = field(default_factory=dict)  # FLOPs per step by what runs them
-    compute_seconds: float = 0.0  # the FLOPs at the card's efficiency
+    compute_seconds: float = 0.0  # the GPU's work: matmuls, attention and the memory-bound ops between them
     kernels: float = 0.0  # GPU kernels launched per step
     launch_seconds: float = 0.0  # the host's time to launch them (the floor under the step)
     rollout: RolloutTime | None = None  # online RL: one generation, which `seconds` counts per optimizer step
@@ -167,21 +161,19 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
               gradient_accumulation: int = 1) -> StepTime:  # fmt: skip
     parts = step_flops_parts(facts, s, gradient_accumulation)
     flops = sum(parts.values())
-    efficiency = card.efficiency * (ADAPTER_EFFICIENCY if facts.lora_numel else 1.0)
-    if s.liger_rms_norm or s.liger_glu or s.fused_loss:
-        efficiency *= LIGER_SPEEDUP
-    if s.quantized_bits == 4:
-        efficiency *= FOUR_BIT_SLOWDOWN
     attention = attention_step_flops(facts, s, gradient_accumulation)
     peak = card.bf16_tflops * 1e12
     # The teacher runs transformers' own layers (no adapter, no Liger kernels, no 4-bit weights): the card's share.
     teacher = parts.get(TEACHER_FORWARD, 0.0)
     teacher_attention = _attention_forward(facts.teacher, s) * gradient_accumulation if teacher else 0.0
-    compute = (
-        (flops - teacher - attention) / (peak * efficiency)
-        + (teacher - teacher_attention) / (peak * card.efficiency)
-        + (attention + teacher_attention) / (peak * card.efficiency * ATTENTION_FACTOR)
-    )
+    compute = (flops - attention - teacher_attention) / (peak * card.efficiency) + (
+        attention_seconds(facts, s, card) + memory_bound_seconds(facts, s, card)
+    ) * gradient_accumulation
+    if teacher:
+        plain = s.but(liger_rms_norm=False, liger_rope=False, liger_glu=False, quantized_bits=None)
+        teacher_passes = attention_seconds(facts.teacher, plain, card, passes_only=True)
+        teacher_passes += memory_bound_seconds(facts.teacher, plain, card, passes_only=True)
+        compute += teacher_passes * gradient_accumulation
     offloaded = memory.host_parts.get("offloaded layer inputs (pinned slabs)", 0)
     transfer = 2 * offloaded * gradient_accumulation / (card.host_link_gb_s * 1e9)
     # trained weights, their gradients and the states, each read and written about once
@@ -203,6 +195,52 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     return StepTime(
         flops, seconds, tokens / seconds, transfer, examples / seconds, parts, compute, kernels, launch, rollout
     )
+
+
+def attention_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_only: bool = False) -> float:
+    """One micro-batch's attention at the rate of the kernel each layer's heads and mask get (kernel_costs.py):
+    forward and backward, the checkpointed layers' recomputation and the forwards without gradients (`passes_only`:
+    one forward, a teacher's). Eager attention runs two matmuls at the card's matmul share and a float32 softmax over
+    every score."""
+    checkpointed = s.checkpointed(facts.layers)
+    passes = 1.0 if passes_only else _forwards_without_gradients(s)
+    peak = card.bf16_tflops * 1e12
+    total = 0.0
+    for index in range(facts.layers):
+        window = facts.window(index)
+        flops = 4 * s.tokens * s.context(window) * facts.q_width(index)
+        forwards = passes + (1 if index < checkpointed and not passes_only else 0)
+        trains = not passes_only  # forward and backward: three forwards' FLOPs
+        if s.attention == "eager":
+            scores = s.tokens * s.context(window) * facts.heads
+            total += flops * (forwards + 3 * trains) / (peak * card.efficiency)
+            total += kernel_costs.eager_scores_seconds(scores, False, card.hbm_tb_s) * forwards
+            total += kernel_costs.eager_scores_seconds(scores, True, card.hbm_tb_s) * trains
+            continue
+        head_dim = max(1, facts.q_width(index) // max(1, facts.heads))
+        masked = s.attention == "sdpa" and s.context(window) >= s.row_len
+        rate = partial(kernel_costs.attention_rate, head_dim, masked, s.row_len, peak_tflops=card.bf16_tflops)
+        total += flops * forwards / rate(backward=False) + 3 * flops * trains / rate(backward=True)
+    return total
+
+
+def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_only: bool = False) -> float:
+    """One micro-batch's work outside the matmuls and attention (norms, rotary embeddings, gated products, residual
+    sums, LoRA's adapters, the unfused loss), from the per-element costs in kernel_costs.py."""
+    checkpointed = s.checkpointed(facts.layers)
+    passes = 1.0 if passes_only else _forwards_without_gradients(s)
+    liger = (s.liger_rms_norm, s.liger_rope, s.liger_glu)
+    total = 0.0
+    for index, traffic in enumerate(facts.layer_traffic):
+
+        def seconds(backward: bool, traffic: kernel_costs.LayerTraffic = traffic) -> float:
+            return kernel_costs.layer_seconds(traffic, s.tokens, backward, liger, card.hbm_tb_s)
+
+        recomputed = 1 if index < checkpointed and not passes_only else 0
+        total += (recomputed + passes) * seconds(False) + (0 if passes_only else seconds(True))
+    if s.method.head not in (FUSED_HEAD, SCORE_HEAD) and not s.fused_loss and not passes_only:
+        total += kernel_costs.loss_seconds(s.tokens, facts.vocab, facts.logit_softcapping, card.hbm_tb_s)
+    return total
 
 
 def _layer_forwards(k: KernelCounts, s: PlanSettings) -> list[int]:

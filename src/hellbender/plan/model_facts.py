@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hellbender.config import HellbenderConfig
+from hellbender.plan.kernel_costs import LayerTraffic, layer_traffic
 from hellbender.plan.launches import KernelCounts, count_kernels
 
 # Linear layers whose inputs are one tensor in a Llama-style decoder layer: LoRA modules that read the same input
@@ -104,6 +105,7 @@ class ModelFacts:
     # token for all layers together, and whether their projection's norm trains.
     per_layer_inputs: int = 0
     per_layer_inputs_norm_trains: bool = False
+    layer_traffic: list[LayerTraffic] = field(default_factory=list)  # per decoder layer: work outside its matmuls
 
     @property
     def trainable(self) -> list[Parameter]:
@@ -302,6 +304,10 @@ def _describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
     if layers:
         facts.lora_inputs = _lora_inputs(layers[0])
     facts.kernels = count_kernels(model, list(layers))
+    facts.layer_traffic = [
+        layer_traffic(layer, text.hidden_size, w.q, w.kv, w.inner)
+        for layer, w in zip(layers, layer_widths, strict=True)
+    ]
     if experts:
         count = experts
         facts.active_expert_share = min(1.0, top_k / count) if top_k else 1.0

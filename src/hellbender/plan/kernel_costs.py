@@ -1,0 +1,143 @@
+"""What the GPU spends on a step's work besides its large matmuls, from costs measured one op at a time
+(`bench/elementwise_costs.py`, one H200, torch 2.11, transformers 5.17, peft 0.21, liger-kernel 0.8.5; docs/plan.md,
+"Memory-bound work and attention kernels").
+
+A narrow model's step is not bound by its matmuls. In an uncompiled layer every norm, rotary embedding, gated
+product, residual sum and LoRA adapter reads and writes whole activations, and a norm computes in float32; the loss
+makes float32 copies of every logit. Their cost is per element, not per FLOP: on Gemma-4-E2B (1,536 wide, seven
+norms a layer, 262,144 logits a token) it is as large as the matmuls', on an 8B Llama a tenth of them. Attention's
+kernel depends on the head size and the mask: heads wider than 256 fall to PyTorch's memory-efficient kernel, at a
+twentieth of the rate of heads of 128.
+
+Costs are picoseconds per element on an H200, forward alone and forward + backward, the GPU's kernel time (launches
+are the host's, counted apart); on another card they scale with its memory bandwidth (`bandwidth_scale`), attention's
+rates with its peak."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Picoseconds per element on an H200: one forward, and one forward + backward."""
+
+    forward: float
+    both: float
+
+    def of(self, elements: float, backward: bool) -> float:
+        return elements * (self.both if backward else self.forward) * 1e-12
+
+
+# A norm in float32 (Llama's and Gemma 4's alike, at widths 1,536 and 4,096 and per head of 256: within 10%).
+NORM = Cost(13.5, 47.0)  # per element normalised
+LIGER_NORM = Cost(1.2, 7.2)
+ROTARY = Cost(12.8, 27.5)  # per element of the rotated queries and keys
+LIGER_ROTARY = Cost(7.1, 14.6)
+GATED_PRODUCT = Cost(2.5, 10.1)  # per element of the MLP's inner width (SiLU and tanh-GELU alike)
+LIGER_GATED_PRODUCT = Cost(1.4, 7.2)  # Liger's SwiGLU
+RESIDUAL = Cost(1.4, 4.9)  # per element summed
+LORA = Cost(7.9, 17.3)  # per element of a LoRA-wrapped layer's input and output (r 16, dropout 0, float32 adapters)
+LOSS = Cost(6.7, 14.3)  # per logit: float32 cross-entropy from bf16 logits
+SOFTCAPPED_LOSS = Cost(9.6, 20.4)  # with Gemma's final soft-capping before it
+
+# Inside a model these ops took 0.85 of what they take alone (fitted with the matmuls' share, cards.py, to 35 measured
+# steps of W1-W4 on one H200, docs/plan.md; likely the activations a layer's ops pass on still sitting in L2).
+IN_MODEL_SHARE = 0.85
+H200_HBM_TB_S = 4.8
+# On another card the costs scale with the square root of the bandwidth ratio, not the ratio: fitted to W1 and W2 on an
+# H100 (3.35 TB/s), where the full ratio put W1 1.2-1.3x too slow; these ops are partly bound by latency, not bytes.
+BANDWIDTH_EXPONENT = 0.5
+H200_PEAK_TFLOPS = 989.0
+
+
+def bandwidth_scale(hbm_tb_s: float) -> float:
+    """How much longer a memory-bound op takes on a card of `hbm_tb_s` than on the H200 the costs were measured on."""
+    return (H200_HBM_TB_S / hbm_tb_s) ** BANDWIDTH_EXPONENT
+
+
+@dataclass(frozen=True)
+class AttentionRate:
+    """TFLOP/s of SDPA's kernel on an H200, counted as the planner counts attention (4 T c d forward, c the keys per
+    query, backward twice the forward), for rows of 2,048 tokens."""
+
+    forward: float
+    both: float
+
+
+# (largest head size, under a mask) -> rate. Heads up to 256 run flash or cuDNN kernels; wider ones the memory-
+# efficient kernel, which computes every key of a causal row (hence its lower "causal" rate, counted at half).
+ATTENTION_RATES: dict[tuple[int, bool], AttentionRate] = {
+    (128, False): AttentionRate(544, 343),
+    (128, True): AttentionRate(354, 252),
+    (256, False): AttentionRate(485, 270),
+    (256, True): AttentionRate(272, 182),
+    (1 << 30, False): AttentionRate(18, 21),
+    (1 << 30, True): AttentionRate(35, 41),
+}
+MEASURED_ROW = 2048
+# Longer rows reach more of the card (each query block's fixed work weighs less). Rate at row length L: the 2,048-token
+# rate x (L / (L + L0)) / (2048 / (2048 + L0)); L0 fitted to W4's 8B runs of rows of 32,768-98,304 tokens
+# (docs/plan.md), where attention is half the step.
+ROW_OVERHEAD_TOKENS = 1024
+
+
+def attention_rate(head_dim: int, masked: bool, row: int, backward: bool, peak_tflops: float) -> float:
+    """FLOP/s of one layer's attention for heads of `head_dim` over rows of `row` tokens on a card of that peak."""
+    size = next(size for size in sorted({s for s, _ in ATTENTION_RATES}) if head_dim <= size)
+    rate = ATTENTION_RATES[(size, masked)]
+    at_row = (row / (row + ROW_OVERHEAD_TOKENS)) / (MEASURED_ROW / (MEASURED_ROW + ROW_OVERHEAD_TOKENS))
+    return (rate.both if backward else rate.forward) * 1e12 * at_row * peak_tflops / H200_PEAK_TFLOPS
+
+
+@dataclass(frozen=True)
+class LayerTraffic:
+    """Per token, what one decoder layer's forward runs outside its matmuls."""
+
+    norms: int  # elements its norms normalise
+    rotary: int  # query and key elements rotated
+    gated: int  # the MLP's inner width
+    residual: int  # elements of its residual sums
+    lora: int  # input + output widths of its LoRA-wrapped linear layers
+
+
+def layer_traffic(layer: Any, hidden: int, q: int, kv: int, inner: int) -> LayerTraffic:
+    """Count one decoder layer's memory-bound work from its modules (on the meta device, adapter applied)."""
+    norms = lora = 0
+    for name, module in layer.named_modules():
+        lora_a = getattr(module, "lora_A", None)
+        if lora_a is not None and len(lora_a) and not getattr(module, "parameter_name", None):
+            base = getattr(module, "base_layer", module)
+            lora += getattr(base, "in_features", 0) + getattr(base, "out_features", 0)
+        if type(module).__name__.endswith(("RMSNorm", "LayerNorm")):
+            leaf = name.rsplit(".", 1)[-1]
+            norms += q if leaf == "q_norm" else kv if leaf in ("k_norm", "v_norm") else hidden
+    return LayerTraffic(norms, q + kv, inner, 2 * hidden, lora)
+
+
+def layer_seconds(t: LayerTraffic, tokens: float, backward: bool, liger: tuple[bool, bool, bool],
+                  hbm_tb_s: float) -> float:  # fmt: skip
+    """Seconds one layer's memory-bound work takes over `tokens`: forward, or forward + backward. `liger`: whether
+    Liger's norm, rotary embedding and SwiGLU replace transformers' ops."""
+    norm, rotary, gated = liger
+    seconds = (
+        (LIGER_NORM if norm else NORM).of(t.norms, backward)
+        + (LIGER_ROTARY if rotary else ROTARY).of(t.rotary, backward)
+        + (LIGER_GATED_PRODUCT if gated else GATED_PRODUCT).of(t.gated, backward)
+        + RESIDUAL.of(t.residual, backward)
+        + LORA.of(t.lora, backward)
+    )
+    return tokens * seconds * IN_MODEL_SHARE * bandwidth_scale(hbm_tb_s)
+
+
+def loss_seconds(tokens: float, vocab: int, softcapped: bool, hbm_tb_s: float) -> float:
+    """The unfused loss over `tokens` positions' logits, forward and backward."""
+    cost = SOFTCAPPED_LOSS if softcapped else LOSS
+    return cost.of(tokens * vocab, True) * IN_MODEL_SHARE * bandwidth_scale(hbm_tb_s)
+
+
+def eager_scores_seconds(scores: float, backward: bool, hbm_tb_s: float) -> float:
+    """Eager attention's float32 softmax over `scores` (query, key) pairs, priced as the loss's softmax per logit (not
+    measured apart)."""
+    return LOSS.of(scores, backward) * IN_MODEL_SHARE * bandwidth_scale(hbm_tb_s)

@@ -1,0 +1,109 @@
+"""The step time's work besides the large matmuls (plan/kernel_costs.py): what each decoder layer runs outside its
+matmuls, counted on the meta model against a real forward, and the attention kernel each head size and mask gets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hellbender.config import validate_config
+from hellbender.plan import kernel_costs
+from hellbender.plan.cards import card_named
+from hellbender.plan.flops import memory_bound_seconds
+from hellbender.plan.model_facts import describe, meta_model
+from hellbender.plan.settings import plan_settings
+from tests.helpers import base_config, vlm_config
+
+pytestmark = pytest.mark.usefixtures("libraries_log_to_the_session_stderr")
+
+
+def test_each_layers_norms_lora_and_mlp_are_counted_as_a_real_forward_runs_them(tmp_path):
+    """Tiny Gemma 4 with LoRA on every linear layer: per layer, the elements its norms normalise (seven kinds, per-head
+    query, key and value norms among them; the layers that share keys and values run no key or value norm), the
+    input and output widths of its LoRA-wrapped layers and its MLP's inner width, read by forward hooks on a real
+    forward, equal the plan's count from the meta model."""
+    from peft.tuners.lora import LoraLayer
+
+    from hellbender.models.loading import load_tokenizer
+    from hellbender.models.stack import build_trainable_model
+
+    raw = vlm_config(tmp_path, "hellbender/tiny-gemma4-vlm", adapter="lora", lora_target_linear=True, lora_r=4)
+    cfg = validate_config({**raw, "sequence_len": 32, "micro_batch_size": 2, "gradient_checkpointing": False})
+    model = build_trainable_model(cfg, load_tokenizer(cfg))
+    layers = next(m for n, m in model.named_modules() if n.endswith("language_model.layers"))
+    ids = torch.randint(5, 200, (2, 32))
+    tokens = ids.numel()
+    norms, lora, inner = [0] * len(layers), [0] * len(layers), [0] * len(layers)
+
+    def counter(store: list[int], index: int, what: str):
+        def hook(module, args, output):
+            if what == "norm":
+                store[index] += output.numel() // tokens
+            elif what == "lora":
+                store[index] += (args[0].numel() + output.numel()) // tokens
+            else:
+                store[index] = args[0].shape[-1]
+
+        return hook
+
+    for index, layer in enumerate(layers):
+        for name, module in layer.named_modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                module.register_forward_hook(counter(norms, index, "norm"))
+            elif (
+                isinstance(module, LoraLayer) and isinstance(module, torch.nn.Module) and hasattr(module, "base_layer")
+            ):
+                module.register_forward_hook(counter(lora, index, "lora"))
+            if name.endswith("mlp.down_proj"):
+                module.register_forward_hook(counter(inner, index, "inner"))
+    with torch.no_grad():
+        model(input_ids=ids)
+    facts = describe(cfg, meta_model(cfg))
+    assert [t.norms for t in facts.layer_traffic] == norms
+    assert [t.lora for t in facts.layer_traffic] == lora
+    assert [t.gated for t in facts.layer_traffic] == inner
+    assert len(set(norms)) > 1  # the layers differ: wider heads on full attention, no k/v norms where shared
+
+
+def test_attention_rate_follows_the_kernel_each_head_size_and_mask_gets():
+    rate = kernel_costs.attention_rate
+    h200 = card_named("H200").bf16_tflops
+    # Heads wider than 256 fall to the memory-efficient kernel: a small share of the flash / cuDNN kernels' rate.
+    assert rate(512, True, 2048, True, h200) < rate(256, True, 2048, True, h200) / 4
+    assert rate(64, False, 2048, True, h200) == rate(128, False, 2048, True, h200)
+    # A mask (packed documents, a sliding window) costs the flash-sized heads their causal kernel.
+    assert rate(128, True, 2048, True, h200) < rate(128, False, 2048, True, h200)
+    # Longer rows reach more of the card; a card of half the peak, half the rate.
+    assert rate(128, False, 32_768, True, h200) > 1.4 * rate(128, False, 2048, True, h200)
+    assert rate(128, False, 2048, True, h200 / 2) == pytest.approx(rate(128, False, 2048, True, h200) / 2)
+
+
+def test_liger_kernels_a_fused_loss_and_soft_capping_move_the_memory_bound_work(tmp_path):
+    """The W2 shape (1B Llama, full fine-tuning): Liger's norm, rotary and SwiGLU kernels cost less than
+    transformers' ops; the fused loss leaves out the float32 logits' cross-entropy; soft-capping costs more; the
+    same work takes longer on a card of less bandwidth; checkpointed layers run their forward's share again."""
+    shape = dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+        vocab_size=128256,
+    )  # fmt: skip
+    raw = base_config(tmp_path, adapter=None, sequence_len=2048, micro_batch_size=4, gradient_checkpointing=False,
+                      bf16=True, overrides_of_model_config=shape)  # fmt: skip
+    cfg = validate_config(raw)
+    facts = describe(cfg, meta_model(cfg))
+    s = plan_settings(cfg, facts=facts)
+    h200, h100 = card_named("H200"), card_named("H100")
+    plain = memory_bound_seconds(facts, s, h200)
+    liger = memory_bound_seconds(facts, s.but(liger_rms_norm=True, liger_rope=True, liger_glu=True), h200)
+    fused = memory_bound_seconds(facts, s.but(fused_loss=True), h200)
+    loss = kernel_costs.loss_seconds(s.tokens, facts.vocab, False, h200.hbm_tb_s)
+    assert liger < 0.8 * plain
+    assert fused == pytest.approx(plain - loss)
+    facts.logit_softcapping = True
+    assert memory_bound_seconds(facts, s, h200) > plain
+    facts.logit_softcapping = False
+    assert memory_bound_seconds(facts, s, h100) > plain
+    checkpointed = memory_bound_seconds(facts, s.but(checkpointing=True), h200)
+    forward = sum(
+        kernel_costs.layer_seconds(t, s.tokens, False, (False,) * 3, h200.hbm_tb_s) for t in facts.layer_traffic
+    )
+    assert checkpointed == pytest.approx(plain + forward)
