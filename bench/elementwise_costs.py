@@ -6,7 +6,7 @@ it in training (their own modules and functions, not re-implementations): an unf
 Liger's fused one, the rotary embedding (transformers' and Liger's), the MLP's gated product (SiLU and tanh-GELU,
 unfused, and Liger's SwiGLU), a residual sum, PEFT's LoRA on a frozen linear layer (what it adds to the base
 matmul: its two small matmuls, the float32 cast, the scaling and the sum), the loss over the logits (float32 cross
-entropy from bf16 logits, with and without Gemma's final soft-capping), and SDPA's attention kernels by head size,
+entropy from bf16 logits, with and without Gemma's final soft-capping; a distillation teacher's top-64 targets), and SDPA's attention kernels by head size,
 causal and under a block-diagonal mask of packed documents. Each line prints picoseconds per element (an element:
 one token times one unit of the op's width; a logit for the loss), forward and forward + backward, the GPU's kernel time
 per run (the union of its kernels' spans under the profiler, over `--repeats` runs), not wall time; attention prints TFLOP/s counted as the planner counts it (4 T c d forward, c
@@ -187,6 +187,12 @@ def loss(repeats: int, rows: list[str]) -> None:
 
         per_element(f"loss over {vocab:,} logits per token", plain, t * vocab, repeats, rows)
         per_element(f"loss with soft-capping, {vocab:,} logits", capped, t * vocab, repeats, rows)
+        teacher = logits.detach()
+        with torch.no_grad():  # online distillation's targets: the teacher's logits in float32, their top 64
+            forward = timed(lambda teacher=teacher: teacher.float().topk(64, dim=-1).values, False, repeats)
+        rows.append(f"| a teacher's top-64 targets over {vocab:,} logits (no gradients) | {t * vocab:,} | "
+                    f"{forward / (t * vocab) * 1e12:.1f} | |")  # fmt: skip
+        print(rows[-1], flush=True)
 
 
 def attention(t: int, repeats: int, rows: list[str]) -> None:

@@ -8,9 +8,11 @@ import torch
 
 from hellbender.config import validate_config
 from hellbender.plan import kernel_costs
+from hellbender.plan.budget import plan_for
 from hellbender.plan.cards import card_named
 from hellbender.plan.flops import memory_bound_seconds
 from hellbender.plan.model_facts import describe, meta_model
+from hellbender.plan.report import render
 from hellbender.plan.settings import plan_settings
 from tests.helpers import base_config, vlm_config
 
@@ -81,7 +83,8 @@ def test_attention_rate_follows_the_kernel_each_head_size_and_mask_gets():
 def test_liger_kernels_a_fused_loss_and_soft_capping_move_the_memory_bound_work(tmp_path):
     """The W2 shape (1B Llama, full fine-tuning): Liger's norm, rotary and SwiGLU kernels cost less than
     transformers' ops; the fused loss leaves out the float32 logits' cross-entropy; soft-capping costs more; the
-    same work takes longer on a card of less bandwidth; checkpointed layers run their forward's share again."""
+    same work takes longer on a card of less bandwidth; checkpointed layers run their forward's share again. The
+    report splits the GPU's work into matmuls, attention and these ops."""
     shape = dict(
         hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
         vocab_size=128256,
@@ -102,6 +105,10 @@ def test_liger_kernels_a_fused_loss_and_soft_capping_move_the_memory_bound_work(
     assert memory_bound_seconds(facts, s, h200) > plain
     facts.logit_softcapping = False
     assert memory_bound_seconds(facts, s, h100) > plain
+    plan = plan_for(cfg, gpu="H200")
+    t = plan.time
+    assert t.memory_bound_seconds == pytest.approx(plain) and 0 < t.attention_seconds < t.compute_seconds
+    assert f"memory-bound ops (norms, rotary embeddings, LoRA, the loss) {plain:.3f}" in render(plan)
     checkpointed = memory_bound_seconds(facts, s.but(checkpointing=True), h200)
     forward = sum(
         kernel_costs.layer_seconds(t, s.tokens, False, (False,) * 3, h200.hbm_tb_s) for t in facts.layer_traffic

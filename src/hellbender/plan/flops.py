@@ -63,6 +63,8 @@ class StepTime:
     kernels: float = 0.0  # GPU kernels launched per step
     launch_seconds: float = 0.0  # the host's time to launch them (the floor under the step)
     rollout: RolloutTime | None = None  # online RL: one generation, which `seconds` counts per optimizer step
+    attention_seconds: float = 0.0  # of `compute_seconds`: attention's kernels
+    memory_bound_seconds: float = 0.0  # of `compute_seconds`: norms, rotary embeddings, LoRA, the loss, ...
 
     @property
     def launch_bound(self) -> bool:
@@ -166,14 +168,16 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     # The teacher runs transformers' own layers (no adapter, no Liger kernels, no 4-bit weights): the card's share.
     teacher = parts.get(TEACHER_FORWARD, 0.0)
     teacher_attention = _attention_forward(facts.teacher, s) * gradient_accumulation if teacher else 0.0
-    compute = (flops - attention - teacher_attention) / (peak * card.efficiency) + (
-        attention_seconds(facts, s, card) + memory_bound_seconds(facts, s, card)
-    ) * gradient_accumulation
+    attention_time = attention_seconds(facts, s, card)
+    memory_bound = memory_bound_seconds(facts, s, card)
     if teacher:
         plain = s.but(liger_rms_norm=False, liger_rope=False, liger_glu=False, quantized_bits=None)
-        teacher_passes = attention_seconds(facts.teacher, plain, card, passes_only=True)
-        teacher_passes += memory_bound_seconds(facts.teacher, plain, card, passes_only=True)
-        compute += teacher_passes * gradient_accumulation
+        attention_time += attention_seconds(facts.teacher, plain, card, passes_only=True)
+        memory_bound += memory_bound_seconds(facts.teacher, plain, card, passes_only=True)
+        memory_bound += kernel_costs.teacher_targets_seconds(s.tokens * facts.teacher.vocab, card.hbm_tb_s)
+    attention_time *= gradient_accumulation
+    memory_bound *= gradient_accumulation
+    compute = (flops - attention - teacher_attention) / (peak * card.efficiency) + attention_time + memory_bound
     offloaded = memory.host_parts.get("offloaded layer inputs (pinned slabs)", 0)
     transfer = 2 * offloaded * gradient_accumulation / (card.host_link_gb_s * 1e9)
     # trained weights, their gradients and the states, each read and written about once
@@ -193,8 +197,9 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     tokens = s.tokens * gradient_accumulation
     examples = s.micro_batch_size * gradient_accumulation
     return StepTime(
-        flops, seconds, tokens / seconds, transfer, examples / seconds, parts, compute, kernels, launch, rollout
-    )
+        flops, seconds, tokens / seconds, transfer, examples / seconds, parts, compute, kernels, launch, rollout,
+        attention_time, memory_bound,
+    )  # fmt: skip
 
 
 def attention_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_only: bool = False) -> float:

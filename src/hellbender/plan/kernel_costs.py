@@ -41,6 +41,9 @@ RESIDUAL = Cost(1.4, 4.9)  # per element summed
 LORA = Cost(7.9, 17.3)  # per element of a LoRA-wrapped layer's input and output (r 16, dropout 0, float32 adapters)
 LOSS = Cost(6.7, 14.3)  # per logit: float32 cross-entropy from bf16 logits
 SOFTCAPPED_LOSS = Cost(9.6, 20.4)  # with Gemma's final soft-capping before it
+TEACHER_TARGETS = Cost(
+    14.0, 14.0
+)  # per logit: a distillation teacher's logits to float32 and their top 64 (no backward)
 
 # Inside a model these ops took 0.85 of what they take alone (fitted with the matmuls' share, cards.py, to 35 measured
 # steps of W1-W4 on one H200, docs/plan.md; likely the activations a layer's ops pass on still sitting in L2).
@@ -135,6 +138,11 @@ def loss_seconds(tokens: float, vocab: int, softcapped: bool, hbm_tb_s: float) -
     """The unfused loss over `tokens` positions' logits, forward and backward."""
     cost = SOFTCAPPED_LOSS if softcapped else LOSS
     return cost.of(tokens * vocab, True) * IN_MODEL_SHARE * bandwidth_scale(hbm_tb_s)
+
+
+def teacher_targets_seconds(logits: float, hbm_tb_s: float) -> float:
+    """Online distillation's targets: the teacher's `logits` in float32 and their top-k, once per micro-batch."""
+    return TEACHER_TARGETS.of(logits, False) * IN_MODEL_SHARE * bandwidth_scale(hbm_tb_s)
 
 
 def eager_scores_seconds(scores: float, backward: bool, hbm_tb_s: float) -> float:

@@ -156,6 +156,12 @@ def render(plan: Plan) -> str:
         f"Predicted step on {plan.card.name}{measured}: {t.flops / 1e12:.0f} TFLOP, {t.seconds:.2f} s, "
         f"{t.tokens_per_second:,.0f} tokens/s per GPU{examples}",
     ]
+    if not t.launch_bound:
+        matmuls = t.compute_seconds - t.attention_seconds - t.memory_bound_seconds
+        lines.append(
+            f"  GPU work {t.compute_seconds:.3f} s: matmuls {matmuls:.3f}, attention {t.attention_seconds:.3f}, "
+            f"memory-bound ops (norms, rotary embeddings, LoRA, the loss) {t.memory_bound_seconds:.3f}"
+        )
     if set(t.parts) - {"policy forward and backward", "recomputation"}:  # what the method adds
         lines.append("  " + ", ".join(f"{name} {value / 1e12:,.1f}" for name, value in t.parts.items() if value)
                      + " TFLOP")  # fmt: skip
