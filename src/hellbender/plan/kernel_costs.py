@@ -41,9 +41,8 @@ RESIDUAL = Cost(1.4, 4.9)  # per element summed
 LORA = Cost(7.9, 17.3)  # per element of a LoRA-wrapped layer's input and output (r 16, dropout 0, float32 adapters)
 LOSS = Cost(6.7, 14.3)  # per logit: float32 cross-entropy from bf16 logits
 SOFTCAPPED_LOSS = Cost(9.6, 20.4)  # with Gemma's final soft-capping before it
-TEACHER_TARGETS = Cost(
-    14.0, 14.0
-)  # per logit: a distillation teacher's logits to float32 and their top 64 (no backward)
+# Per logit: a distillation teacher's logits to float32 and their top 64 (no gradients: forward only).
+TEACHER_TARGETS = Cost(14.0, 14.0)
 
 # Inside a model these ops took 0.85 of what they take alone (fitted with the matmuls' share, cards.py, to 35 measured
 # steps of W1-W4 on one H200, docs/plan.md; likely the activations a layer's ops pass on still sitting in L2).
