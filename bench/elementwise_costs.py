@@ -1,27 +1,33 @@
 """What a training step's memory-bound work costs per element on this GPU: the costs the planner's step time adds to
-its matmul FLOPs (src/hellbender/plan/elementwise.py holds them).
+its matmul FLOPs (src/hellbender/plan/kernel_costs.py holds them).
 
 Each op runs forward alone and forward + backward, in bf16, over `--tokens` tokens, the way transformers and PEFT run
 it in training (their own modules and functions, not re-implementations): an unfused RMSNorm (Llama's and Gemma 4's),
 Liger's fused one, the rotary embedding (transformers' and Liger's), the MLP's gated product (SiLU and tanh-GELU,
 unfused, and Liger's SwiGLU), a residual sum, PEFT's LoRA on a frozen linear layer (what it adds to the base
 matmul: its two small matmuls, the float32 cast, the scaling and the sum), the loss over the logits (float32 cross
-entropy from bf16 logits, with and without Gemma's final soft-capping; a distillation teacher's top-64 targets), and SDPA's attention kernels by head size,
-causal and under a block-diagonal mask of packed documents. Each line prints picoseconds per element (an element:
-one token times one unit of the op's width; a logit for the loss), forward and forward + backward, the GPU's kernel time
-per run (the union of its kernels' spans under the profiler, over `--repeats` runs), not wall time; attention prints TFLOP/s counted as the planner counts it (4 T c d forward, c
-the keys per query: half the row causal, the whole row under a mask; backward twice the forward).
+entropy from bf16 logits, with and without Gemma's final soft-capping; a distillation teacher's top-64 targets), and
+SDPA's attention kernels by head size, causal and under a block-diagonal mask of packed documents. Each line prints
+picoseconds per element (an element: one token times one unit of the op's width; a logit for the loss), forward and
+forward + backward: the GPU's kernel time per run (the union of its kernels' spans under the profiler, over
+`--repeats` runs), not wall time. Attention prints TFLOP/s counted as the planner counts it (4 T c d forward, c the
+keys per query: half the row causal, the whole row under a mask; backward twice the forward).
 
 Run on a CUDA machine: `python3 bench/elementwise_costs.py` (about a minute on an H200)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import busy_time  # noqa: E402  (beside this script: the union of kernel spans)
 
 Op = Callable[[], torch.Tensor]
 DEVICE = "cuda"  # --device cpu: a quick check of the script itself, not a measurement
@@ -54,12 +60,7 @@ def timed(fn: Op, backward: bool, repeats: int) -> float:
             once()
         synchronize()
     spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA)
-    busy, reach = 0.0, float("-inf")
-    for start, end in spans:  # the union of the spans, in microseconds
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
-    return busy / 1e6 / repeats
+    return busy_time(spans) / 1e6 / repeats  # microseconds
 
 
 def synchronize() -> None:

@@ -237,12 +237,11 @@ def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_
     liger = (s.liger_rms_norm, s.liger_rope, s.liger_glu)
     total = 0.0
     for index, traffic in enumerate(facts.layer_traffic):
-
-        def seconds(backward: bool, traffic: kernel_costs.LayerTraffic = traffic) -> float:
-            return kernel_costs.layer_seconds(traffic, s.tokens, backward, liger, card.hbm_tb_s)
-
+        forward = kernel_costs.layer_seconds(traffic, s.tokens, False, liger, card.hbm_tb_s)
         recomputed = 1 if index < checkpointed and not passes_only else 0
-        total += (recomputed + passes) * seconds(False) + (0 if passes_only else seconds(True))
+        total += (recomputed + passes) * forward
+        if not passes_only:
+            total += kernel_costs.layer_seconds(traffic, s.tokens, True, liger, card.hbm_tb_s)
     if s.method.head not in (FUSED_HEAD, SCORE_HEAD) and not s.fused_loss and not passes_only:
         total += kernel_costs.loss_seconds(s.tokens, facts.vocab, facts.logit_softcapping, card.hbm_tb_s)
     return total

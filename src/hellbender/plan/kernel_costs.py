@@ -16,7 +16,6 @@ rates with its peak."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,11 @@ def bandwidth_scale(hbm_tb_s: float) -> float:
     return (H200_HBM_TB_S / hbm_tb_s) ** BANDWIDTH_EXPONENT
 
 
+def _in_model(seconds: float, hbm_tb_s: float) -> float:
+    """Seconds measured alone on an H200, as the op takes them inside a model on a card of `hbm_tb_s`."""
+    return seconds * IN_MODEL_SHARE * bandwidth_scale(hbm_tb_s)
+
+
 @dataclass(frozen=True)
 class AttentionRate:
     """TFLOP/s of SDPA's kernel on an H200, counted as the planner counts attention (4 T c d forward, c the keys per
@@ -78,6 +82,7 @@ ATTENTION_RATES: dict[tuple[int, bool], AttentionRate] = {
     (1 << 30, False): AttentionRate(18, 21),
     (1 << 30, True): AttentionRate(35, 41),
 }
+HEAD_SIZES = sorted({size for size, _ in ATTENTION_RATES})
 MEASURED_ROW = 2048
 # Longer rows reach more of the card (each query block's fixed work weighs less). Rate at row length L: the 2,048-token
 # rate x (L / (L + L0)) / (2048 / (2048 + L0)); L0 fitted to W4's 8B runs of rows of 32,768-98,304 tokens
@@ -87,7 +92,7 @@ ROW_OVERHEAD_TOKENS = 1024
 
 def attention_rate(head_dim: int, masked: bool, row: int, backward: bool, peak_tflops: float) -> float:
     """FLOP/s of one layer's attention for heads of `head_dim` over rows of `row` tokens on a card of that peak."""
-    size = next(size for size in sorted({s for s, _ in ATTENTION_RATES}) if head_dim <= size)
+    size = next(size for size in HEAD_SIZES if head_dim <= size)
     rate = ATTENTION_RATES[(size, masked)]
     at_row = (row / (row + ROW_OVERHEAD_TOKENS)) / (MEASURED_ROW / (MEASURED_ROW + ROW_OVERHEAD_TOKENS))
     return (rate.both if backward else rate.forward) * 1e12 * at_row * peak_tflops / H200_PEAK_TFLOPS
@@ -95,27 +100,13 @@ def attention_rate(head_dim: int, masked: bool, row: int, backward: bool, peak_t
 
 @dataclass(frozen=True)
 class LayerTraffic:
-    """Per token, what one decoder layer's forward runs outside its matmuls."""
+    """Per token, what one decoder layer's forward runs outside its matmuls (counted by model_facts.py)."""
 
     norms: int  # elements its norms normalise
     rotary: int  # query and key elements rotated
     gated: int  # the MLP's inner width
     residual: int  # elements of its residual sums
     lora: int  # input + output widths of its LoRA-wrapped linear layers
-
-
-def layer_traffic(layer: Any, hidden: int, q: int, kv: int, inner: int) -> LayerTraffic:
-    """Count one decoder layer's memory-bound work from its modules (on the meta device, adapter applied)."""
-    norms = lora = 0
-    for name, module in layer.named_modules():
-        lora_a = getattr(module, "lora_A", None)
-        if lora_a is not None and len(lora_a) and not getattr(module, "parameter_name", None):
-            base = getattr(module, "base_layer", module)
-            lora += getattr(base, "in_features", 0) + getattr(base, "out_features", 0)
-        if type(module).__name__.endswith(("RMSNorm", "LayerNorm")):
-            leaf = name.rsplit(".", 1)[-1]
-            norms += q if leaf == "q_norm" else kv if leaf in ("k_norm", "v_norm") else hidden
-    return LayerTraffic(norms, q + kv, inner, 2 * hidden, lora)
 
 
 def layer_seconds(t: LayerTraffic, tokens: float, backward: bool, liger: tuple[bool, bool, bool],
@@ -130,21 +121,21 @@ def layer_seconds(t: LayerTraffic, tokens: float, backward: bool, liger: tuple[b
         + RESIDUAL.of(t.residual, backward)
         + LORA.of(t.lora, backward)
     )
-    return tokens * seconds * IN_MODEL_SHARE * bandwidth_scale(hbm_tb_s)
+    return _in_model(tokens * seconds, hbm_tb_s)
 
 
 def loss_seconds(tokens: float, vocab: int, softcapped: bool, hbm_tb_s: float) -> float:
     """The unfused loss over `tokens` positions' logits, forward and backward."""
     cost = SOFTCAPPED_LOSS if softcapped else LOSS
-    return cost.of(tokens * vocab, True) * IN_MODEL_SHARE * bandwidth_scale(hbm_tb_s)
+    return _in_model(cost.of(tokens * vocab, True), hbm_tb_s)
 
 
 def teacher_targets_seconds(logits: float, hbm_tb_s: float) -> float:
     """Online distillation's targets: the teacher's `logits` in float32 and their top-k, once per micro-batch."""
-    return TEACHER_TARGETS.of(logits, False) * IN_MODEL_SHARE * bandwidth_scale(hbm_tb_s)
+    return _in_model(TEACHER_TARGETS.of(logits, False), hbm_tb_s)
 
 
 def eager_scores_seconds(scores: float, backward: bool, hbm_tb_s: float) -> float:
     """Eager attention's float32 softmax over `scores` (query, key) pairs, priced as the loss's softmax per logit (not
     measured apart)."""
-    return LOSS.of(scores, backward) * IN_MODEL_SHARE * bandwidth_scale(hbm_tb_s)
+    return _in_model(LOSS.of(scores, backward), hbm_tb_s)

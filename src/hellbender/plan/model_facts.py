@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hellbender.config import HellbenderConfig
-from hellbender.plan.kernel_costs import LayerTraffic, layer_traffic
+from hellbender.plan.kernel_costs import LayerTraffic
 from hellbender.plan.launches import KernelCounts, count_kernels
 
 # Linear layers whose inputs are one tensor in a Llama-style decoder layer: LoRA modules that read the same input
@@ -305,8 +305,7 @@ def _describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
         facts.lora_inputs = _lora_inputs(layers[0])
     facts.kernels = count_kernels(model, list(layers))
     facts.layer_traffic = [
-        layer_traffic(layer, text.hidden_size, w.q, w.kv, w.inner)
-        for layer, w in zip(layers, layer_widths, strict=True)
+        _layer_traffic(layer, text.hidden_size, w) for layer, w in zip(layers, layer_widths, strict=True)
     ]
     if experts:
         count = experts
@@ -430,10 +429,9 @@ def _widths_by_layer(layers: list[Any], names: tuple[str, ...], attribute: str) 
 _LLAMA_NORMS = 2  # the attention's and the MLP's input norms, which activations.py counts for every layer
 
 
-def _extra_norm_elements(layer: Any, q: int, kv: int, hidden: int) -> int:
-    """Elements per token that one decoder layer's norms normalise beyond a Llama layer's two (each saves its float32
-    input for backward): Gemma's norms after attention and after the MLP, per-head query and key norms. A layer that
-    reads shared keys and values (no `k_proj`, `kv` 0) runs no key or value norm."""
+def _norm_widths(layer: Any, q: int, kv: int, hidden: int) -> list[int]:
+    """Elements per token each of one decoder layer's norms normalises: a per-head query norm the query width, key and
+    value norms the key width, every other norm the hidden width."""
     widths = []
     for name, module in layer.named_modules():
         if not type(module).__name__.endswith(("RMSNorm", "LayerNorm")):
@@ -445,8 +443,34 @@ def _extra_norm_elements(layer: Any, q: int, kv: int, hidden: int) -> int:
             widths.append(kv)
         else:
             widths.append(hidden)
+    return widths
+
+
+def _extra_norm_elements(layer: Any, q: int, kv: int, hidden: int) -> int:
+    """Elements per token that one decoder layer's norms normalise beyond a Llama layer's two (each saves its float32
+    input for backward): Gemma's norms after attention and after the MLP, per-head query and key norms. A layer that
+    reads shared keys and values (no `k_proj`, `kv` 0) runs no key or value norm."""
+    widths = _norm_widths(layer, q, kv, hidden)
     hidden_norms = sum(1 for w in widths if w == hidden)
     return sum(widths) - min(hidden_norms, _LLAMA_NORMS) * hidden
+
+
+def _layer_traffic(layer: Any, hidden: int, widths: LayerWidths) -> LayerTraffic:
+    """One decoder layer's memory-bound work per token (kernel_costs.py prices it), from its modules."""
+    lora = 0
+    for module in layer.modules():
+        if _runs_lora(module):
+            base = getattr(module, "base_layer", module)
+            lora += getattr(base, "in_features", 0) + getattr(base, "out_features", 0)
+    norms = sum(_norm_widths(layer, widths.q, widths.kv, hidden))
+    return LayerTraffic(norms, widths.q + widths.kv, widths.inner, 2 * hidden, lora)
+
+
+def _runs_lora(module: Any) -> bool:
+    """A LoRA-wrapped layer that runs its adapter on every token (LoRA on a stacked parameter, the experts', is
+    merged into the weight instead)."""
+    lora_a = getattr(module, "lora_A", None)
+    return lora_a is not None and len(lora_a) > 0 and not getattr(module, "parameter_name", None)
 
 
 def _sliding_windows(text: Any, count: int) -> list[int | None]:
@@ -462,10 +486,9 @@ def _sliding_windows(text: Any, count: int) -> list[int | None]:
 def _lora_inputs(layer: Any) -> list[LoraInput]:
     groups: dict[str, list[tuple[int, int]]] = {}
     for name, module in layer.named_modules():
-        lora_a = getattr(module, "lora_A", None)
-        if lora_a is None or not len(lora_a) or getattr(module, "parameter_name", None):
-            continue  # LoRA on a stacked parameter (experts) is merged into the weight: no per-token tensors
-        adapter = next(iter(lora_a.values()))
+        if not _runs_lora(module):
+            continue
+        adapter = next(iter(module.lora_A.values()))
         leaf = name.rsplit(".", 1)[-1]
         group = _SHARED_INPUTS.get(leaf, name)
         groups.setdefault(group, []).append((adapter.in_features, adapter.out_features))
