@@ -8,7 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hellbender.models.activation_checkpointing import enable_activation_checkpointing, offloader_of
+from hellbender.models.activation_checkpointing import (
+    enable_activation_checkpointing,
+    offloaded_layer_indices,
+    offloader_of,
+)
 from hellbender.models.activation_offload import ActivationOffloader
 from hellbender.models.tiny import tiny_model_dir
 
@@ -29,10 +33,25 @@ def test_a_tensor_spanning_slabs_comes_back_identical():
     torch.testing.assert_close(offloader.unpack(packed), tensor_copy, atol=0, rtol=0)
 
 
-def test_a_non_contiguous_tensor_comes_back_with_its_values():
+@pytest.mark.parametrize(
+    "tensor",
+    [torch.randn(40, 30).t(), torch.randn(2, 6, 1, 5, 4).permute(0, 3, 2, 1, 4), torch.randn(60, 9)[10:40]],
+    ids=["transposed", "permuted", "a slice of rows"],
+)
+def test_a_permuted_tensor_comes_back_with_its_values_and_strides(tensor):
+    """Compiled backward code checks the strides of what it saved (attention's outputs are transposed views)."""
     offloader = host_offloader()
-    tensor = torch.randn(40, 30).t()
-    torch.testing.assert_close(offloader.unpack(offloader.pack(tensor)), tensor, atol=0, rtol=0)
+    packed = offloader.pack(tensor)
+    assert offloader.host_bytes > 0
+    back = offloader.unpack(packed)
+    assert back.stride() == tensor.stride()
+    torch.testing.assert_close(back, tensor, atol=0, rtol=0)
+
+
+def test_a_tensor_with_gaps_in_its_storage_stays_where_it_is():
+    offloader = host_offloader()
+    tensor = torch.randn(40, 30)[:, :20]
+    assert offloader.pack(tensor) is tensor and offloader.host_bytes == 0
 
 
 def test_small_tensors_and_parameters_are_left_where_they_are():
@@ -110,3 +129,69 @@ def test_backward_after_the_next_forward_is_refused():
     model(input_ids=_batch(1), labels=_batch(1))
     with pytest.raises(RuntimeError, match="started another forward"):
         loss.backward()
+
+
+def test_offloaded_layers_run_once_and_train_exactly_like_checkpointed_ones():
+    """`activation_offload_layers: 2` of the tiny Llama's layers: those two run their forward once a step (the
+    checkpointed ones twice: forward and replay), everything they save goes through the slabs, and the losses and
+    weights stay bit-identical to checkpointing every layer."""
+    reference = _llama(False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("hellbender/tiny-llama"), dtype=torch.float32).train()
+    enable_activation_checkpointing(model, offload_layers=2)
+    offloader = offloader_of(model)
+    offloader.slab_bytes, offloader.min_bytes, offloader.offload_host_tensors = SLAB, 0, True
+    layers = model.model.layers
+    offloaded = offloaded_layer_indices(len(layers), 2)
+    calls = [0] * len(layers)
+    for index, layer in enumerate(layers):
+        layer.self_attn.register_forward_pre_hook(lambda *_, i=index: calls.__setitem__(i, calls[i] + 1))
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (reference, model)]
+    for step in range(3):
+        calls[:] = [0] * len(layers)
+        losses = []
+        for m, optimizer in zip((reference, model), optimizers, strict=True):
+            loss = m(input_ids=_batch(step), labels=_batch(step)).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        assert losses[0] == losses[1], step
+        assert calls == [1 if i in offloaded else 2 for i in range(len(layers))], calls
+        groups = offloader._groups
+        assert [g.offloaded for g in groups] == [i in offloaded for i in range(len(layers))]
+        # An offloaded layer parks many tensors (its whole forward's); a checkpointed one only its inputs, on the device.
+        assert all(len(g.entries) > 4 for g in groups if g.offloaded)
+        assert all(not g.entries for g in groups if not g.offloaded)
+    for (name, ours), theirs in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, atol=0, rtol=0, msg=name)
+
+
+def test_offloaded_layers_are_spread_over_the_checkpointed_ones():
+    assert offloaded_layer_indices(22, 8) == [0, 2, 5, 8, 11, 13, 16, 19]
+    assert offloaded_layer_indices(4, 4) == [0, 1, 2, 3]
+    assert offloaded_layer_indices(32, 1) == [0]
+
+
+def test_each_layers_backward_fetches_the_offloaded_layer_below_it_first():
+    """Groups: offloaded, kept, offloaded, kept (as layers 0-3 would be). When a group's backward begins, its own
+    tensors are fetched, then the nearest offloaded group's below it, once."""
+    offloader = host_offloader()
+    fetched: list[int] = []
+    copy = offloader._fetch
+
+    def fetch_and_record(entry):
+        if entry.fetched is None:  # a copy starts
+            fetched.append(entry.index)
+        return copy(entry)
+
+    offloader._fetch = fetch_and_record
+    saved = []
+    for offload in (True, False, True, False):
+        with offloader.hooks(offload):
+            saved.append([offloader.pack(torch.randn(8, 8)) for _ in range(2)])
+    for group in reversed(saved):
+        for packed in group:
+            offloader.unpack(packed)
+    # Entries 0-1 are group 0's, 2-3 group 2's: group 3 starts the fetch of group 2, group 2's start fetches group 0.
+    assert fetched == [2, 3, 0, 1]

@@ -204,7 +204,8 @@ def test_head_dim_512_attention_at_8k_tokens_avoids_the_math_kernel():
 
 def test_offloaded_checkpointing_gives_the_same_gradients_on_gpu():
     """Through pinned slabs and the side stream, over two steps (the second reuses the first's slabs), with hidden
-    states spanning several slabs."""
+    states spanning several slabs; and with half the layers offloaded whole (`activation_offload_layers`) instead of
+    checkpointed, Gemma 4's shared K/V among what they park."""
     from transformers import AutoModelForCausalLM
 
     from hellbender.models.activation_checkpointing import enable_activation_checkpointing, offloader_of
@@ -217,7 +218,9 @@ def test_offloaded_checkpointing_gives_the_same_gradients_on_gpu():
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("hellbender/tiny-gemma4"), dtype=torch.float32)
         model.cuda().train()
         if mode is not None:
-            enable_activation_checkpointing(model, offload=mode == "offload")
+            layers = model.config.get_text_config().num_hidden_layers
+            offload_layers = layers // 2 if mode == "offload-layers" else 0
+            enable_activation_checkpointing(model, offload=mode == "offload", offload_layers=offload_layers)
         offloader = offloader_of(model)
         if offloader is not None:
             offloader.slab_bytes, offloader.min_bytes = 4096, 0
@@ -229,11 +232,13 @@ def test_offloaded_checkpointing_gives_the_same_gradients_on_gpu():
         return steps, offloader.host_bytes if offloader is not None else 0
 
     (plain, _), (checkpointed, _), (offloaded, host_bytes) = grads(None), grads("checkpoint"), grads("offload")
-    assert host_bytes > 0
+    (offloaded_layers, layer_bytes) = grads("offload-layers")
+    assert host_bytes > 0 and layer_bytes > host_bytes  # an offloaded layer parks all it saves, not only its inputs
     for step, expected in enumerate(plain):
         for name, grad in expected.items():
             torch.testing.assert_close(checkpointed[step][name], grad, atol=1e-6, rtol=1e-5, msg=name)
             torch.testing.assert_close(offloaded[step][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+            torch.testing.assert_close(offloaded_layers[step][name], grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("family", ["hellbender/tiny-llama", "hellbender/tiny-gemma4"])
@@ -365,6 +370,30 @@ def test_compiled_layers_under_a_memory_budget_train_to_the_uncompiled_losses(tm
         tmp_path, compiled_only={"activation_memory_budget": 0.5}, bf16=True, max_steps=10,
         gradient_checkpointing=True, gradient_checkpointing_layers=1, **extra,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("adapter", ["lora", None])
+def test_compiled_offloaded_layers_train_to_the_uncompiled_losses(tmp_path, monkeypatch, adapter):
+    """`activation_offload_layers` with inductor: the offloaded layer's compiled code gets back from host memory
+    tensors of the strides it saved (attention's transposed outputs among them), and the losses are the uncompiled
+    checkpointed run's. Every saved tensor is parked, however small (the tiny model's are all under 1 MiB)."""
+    from hellbender.models import activation_checkpointing
+    from hellbender.models.activation_offload import ActivationOffloader
+
+    made = []
+
+    class ParkEverything(ActivationOffloader):
+        def __init__(self) -> None:
+            super().__init__(min_bytes=0)
+            made.append(self)
+
+    monkeypatch.setattr(activation_checkpointing, "ActivationOffloader", ParkEverything)
+    extra = dict(adapter="lora", lora_target_linear=True, lora_dropout=0.0) if adapter else dict(learning_rate=1e-3)
+    assert_compiled_layers_train_to_the_uncompiled_losses(
+        tmp_path, compiled_only={"activation_offload_layers": 1}, bf16=True, max_steps=10,
+        gradient_checkpointing=True, **extra,
+    )  # fmt: skip
+    assert len(made) == 1 and made[0].host_bytes > 0
 
 
 def test_tiled_mlp_matches_the_untiled_loss_and_gradients_in_bf16_autocast(tmp_path):

@@ -61,6 +61,7 @@ def checkpointed(adapter: bool, mode: str, backend: CompileCounterWithBackend | 
         offload=mode == "offload",
         layers=2 if mode == "partial" else None,
         compile_options=None if backend is None else {"backend": backend},
+        offload_layers=2 if mode == "offload-layers" else 0,
     )
     if (offloader := offloader_of(model)) is not None:
         offloader.offload_host_tensors, offloader.min_bytes = True, 0  # park every saved tensor, even on CPU
@@ -70,25 +71,27 @@ def checkpointed(adapter: bool, mode: str, backend: CompileCounterWithBackend | 
 # Each case compiles twice (several seconds on CPU), so not every pairing is run.
 @pytest.mark.parametrize(
     ("mode", "adapter"),
-    [("checkpoint", True), ("checkpoint", False), ("offload", True), ("partial", False)],
-    ids=["lora", "full", "offload-lora", "partial-full"],
+    [("checkpoint", True), ("checkpoint", False), ("offload", True), ("partial", False), ("offload-layers", True)],
+    ids=["lora", "full", "offload-lora", "partial-full", "offload-layers-lora"],
 )
 def test_compiled_checkpointed_layers_give_the_uncompiled_losses_and_gradients(adapter, mode):
     """Every layer shares one compiled checkpoint call (compiled twice: a static length, then a dynamic one), traced
     whole (no graph break), and losses and gradients equal the uncompiled checkpointed model's. With an adapter the
     first layer's input needs no gradient (the embeddings are frozen) while the others' do, so that call is compiled
     for both (two more compilations). With `gradient_checkpointing_layers: 2` the two unchecked layers are compiled as
-    modules (two more)."""
+    modules (two more). With `activation_offload_layers: 2` layers 0 and 2 run a compiled plain call instead (layer 0
+    without, layer 2 with an input gradient: four compilations beside the checkpointed layers' two), and what they
+    save for backward goes through the offloader."""
     expected = steps(checkpointed(adapter, mode, None))
     torch._dynamo.reset()
     counters.clear()
     backend = CompileCounterWithBackend("aot_eager")
     model = checkpointed(adapter, mode, backend)
     got = steps(model)
-    assert backend.frame_count == (4 if mode == "partial" or adapter else 2)
+    assert backend.frame_count == {"offload-layers": 6}.get(mode, 4 if mode == "partial" or adapter else 2)
     assert not counters["graph_break"], dict(counters["graph_break"])
-    if mode == "offload":
-        assert offloader_of(model)._order, "the compiled layers' saved inputs did not go through the offloader"
+    if mode in ("offload", "offload-layers"):
+        assert offloader_of(model)._order, "the compiled layers' saved tensors did not go through the offloader"
     for (loss, grads), (expected_loss, expected_grads) in zip(got, expected, strict=True):
         assert loss == pytest.approx(expected_loss, rel=1e-6)
         assert grads.keys() == expected_grads.keys()

@@ -489,6 +489,17 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "`gradient_checkpointing_layers` is set but activation checkpointing is off: add "
             "`gradient_checkpointing: true` (or `offload`), or remove the key."
         )
+    if cfg.activation_offload_layers and not cfg.checkpoints_activations:
+        problems.append(
+            "`activation_offload_layers` offloads some of the checkpointed layers instead of recomputing them, and "
+            "activation checkpointing is off: add `gradient_checkpointing: true`, or remove the key."
+        )
+    if cfg.activation_offload_layers and (cfg.uses_fsdp2 or cfg.deepspeed):
+        problems.append(
+            "`activation_offload_layers` with FSDP2 or DeepSpeed is not supported yet: the offloaded layers would park "
+            "whatever those engines hand their layers (gathered weight shards among them), which has not been "
+            "verified. Use it on one GPU or with DDP, or remove the key."
+        )
     if cfg.tiled_mlp_num_shards is not None and not cfg.tiled_mlp:
         problems.append("`tiled_mlp_num_shards` is set but `tiled_mlp` is not: add `tiled_mlp: true`, or remove it.")
     hybrid = [k for k in ("dp_shard_size", "dp_replicate_size") if getattr(cfg, k) is not None]

@@ -111,6 +111,16 @@ class TrainingSettings(BaseModel):
         "about 0.5 GiB per layer for an 8B model at 4,096 tokens with Liger's kernels) and saves its recomputation. "
         "Default: all layers. `auto`: the memory planner picks the fewest that fit (docs/plan.md).",
     )
+    activation_offload_layers: Annotated[Int, Field(ge=0)] = Field(
+        0,
+        description="Of the checkpointed layers, run N once instead of recomputing them in backward, with everything "
+        "they save for backward waiting in pinned host memory: copied out on a side stream while the next layers "
+        "compute, and fetched back while the checkpointed layers above them run their backward. It trades "
+        "recomputation for host-link traffic (about 0.5 GiB each way per layer of an 8B model at 4,096 tokens) at "
+        "the GPU memory of checkpointing; the offloaded layers are spread evenly over the checkpointed ones so the "
+        "copies overlap compute. Needs activation checkpointing; at most `gradient_checkpointing_layers` (default: "
+        "every layer). Measured in docs/benchmarks.md.",
+    )
     gpu_memory_limit: Annotated[Float, Field(gt=0)] | str | None = Field(
         None,
         description="GPU memory each training process may use, in GiB (`20`) or with a unit (`20GiB`, `80GB`). `train` "

@@ -120,20 +120,22 @@ def checkpoint_function(
     channel: SideChannel | None,
     offloader: ActivationOffloader | None,
     compile_options: dict[str, Any] | None = None,
+    offload_inputs: bool = True,
 ) -> Callable[..., Any]:
     """What each checkpointed layer calls as `_gradient_checkpointing_func(layer_call, *args)`.
 
     Always non-reentrant: reentrant checkpointing runs the forward without a graph, so a layer reading K/V that an
     earlier layer stored (Gemma 4) sends no gradient back to it. With an `offloader`, each layer's saved inputs
-    wait in host memory until backward. `channel=None` turns the routing off (for comparison in tests).
-    `compile_options` (keyword arguments of `torch.compile`) compile the checkpoint call; every layer of a class
-    shares the compiled code."""
+    wait in host memory until backward (`offload_inputs=False`: they stay on the device, and the offloader only
+    learns where backward is). `channel=None` turns the routing off (for comparison in tests). `compile_options`
+    (keyword arguments of `torch.compile`) compile the checkpoint call; every layer of a class shares the compiled
+    code."""
     checkpointed = _checkpointed if compile_options is None else torch.compile(_checkpointed, **compile_options)
 
     def run(function: Callable, *args: Any, **kwargs: Any) -> Any:
         if channel is not None:
             function, args = _route_mutable_arguments(function, args, channel)
-        with offloader.hooks() if offloader is not None else nullcontext():
+        with offloader.hooks(offload_inputs) if offloader is not None else nullcontext():
             return checkpointed(function, *args, **kwargs)
 
     return run
@@ -143,13 +145,35 @@ def _checkpointed(function: Callable, *args: Any, **kwargs: Any) -> Any:
     return checkpoint(function, *args, use_reentrant=False, **kwargs)
 
 
+def offloaded_layer_function(
+    offloader: ActivationOffloader, compile_options: dict[str, Any] | None = None
+) -> Callable[..., Any]:
+    """What a layer of `activation_offload_layers` calls in place of a checkpoint: the layer runs once, and all it
+    saves for backward waits in host memory, so backward does not recompute it. Nothing is replayed, so mutable
+    arguments need no routing. `compile_options` compile the layer call, as for checkpointed layers."""
+    call = _call if compile_options is None else torch.compile(_call, **compile_options)
+
+    def run(function: Callable, *args: Any, **kwargs: Any) -> Any:
+        with offloader.hooks():
+            return call(function, *args, **kwargs)
+
+    return run
+
+
+def _call(function: Callable, *args: Any, **kwargs: Any) -> Any:
+    return function(*args, **kwargs)
+
+
+def _decoder_layers(model: Any) -> list[Any]:
+    layers = [m for m in model.get_decoder().modules() if isinstance(m, GradientCheckpointingLayer)]
+    return layers or per_layer_modules(model)  # else a model whose per-layer modules hellbender checkpoints itself
+
+
 def layers_left_unchecked(model: Any, count: int) -> list[Any]:
     """The language model's decoder layers after the first `count` (a `gradient_checkpointing_layers` of `count`
     leaves them unchecked); refuses a count above the number of decoder layers. Works on a meta-device skeleton,
     so the count is checked before any data work."""
-    decoder_layers = [m for m in model.get_decoder().modules() if isinstance(m, GradientCheckpointingLayer)]
-    if not decoder_layers:  # a model whose per-layer modules hellbender checkpoints itself
-        decoder_layers = per_layer_modules(model)
+    decoder_layers = _decoder_layers(model)
     if count > len(decoder_layers):
         from hellbender.errors import ConfigError
 
@@ -158,6 +182,34 @@ def layers_left_unchecked(model: Any, count: int) -> list[Any]:
             f"layers. Set it to {len(decoder_layers)} or less (or remove it to checkpoint every layer)."
         )
     return decoder_layers[count:]
+
+
+def offloaded_layer_indices(checkpointed: int, offloaded: int) -> list[int]:
+    """Which of the first `checkpointed` decoder layers `activation_offload_layers: offloaded` offloads: spread
+    evenly from the first, so the checkpointed layers between two of them give each one's copies time to run (to
+    host in forward, back in backward), and the topmost checkpointed layer's backward starts the first fetch."""
+    return [i * checkpointed // offloaded for i in range(offloaded)]
+
+
+def offloaded_layers(model: Any, checkpointed: int | None, offloaded: int) -> list[Any]:
+    """The decoder layers `activation_offload_layers: offloaded` runs offloaded instead of checkpointed; refuses more
+    than are checkpointed. Works on a meta-device skeleton, so the count is checked before any data work."""
+    from hellbender.errors import ConfigError
+
+    if not any(isinstance(m, GradientCheckpointingLayer) for m in model.modules()):
+        raise ConfigError(
+            f"`activation_offload_layers` is set, but {type(model).__name__}'s layers are not ones transformers "
+            "checkpoints, and hellbender offloads only those. Remove `activation_offload_layers`."
+        )
+    decoder_layers = _decoder_layers(model)
+    count = len(decoder_layers) if checkpointed is None else checkpointed
+    if offloaded > count:
+        raise ConfigError(
+            f"`activation_offload_layers: {offloaded}` offloads that many of the checkpointed layers, and "
+            f"{type(model).__name__} checkpoints {count} (`gradient_checkpointing_layers`, default all "
+            f"{len(decoder_layers)}). Set it to {count} or less, or checkpoint more layers."
+        )
+    return [decoder_layers[i] for i in offloaded_layer_indices(count, offloaded)]
 
 
 def _route_mutable_arguments(function: Callable, args: tuple, channel: SideChannel) -> tuple[Callable, tuple]:
@@ -181,22 +233,30 @@ def enable_activation_checkpointing(
     side_channel: bool = True,
     layers: int | None = None,
     compile_options: dict[str, Any] | None = None,
+    offload_layers: int = 0,
 ) -> SideChannel:
     """Checkpoint every decoder layer of `model` (a transformers model, or a PEFT model around one) with
     `checkpoint_function`, or only the first `layers` decoder layers of its language model, and return the model's
-    side channel. `side_channel=False` captures mutable arguments in the replay function as transformers does by
-    default (for comparison in tests). `compile_options` (keyword arguments of `torch.compile`) compile each
-    checkpointed layer call, and each decoder layer left unchecked as a module."""
+    side channel. `offload_layers` of the checkpointed layers run once instead, their saved tensors in host memory
+    (`offloaded_layer_function`). `side_channel=False` captures mutable arguments in the replay function as
+    transformers does by default (for comparison in tests). `compile_options` (keyword arguments of
+    `torch.compile`) compile each checkpointed layer call, and each decoder layer left unchecked as a module."""
     CONTRACT.check()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     own_layers = _layers_transformers_cannot_checkpoint(base)
     channel = SideChannel()
-    offloader = ActivationOffloader() if offload else None
-    checkpointed = checkpoint_function(channel if side_channel else None, offloader, compile_options)
+    offloader = ActivationOffloader() if offload or offload_layers else None
+    checkpointed = checkpoint_function(
+        channel if side_channel else None, offloader, compile_options, offload_inputs=offload
+    )
     if own_layers is not None:
         checkpoint_layer_modules(own_layers[:layers], checkpointed)
     else:
         base._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=checkpointed)
+    if offload_layers:
+        run_offloaded = offloaded_layer_function(offloader, compile_options)
+        for layer in offloaded_layers(base, layers, offload_layers):
+            layer._gradient_checkpointing_func = run_offloaded  # transformers calls each layer's own
     if layers is not None and own_layers is None:
         for layer in layers_left_unchecked(base, layers):  # transformers reads each layer's own flag
             layer.gradient_checkpointing = False

@@ -1,19 +1,23 @@
-"""Offloaded activation checkpointing (`gradient_checkpointing: offload`): the inputs each checkpointed layer saves
-for its replay wait in host memory between the forward and the backward.
+"""Activations parked in host memory between the forward and the backward: the inputs each checkpointed layer saves
+for its replay (`gradient_checkpointing: offload`), and everything a layer saves for backward where it is offloaded
+instead of recomputed (`activation_offload_layers`).
 
 Three things make this cheaper than wrapping the layers in `torch.autograd.graph.save_on_cpu`:
 
 - Host memory comes from fixed-size pinned slabs kept from step to step. torch's pinned-memory allocator rounds
   every request up to a power of two, so per-tensor pinned buffers of 2.7 GiB (an 8B model's hidden states at
   350k tokens) would take 4 GiB each, and 32 layers of them more host memory than the machine has.
-- Tensors are copied on a side stream, so the forward does not wait for each copy, and in backward the next layer's
-  inputs are fetched while the current one recomputes.
+- Tensors are copied on a side stream, so the forward does not wait for each copy. Each layer call is a group; when
+  a group's backward begins, the nearest offloaded group below it is fetched, so its copies run while the layers
+  between compute their backward.
 - A tensor saved by several layers is stored once, and small tensors (under 1 MiB) stay on the GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,12 +29,32 @@ ALIGNMENT = 512
 
 
 @dataclass(eq=False)
+class _Group:
+    """The tensors one layer call saved (one `hooks()` context): parked in host slabs, or kept on the device."""
+
+    index: int
+    offloaded: bool
+    entries: list[_Offloaded] = field(default_factory=list)
+    started: bool = False  # its backward has begun
+
+
+@dataclass(eq=False)
+class _InGroup:
+    """What a layer call saved that is not its own entry in host slabs: a tensor kept on the device, or an entry an
+    earlier call parked (a tensor both saved). Unpacking it tells the offloader which layer's backward has begun."""
+
+    saved: torch.Tensor | _Offloaded
+    group: _Group
+
+
+@dataclass(eq=False)
 class _Offloaded:
     """One saved tensor parked in host slabs: where its bytes are, and how to rebuild it."""
 
     generation: int
     index: int  # order of packing within the step
     shape: torch.Size
+    stride: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
     nbytes: int
@@ -40,11 +64,14 @@ class _Offloaded:
     fetched: torch.Tensor | None = None  # on the device, once fetched
     ready: Any = None  # CUDA event recorded after the fetch's copies
     owner: Any = field(default=None, repr=False)  # the original tensor, weakly (to recognise a second save)
+    group: _Group | None = field(default=None, repr=False)  # the layer call that parked it
 
 
 class ActivationOffloader:
-    """Saved-tensor hooks that park tensors in pinned host slabs. Use `hooks()` around a checkpointed call, and
-    call `new_step()` before each forward: a step's slab space is reused by the next step.
+    """Saved-tensor hooks that park tensors in pinned host slabs. Use `hooks()` around each layer call (with
+    `offload=False` for a layer whose tensors stay on the device, so its backward still starts the prefetch of the
+    offloaded layer below it), and call `new_step()` before each forward: a step's slab space is reused by the next
+    step.
 
     `offload_host_tensors` copies tensors that are already in host memory too (for tests on CPU)."""
 
@@ -61,10 +88,20 @@ class ActivationOffloader:
         self._used = 0  # bytes of slab space taken this step (bump allocation)
         self._order: list[_Offloaded] = []  # this step's entries, in packing order
         self._by_owner: dict[int, _Offloaded] = {}
+        self._groups: list[_Group] = []  # this step's layer calls that saved something, in forward order
+        self._group: _Group | None = None  # the current call's, once it saves a tensor
+        self._offload_group = True
         self._stream: Any = None
 
-    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+    @contextlib.contextmanager
+    def hooks(self, offload: bool = True) -> Iterator[None]:
+        """Saved-tensor hooks for one layer call: its tensors go to host slabs, or with `offload=False` stay put."""
+        self._group, self._offload_group = None, offload
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+                yield
+        finally:
+            self._group, self._offload_group = None, True
 
     @property
     def host_bytes(self) -> int:
@@ -76,21 +113,33 @@ class ActivationOffloader:
         self._used = 0
         self._order.clear()
         self._by_owner.clear()
+        self._groups.clear()
+        self._group = None
 
     # -- packing (forward) --------------------------------------------------------------------------------------
 
     def pack(self, tensor: torch.Tensor) -> Any:
         if not self._worth_offloading(tensor):
             return tensor
+        group = self._current_group()
+        if not group.offloaded:
+            return _InGroup(tensor, group)
         known = self._by_owner.get(id(tensor))
         if known is not None and known.owner() is tensor:
             known.packed += 1
-            return known
-        source = tensor.detach().contiguous().view(-1).view(torch.uint8)
+            return known if known.group is group else _InGroup(known, group)
+        source = _storage_span(tensor.detach()).view(torch.uint8)
         entry = _Offloaded(
-            self.generation, len(self._order), tensor.shape, tensor.dtype, tensor.device, source.numel(), []
+            self.generation,
+            len(self._order),
+            tensor.shape,
+            tensor.stride(),
+            tensor.dtype,
+            tensor.device,
+            source.numel(),
+            [],
         )
-        entry.owner = weakref.ref(tensor)
+        entry.owner, entry.group = weakref.ref(tensor), group
         entry.pieces = self._reserve(entry.nbytes)
         with self._copy_stream(tensor.device) as stream:
             for (slab, offset, length), start in zip(entry.pieces, _starts(entry.pieces), strict=True):
@@ -98,11 +147,18 @@ class ActivationOffloader:
             if stream is not None:
                 source.record_stream(stream)  # keep the device memory until the copy has run
         self._order.append(entry)
+        group.entries.append(entry)
         self._by_owner[id(tensor)] = entry
         return entry
 
+    def _current_group(self) -> _Group:
+        if self._group is None:  # outside `hooks()` (a direct call) every pack is a group of its own
+            self._group = _Group(len(self._groups), self._offload_group)
+            self._groups.append(self._group)
+        return self._group
+
     def _worth_offloading(self, tensor: torch.Tensor) -> bool:
-        if isinstance(tensor, torch.nn.Parameter) or tensor.layout != torch.strided:
+        if isinstance(tensor, torch.nn.Parameter) or tensor.layout != torch.strided or not _fills_its_span(tensor):
             return False
         if tensor.device.type == "cpu" and not self.offload_host_tensors:
             return False
@@ -127,6 +183,11 @@ class ActivationOffloader:
     # -- unpacking (backward) -----------------------------------------------------------------------------------
 
     def unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, _InGroup):
+            self._begin_backward(packed.group)
+            packed = packed.saved
+        elif isinstance(packed, _Offloaded):
+            self._begin_backward(packed.group)
         if not isinstance(packed, _Offloaded):
             return packed
         if packed.generation != self.generation:
@@ -139,7 +200,6 @@ class ActivationOffloader:
         if packed.ready is not None:
             torch.cuda.current_stream(packed.device).wait_event(packed.ready)
             tensor.record_stream(torch.cuda.current_stream(packed.device))
-        self._prefetch_before(packed)
         packed.unpacked += 1
         if packed.unpacked >= packed.packed:
             packed.fetched, packed.ready = None, None  # the last save that shares it has it now
@@ -149,20 +209,25 @@ class ActivationOffloader:
         if entry.fetched is not None:
             return entry.fetched
         with self._copy_stream(entry.device) as stream:
-            target = torch.empty(entry.nbytes, dtype=torch.uint8, device=entry.device)
+            fetched = torch.empty_strided(entry.shape, entry.stride, dtype=entry.dtype, device=entry.device)
+            target = _storage_span(fetched).view(torch.uint8)
             for (slab, offset, length), start in zip(entry.pieces, _starts(entry.pieces), strict=True):
                 target[start : start + length].copy_(self.slabs[slab][offset : offset + length], non_blocking=True)
             if stream is not None:
                 entry.ready = stream.record_event()
-        entry.fetched = target.view(entry.dtype).view(entry.shape)
-        return entry.fetched
+        entry.fetched = fetched
+        return fetched
 
-    def _prefetch_before(self, entry: _Offloaded) -> None:
-        """Start copying back the tensor packed just before `entry` (backward runs the layers in reverse)."""
-        if entry.device.type == "cuda" and entry.index > 0:
-            previous = self._order[entry.index - 1]
-            if previous.unpacked < previous.packed:
-                self._fetch(previous)
+    def _begin_backward(self, group: _Group) -> None:
+        """When `group`'s backward begins (once): queue the copies of its own entries not fetched yet, then of the
+        nearest offloaded group below it, which backward reaches next (it runs the layers in reverse)."""
+        if group.started:
+            return
+        group.started = True
+        below = next((g for g in reversed(self._groups[: group.index]) if g.offloaded and g.entries), None)
+        for entry in group.entries + (below.entries if below is not None else []):
+            if entry.unpacked < entry.packed:
+                self._fetch(entry)
 
     def _copy_stream(self, device: torch.device) -> _OnCopyStream:
         if device.type != "cuda":
@@ -188,6 +253,23 @@ class _OnCopyStream:
     def __exit__(self, *exc: Any) -> None:
         if self._context is not None:
             self._context.__exit__(*exc)
+
+
+def _fills_its_span(tensor: torch.Tensor) -> bool:
+    """Its elements fill their stretch of storage exactly, in some order of its dimensions (a contiguous tensor, or a
+    transposed or permuted one): then those bytes, put back in the same layout, give the same tensor with the same
+    strides, which compiled backward code checks."""
+    expected = 1
+    for stride, size in sorted((t, s) for s, t in zip(tensor.shape, tensor.stride(), strict=True) if s > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return tensor.numel() > 0
+
+
+def _storage_span(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor that `_fills_its_span`, as the flat run of storage it occupies."""
+    return tensor.as_strided((tensor.numel(),), (1,))
 
 
 def _starts(pieces: list[tuple[int, int, int]]) -> list[int]:

@@ -69,6 +69,7 @@ def build_trainable_model(cfg: HellbenderConfig, tokenizer: Any) -> Any:
             offload=cfg.gradient_checkpointing == "offload",
             layers=cfg.gradient_checkpointing_layers,
             compile_options=compile_options,
+            offload_layers=cfg.activation_offload_layers,
         )
     return model
 
