@@ -199,7 +199,6 @@ class ActivationOffloader:
         tensor = self._fetch(packed)
         if packed.ready is not None:
             torch.cuda.current_stream(packed.device).wait_event(packed.ready)
-            tensor.record_stream(torch.cuda.current_stream(packed.device))
         packed.unpacked += 1
         if packed.unpacked >= packed.packed:
             packed.fetched, packed.ready = None, None  # the last save that shares it has it now
@@ -208,9 +207,11 @@ class ActivationOffloader:
     def _fetch(self, entry: _Offloaded) -> torch.Tensor:
         if entry.fetched is not None:
             return entry.fetched
+        # Allocated on the compute stream, which uses and frees it: memory the side stream allocated would stay in
+        # the side stream's own pool, out of reach of the layers' allocations.
+        fetched = torch.empty_strided(entry.shape, entry.stride, dtype=entry.dtype, device=entry.device)
+        target = _storage_span(fetched).view(torch.uint8)
         with self._copy_stream(entry.device) as stream:
-            fetched = torch.empty_strided(entry.shape, entry.stride, dtype=entry.dtype, device=entry.device)
-            target = _storage_span(fetched).view(torch.uint8)
             for (slab, offset, length), start in zip(entry.pieces, _starts(entry.pieces), strict=True):
                 target[start : start + length].copy_(self.slabs[slab][offset : offset + length], non_blocking=True)
             if stream is not None:
