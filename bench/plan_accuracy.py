@@ -6,7 +6,8 @@ beside it.
 
 Groups of cases (`--cases` takes case or group names): `settings` (the first table: one workload at several
 micro-batches, checkpointed layers, offloading and row lengths), `W3-layers` (W3 at more checkpointed layers), `W3-batches` (W3 at micro-batches 1 and 4, every layer checkpointed), `auto-W3-48` (W3 with
-every plannable key `auto` under 48 GiB, and one hand-set setting beside the `W3-*` ones measured before), `W4`
+every plannable key `auto` under 48 GiB, and one hand-set setting beside the `W3-*` ones measured before), `offload-layers` (W1 with Liger's
+kernels and 8 or 16 `activation_offload_layers`, beside the same checkpointing without), `W4`
 (W4's recipe at 32,768-98,304 tokens, and without `tiled_mlp`), `auto-19` and `auto-40` (W2 with every plannable key
 `auto` under `gpu_memory_limit` 19.3 / 40 GiB, and hand-set W2 settings to compare with), `auto-W1-24` (W1 with
 Liger's kernels, under 24 GiB) and `auto-W1-30` (W1 under 30 GiB). A W4 case runs `--w4-steps` steps at its one
@@ -109,6 +110,12 @@ CASES: tuple[Case, ...] = (
     Case("W3-packed-mb4", "W3", {"sample_packing": True}),
     Case("W3-auto-48", "W3", {"sample_packing": True, **AUTO, "gpu_memory_limit": 48}),
     Case("W3-packed-mb4-ckpt-30", "W3", {"sample_packing": True, "gradient_checkpointing_layers": 30}),
+    Case(
+        "W1-liger-ckpt-20-offload-8",
+        "W1",
+        {**LIGER, "gradient_checkpointing_layers": 20, "activation_offload_layers": 8},
+    ),
+    Case("W1-liger-offload-16", "W1", {**LIGER, "activation_offload_layers": 16}),
 )
 GROUPS: dict[str, tuple[str, ...]] = {
     "settings": (
@@ -124,6 +131,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "W3-layers": ("W3-packed-mb2-ckpt-17", "W3-packed-mb4-ckpt-26"),
     "W3-batches": ("W3-packed-mb1", "W3-packed-mb4"),
     "auto-W3-48": ("W3-auto-48", "W3-packed-mb4-ckpt-30"),
+    "offload-layers": ("W1-liger-ckpt-20-offload-8", "W1-liger-offload-16", "W1-liger-ckpt-20"),
 }  # fmt: skip
 
 

@@ -451,6 +451,35 @@ def test_gradient_checkpointing_layers_needs_checkpointing(tmp_path):
         validate_config(base_config(tmp_path, gradient_checkpointing_layers=1))
 
 
+def test_offloading_more_layers_than_are_checkpointed_is_refused_before_the_data_is_prepared(tmp_path):
+    from hellbender.errors import ConfigError
+
+    cfg = validate_config(
+        base_config(tmp_path, gradient_checkpointing=True, gradient_checkpointing_layers=1, activation_offload_layers=2)
+    )
+    with pytest.raises(ConfigError, match=r"`activation_offload_layers: 2` .* checkpoints 1 "):
+        train(cfg)
+    assert not Path(cfg.dataset_prepared_path).exists() or not any(Path(cfg.dataset_prepared_path).iterdir())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({}, "activation checkpointing is off"),
+        (
+            {"gradient_checkpointing": True, "fsdp_version": 2, "fsdp_config": {"reshard_after_forward": True}},
+            "with FSDP2 or DeepSpeed is not supported",
+        ),
+    ],
+    ids=["no-checkpointing", "fsdp2"],
+)
+def test_activation_offload_layers_is_refused_where_it_cannot_work(tmp_path, overrides, message):
+    from hellbender.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        validate_config(base_config(tmp_path, activation_offload_layers=1, **overrides))
+
+
 def test_hellbender_train_checkpoints_only_the_layers_asked_for(tmp_path):
     seen: list[list[bool]] = []
 
@@ -463,6 +492,21 @@ def test_hellbender_train_checkpoints_only_the_layers_asked_for(tmp_path):
     )
     train(validate_config(cfg), callbacks=[Flags()])
     assert seen == [[True, False]]
+
+
+def test_hellbender_train_offloads_the_layers_asked_for(tmp_path):
+    """`activation_offload_layers: 1` of the two checkpointed layers: `train` gives the first layer the offloaded call
+    (run once, its saved tensors through the offloader) and leaves the second checkpointed."""
+    seen: list[list[str]] = []
+
+    class Calls(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            layers = decoder_layers(model.get_base_model())
+            seen.append([layer._gradient_checkpointing_func.__qualname__.split(".")[0] for layer in layers])
+
+    cfg = base_config(tmp_path, max_steps=2, adapter="lora", gradient_checkpointing=True, activation_offload_layers=1)
+    train(validate_config(cfg), callbacks=[Calls()])
+    assert seen == [["offloaded_layer_function", "checkpoint_function"]]
 
 
 def test_lora_with_checkpointing_on_a_model_adding_to_its_embeddings_in_place(tmp_path):

@@ -25,15 +25,16 @@ def _candidates(cfg: Any, asked: list[str], layers: int) -> list[dict[str, Any]]
     if cfg.trl is not None and cfg.rl in ONLINE_RL_METHODS:
         micro_batches = tuple(mb for mb in micro_batches if _holds_whole_groups(cfg, mb))
     modes: tuple[bool | str, ...] = (cfg.gradient_checkpointing,)
-    if "gradient_checkpointing" in asked:  # a layer count the config gives needs checkpointing on
-        modes = (True, "offload") if cfg.gradient_checkpointing_layers is not None else (False, True, "offload")
+    if "gradient_checkpointing" in asked:  # a layer count or offloaded layers the config gives need checkpointing on
+        needs_checkpointing = cfg.gradient_checkpointing_layers is not None or cfg.activation_offload_layers
+        modes = (True, "offload") if needs_checkpointing else (False, True, "offload")
     out = []
     for mb in micro_batches:
         for mode in modes:
             if not mode:
                 counts: tuple[int | None, ...] = (None,)
-            elif "gradient_checkpointing_layers" in asked:
-                counts = tuple(range(1, layers + 1))
+            elif "gradient_checkpointing_layers" in asked:  # at least the layers `activation_offload_layers` takes
+                counts = tuple(range(max(1, cfg.activation_offload_layers), layers + 1))
             else:
                 counts = (cfg.gradient_checkpointing_layers,)
             for count in counts:

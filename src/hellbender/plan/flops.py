@@ -56,7 +56,7 @@ class StepTime:
     flops: float  # per optimizer step, per GPU
     seconds: float
     tokens_per_second: float  # per GPU: tokens through the policy with gradients
-    transfer_seconds: float  # offloaded layer inputs over the host link (overlapped with compute)
+    transfer_seconds: float  # offloaded layer inputs and activations over the host link (overlapped with compute)
     examples_per_second: float = 0.0  # per GPU: rows, or pairs for pair methods
     parts: dict[str, float] = field(default_factory=dict)  # FLOPs per step by what runs them
     compute_seconds: float = 0.0  # the GPU's work: matmuls, attention and the memory-bound ops between them
@@ -65,6 +65,7 @@ class StepTime:
     rollout: RolloutTime | None = None  # online RL: one generation, which `seconds` counts per optimizer step
     attention_seconds: float = 0.0  # of `compute_seconds`: attention's kernels
     memory_bound_seconds: float = 0.0  # of `compute_seconds`: norms, rotary embeddings, LoRA, the loss, ...
+    copy_stall_seconds: float = 0.0  # offloaded layers' copies to the host that outlast the forward
 
     @property
     def launch_bound(self) -> bool:
@@ -80,8 +81,8 @@ def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: 
     tokens, scored = s.tokens, s.scored_tokens
     share = facts.active_expert_share  # a token runs only its top-k experts
     idle_lora = facts.expert_lora_numel  # merged into the experts' weights, not run per token (merge below)
-    decoder = facts.decoder_linear_numel + facts.expert_numel * share
-    head, lora = facts.head_numel, facts.lora_numel - idle_lora
+    decoder, lora = _decoder_and_lora(facts)
+    head = facts.head_numel
     trained_linear = sum(p.numel for p in facts.trainable if p.rows or ".lora_" in p.name) - idle_lora
     trained_experts = sum(p.numel for p in facts.trainable if ".experts." in p.name and ".lora_" not in p.name)
     trained_body = trained_linear + trained_experts * share - (head if facts.head_trainable else 0)
@@ -122,6 +123,21 @@ def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: 
     return {name: value * gradient_accumulation for name, value in parts.items()}
 
 
+def _decoder_and_lora(facts: ModelFacts) -> tuple[float, float]:
+    """Weights a token runs through in the decoder (the experts it is routed to), and its LoRA weights that run per
+    token (not those merged into stacked experts)."""
+    return facts.decoder_linear_numel + facts.expert_numel * facts.active_expert_share, (
+        facts.lora_numel - facts.expert_lora_numel
+    )
+
+
+def policy_forward_flops(facts: ModelFacts, s: PlanSettings) -> float:
+    """One micro-batch's forward through the decoder and the head (the stretch offloaded layers' copies out overlap)."""
+    decoder, lora = _decoder_and_lora(facts)
+    head_tokens = s.scored_tokens if s.method.head == FUSED_HEAD else s.tokens
+    return 2 * s.tokens * (decoder + lora) + 2 * head_tokens * facts.head_numel + _attention_forward(facts, s)
+
+
 def _teacher_linear(teacher: ModelFacts, s: PlanSettings) -> float:
     """The teacher's linear layers over every token of the micro-batch: its decoder (the experts a token runs), its
     head over every position (whole or a chunk at a time alike), and any tower outside the decoder."""
@@ -135,7 +151,7 @@ def _attention_forward(facts: ModelFacts, s: PlanSettings) -> float:
 
 
 def _recomputed_share(facts: ModelFacts, s: PlanSettings) -> float:
-    return s.checkpointed(facts.layers) / facts.layers if facts.layers else 0.0
+    return sum(s.recomputed(facts.layers)) / facts.layers if facts.layers else 0.0
 
 
 def _forwards_without_gradients(s: PlanSettings) -> float:
@@ -178,8 +194,13 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     attention_time *= gradient_accumulation
     memory_bound *= gradient_accumulation
     compute = (flops - attention - teacher_attention) / (peak * card.efficiency) + attention_time + memory_bound
-    offloaded = memory.host_parts.get("offloaded layer inputs (pinned slabs)", 0)
-    transfer = 2 * offloaded * gradient_accumulation / (card.host_link_gb_s * 1e9)
+    link = card.host_link_gb_s * 1e9
+    inputs = memory.host_parts.get("offloaded layer inputs (pinned slabs)", 0) * gradient_accumulation / link
+    parked = memory.host_parts.get("offloaded layer activations (pinned slabs)", 0) * gradient_accumulation / link
+    transfer = 2 * (inputs + parked)  # each way once, beside compute
+    # Offloaded layers' activations leave while the forward runs; the copies that outlast it delay the step (their
+    # memory cannot be reused until they are done).
+    copy_stall = max(0.0, parked - compute * policy_forward_flops(facts, s) * gradient_accumulation / flops)
     # trained weights, their gradients and the states, each read and written about once
     optimizer = 3 * (2 * memory.gradients + memory.optimizer_states) / (card.hbm_tb_s * 1e12)
     kernels = micro_batch_kernels(facts.kernels, s, facts.layers) * gradient_accumulation
@@ -188,7 +209,7 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     kernels += optimizer_kernels(facts.kernels, s.optimizer, s.clips_gradients)
     launch = kernels * (card.launch_seconds or LAUNCH_SECONDS)
     # The host queues kernels ahead of the GPU: the step takes the longer of the two, not their sum.
-    seconds = max(compute, transfer, launch) + optimizer
+    seconds = max(compute + copy_stall, transfer, launch) + optimizer
     rollout = None
     if memory.rollout is not None:  # online RL: a generation every `num_iterations` steps, before training
         weight_bytes = memory.weights + memory.adapter
@@ -198,7 +219,7 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     examples = s.micro_batch_size * gradient_accumulation
     return StepTime(
         flops, seconds, tokens / seconds, transfer, examples / seconds, parts, compute, kernels, launch, rollout,
-        attention_time, memory_bound,
+        attention_time, memory_bound, copy_stall,
     )  # fmt: skip
 
 
@@ -207,14 +228,14 @@ def attention_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_onl
     forward and backward, the checkpointed layers' recomputation and the forwards without gradients (`passes_only`:
     one forward, a teacher's). Eager attention runs two matmuls at the card's matmul share and a float32 softmax over
     every score."""
-    checkpointed = s.checkpointed(facts.layers)
+    recomputed = s.recomputed(facts.layers)
     passes = 1.0 if passes_only else _forwards_without_gradients(s)
     peak = card.bf16_tflops * 1e12
     total = 0.0
     for index in range(facts.layers):
         window = facts.window(index)
         flops = 4 * s.tokens * s.context(window) * facts.q_width(index)
-        forwards = passes + (1 if index < checkpointed and not passes_only else 0)
+        forwards = passes + (1 if recomputed[index] and not passes_only else 0)
         trains = not passes_only  # forward and backward: three forwards' FLOPs
         if s.attention == "eager":
             scores = s.tokens * s.context(window) * facts.heads
@@ -232,14 +253,13 @@ def attention_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_onl
 def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_only: bool = False) -> float:
     """One micro-batch's work outside the matmuls and attention (norms, rotary embeddings, gated products, residual
     sums, LoRA's adapters, the unfused loss), from the per-element costs in kernel_costs.py."""
-    checkpointed = s.checkpointed(facts.layers)
+    recomputed = s.recomputed(facts.layers)
     passes = 1.0 if passes_only else _forwards_without_gradients(s)
     liger = (s.liger_rms_norm, s.liger_rope, s.liger_glu)
     total = 0.0
     for index, traffic in enumerate(facts.layer_traffic):
         forward = kernel_costs.layer_seconds(traffic, s.tokens, False, liger, card.hbm_tb_s)
-        recomputed = 1 if index < checkpointed and not passes_only else 0
-        total += (recomputed + passes) * forward
+        total += (int(recomputed[index] and not passes_only) + passes) * forward
         if not passes_only:
             total += kernel_costs.layer_seconds(traffic, s.tokens, True, liger, card.hbm_tb_s)
     if s.method.head not in (FUSED_HEAD, SCORE_HEAD) and not s.fused_loss and not passes_only:
@@ -261,12 +281,12 @@ def _layer_forwards(k: KernelCounts, s: PlanSettings) -> list[int]:
 def micro_batch_kernels(k: KernelCounts, s: PlanSettings, layers: int) -> float:
     """Kernels one micro-batch launches: forward, the recomputation of checkpointed layers and backward."""
     forward = _layer_forwards(k, s)
-    checkpointed = s.checkpointed(layers)
+    recomputed = s.recomputed(layers)
     passes = _forwards_without_gradients(s)
     trained = sum(forward) + k.outside_trained + HEAD_AND_LOSS
     return (
         3 * trained  # forward and backward (twice the forward's kernels)
-        + sum(forward[:checkpointed])
+        + sum(f for f, again in zip(forward, recomputed, strict=False) if again)
         + (1 + passes) * k.outside_frozen
         + passes * (sum(forward) + HEAD_AND_LOSS)
     )

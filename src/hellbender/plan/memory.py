@@ -149,9 +149,12 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     full_layers = [layer_bytes_per_token(facts, s, element, norm_trains, i) * tokens for i in range(facts.layers)]
     kept_input = checkpoint_input_bytes_per_token(facts, element) * tokens
     scores = attention_scores_bytes(facts, s, element)  # the same in every layer
+    offloaded = s.offloaded(facts.layers)
     per_layer = []
     for index in range(facts.layers):
-        if index < checkpointed:
+        if index in offloaded:  # everything it saves waits in host memory
+            per_layer.append(0)
+        elif index < checkpointed:
             per_layer.append(0 if s.offload else kept_input)
         else:
             shared = element * 2 * facts.kv_width(index) * tokens if index in facts.kv_shared_layers else 0
@@ -160,6 +163,12 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         on_host = checkpointed * kept_input
         host_parts["offloaded layer inputs (pinned slabs)"] = math.ceil(on_host / SLAB_BYTES) * SLAB_BYTES
         per_layer[0] = 2 * kept_input  # the input being copied out and the one fetched ahead in backward
+    # In backward an offloaded layer is fetched while the layers above it run theirs: one more layer's activations.
+    fetched_ahead = 0
+    if offloaded:
+        parked = [int(full_layers[i] + facts.merged_expert_bytes + scores) for i in offloaded]
+        host_parts["offloaded layer activations (pinned slabs)"] = math.ceil(sum(parked) / SLAB_BYTES) * SLAB_BYTES
+        fetched_ahead = max(parked)
     activations = sum(per_layer) + per_layer_inputs_bytes(facts, tokens, element)
     # Backward recomputes one checkpointed layer at a time: the largest of them.
     recompute = max(
@@ -208,7 +217,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         "loss": fixed + grads_now + activations + targets + max(loss, saved_by_head + beside_loss),
         # Backward starts with every saved tensor alive; by the checkpointed layers the others' are freed.
         "backward": fixed + gradients + residual + layer_workspace
-        + max(activations, activations - sum(per_layer[checkpointed:]) + recompute),
+        + max(activations, activations - sum(per_layer[checkpointed:]) + recompute + fetched_ahead),
         "optimizer step": fixed + gradients + step_temporaries,
     }  # fmt: skip
     if teacher:  # before the student's forward: none of its activations of this micro-batch exist yet

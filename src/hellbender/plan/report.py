@@ -35,6 +35,8 @@ def describe_run(plan: Plan) -> str:
     ckpt = "no checkpointing" if not checkpointed else f"{checkpointed} of {layers} layers checkpointed"
     if checkpointed and s.offload:
         ckpt += " (inputs offloaded)"
+    if offloaded := len(s.offloaded(layers)):
+        ckpt += f", {offloaded} of them offloaded instead (run once, their activations in host memory)"
     sharding = {"none": "DDP" if s.gpus > 1 else "one GPU", "fsdp2": "FSDP2"}.get(s.sharding, s.sharding.upper())
     shape = s.method
     if shape.name == SUPERVISED.name:
@@ -104,8 +106,9 @@ def _rows(s: PlanSettings) -> str:
 def render(plan: Plan) -> str:
     m, t = plan.memory, plan.time
     checkpointed = plan.settings.checkpointed(plan.facts.layers)
+    offloaded = plan.settings.offloaded(plan.facts.layers)
     unchecked = [b for i, b in enumerate(m.per_layer) if i >= checkpointed]
-    kept = [b for i, b in enumerate(m.per_layer) if i < checkpointed]
+    kept = [b for i, b in enumerate(m.per_layer) if i < checkpointed and i not in offloaded]
     lines = [describe_run(plan)]
     shape = plan.settings.method
     lines += [f"NOT MODELLED: {part}." for part in plan.facts.not_modelled]
@@ -172,6 +175,11 @@ def render(plan: Plan) -> str:
             f"  generation {r.seconds:.2f} s {per}: prefill {r.prefill_seconds:.2f} s, {r.decode_steps:,} decoding steps "
             f"of {1000 * r.seconds_per_token:.1f} ms ({r.kernels_per_token:,.0f} kernels each); training and scoring "
             f"{t.seconds - r.seconds / shape.rollout.iterations:.2f} s per step"
+        )
+    if t.copy_stall_seconds:
+        lines.append(
+            f"  the offloaded layers' copies to the host outlast the forward by {t.copy_stall_seconds:.3f} s (the host "
+            f"link moves {plan.card.host_link_gb_s:g} GB/s each way): offload fewer layers"
         )
     if t.launch_bound:
         lines.append(

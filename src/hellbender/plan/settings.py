@@ -37,6 +37,7 @@ class PlanSettings:
     tiled_mlp_shards: int | None = None  # `tiled_mlp_num_shards` (None: about one per `hidden_size` tokens)
     attention: str = "sdpa"  # `attn_implementation`
     packed: bool = False  # `sample_packing`: several documents share a row
+    offloaded_layers: int = 0  # `activation_offload_layers`: checkpointed layers run once, all they save on the host
 
     @property
     def rows(self) -> int:
@@ -74,6 +75,19 @@ class PlanSettings:
             return 0
         return layers if self.checkpointed_layers is None else min(self.checkpointed_layers, layers)
 
+    def offloaded(self, layers: int) -> frozenset[int]:
+        """The indices of the layers `activation_offload_layers` runs once with everything they save on the host."""
+        from hellbender.models.activation_checkpointing import offloaded_layer_indices
+
+        checkpointed = self.checkpointed(layers)
+        count = min(self.offloaded_layers, checkpointed)
+        return frozenset(offloaded_layer_indices(checkpointed, count)) if count else frozenset()
+
+    def recomputed(self, layers: int) -> list[bool]:
+        """Per decoder layer, whether backward recomputes its forward (checkpointed and not offloaded)."""
+        checkpointed, offloaded = self.checkpointed(layers), self.offloaded(layers)
+        return [index < checkpointed and index not in offloaded for index in range(layers)]
+
     def but(self, **changes: object) -> PlanSettings:
         return replace(self, **changes)
 
@@ -108,6 +122,7 @@ def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None
         tiled_mlp=cfg.tiled_mlp,
         tiled_mlp_shards=cfg.tiled_mlp_num_shards,
         attention=cfg.attn_implementation or "sdpa",
+        offloaded_layers=cfg.activation_offload_layers,
         packed=cfg.sample_packing,
     )
 

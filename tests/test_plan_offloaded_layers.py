@@ -1,0 +1,74 @@
+"""`activation_offload_layers` in the planner: the offloaded layers hold nothing on the GPU and are not recomputed,
+their activations are planned in host memory, and copies the forward cannot hide delay the step."""
+
+from __future__ import annotations
+
+import pytest
+
+from hellbender.config import validate_config
+from hellbender.plan.activations import attention_scores_bytes, layer_bytes_per_token
+from hellbender.plan.budget import plan_for
+from hellbender.plan.fit import element_size
+from hellbender.plan.memory import SLAB_BYTES
+from hellbender.plan.report import render
+from tests.helpers import base_config
+
+pytestmark = pytest.mark.usefixtures("libraries_log_to_the_session_stderr")
+
+# The W2 shape (1B Llama), small enough to describe on the meta device quickly.
+SHAPE = dict(
+    hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+    vocab_size=128256,
+)  # fmt: skip
+
+
+def _plan(tmp_path, gpu: str = "H200", **overrides):
+    raw = base_config(tmp_path, adapter="lora", lora_target_linear=True, sequence_len=2048, micro_batch_size=4,
+                      bf16=True, gradient_checkpointing=True, overrides_of_model_config=SHAPE, **overrides)  # fmt: skip
+    return plan_for(validate_config(raw), gpu=gpu)
+
+
+def test_offloaded_layers_are_planned_on_the_host_and_not_recomputed(tmp_path):
+    checkpointed = _plan(tmp_path, gradient_checkpointing_layers=12)
+    offloaded = _plan(tmp_path, gradient_checkpointing_layers=12, activation_offload_layers=4)
+    s, facts = offloaded.settings, offloaded.facts
+    assert sorted(s.offloaded(facts.layers)) == [0, 3, 6, 9]
+    assert s.recomputed(facts.layers) == [i < 12 and i not in (0, 3, 6, 9) for i in range(16)]
+    # Each offloaded layer gives up the input a checkpointed layer keeps, and parks its whole activations.
+    kept, parked = checkpointed.memory.per_layer, offloaded.memory.per_layer
+    assert [parked[i] for i in (0, 3, 6, 9)] == [0] * 4 and kept[0] > 0
+    assert [parked[i] for i in range(16) if i not in (0, 3, 6, 9)] == [
+        kept[i] for i in range(16) if i not in (0, 3, 6, 9)
+    ]
+    element = element_size(offloaded.cfg)
+    whole = layer_bytes_per_token(facts, s, element, False, 0) * s.tokens + attention_scores_bytes(facts, s, element)
+    host = offloaded.memory.host_parts["offloaded layer activations (pinned slabs)"]
+    assert host == -(-int(4 * whole) // SLAB_BYTES) * SLAB_BYTES
+    # Backward recomputes four layers fewer: less work, the same matmul rate.
+    assert offloaded.time.parts["recomputation"] == pytest.approx(checkpointed.time.parts["recomputation"] * 8 / 12)
+    assert offloaded.time.seconds < checkpointed.time.seconds
+    assert "12 of 16 layers checkpointed, 4 of them offloaded instead" in render(offloaded)
+
+
+def test_copies_the_forward_cannot_hide_delay_the_step(tmp_path):
+    """Every layer offloaded over a slow host link (an A10G's, 6 GB/s): the copies out outlast the forward, the step
+    is planned longer than the GPU's work, and the report says to offload fewer layers."""
+    plan = _plan(tmp_path, gpu="A10G", activation_offload_layers=16)
+    t = plan.time
+    assert t.copy_stall_seconds > 0
+    assert t.seconds >= t.compute_seconds + t.copy_stall_seconds
+    assert "outlast the forward" in render(plan)
+    few = _plan(tmp_path, gpu="H200", activation_offload_layers=1).time
+    assert few.copy_stall_seconds == 0
+
+
+def test_auto_checkpoints_at_least_the_offloaded_layers(tmp_path):
+    """With room to spare `auto` would checkpoint nothing; six offloaded layers need six checkpointed ones to come
+    from, and checkpointing more would only add recomputation."""
+    from hellbender.plan.auto import choose
+
+    raw = base_config(tmp_path, adapter="lora", lora_target_linear=True, sequence_len=2048, bf16=True,
+                      overrides_of_model_config=SHAPE, gradient_checkpointing="auto",
+                      gradient_checkpointing_layers="auto", activation_offload_layers=6, gpu_memory_limit=60)  # fmt: skip
+    cfg = validate_config(raw, choose)
+    assert cfg.gradient_checkpointing is True and cfg.gradient_checkpointing_layers == 6
