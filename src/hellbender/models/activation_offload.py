@@ -32,6 +32,7 @@ ALIGNMENT = 512
 class _Group:
     """The tensors one layer call saved (one `hooks()` context): parked in host slabs, or kept on the device."""
 
+    generation: int  # the step it belongs to
     index: int
     offloaded: bool
     entries: list[_Offloaded] = field(default_factory=list)
@@ -153,7 +154,7 @@ class ActivationOffloader:
 
     def _current_group(self) -> _Group:
         if self._group is None:  # outside `hooks()` (a direct call) every pack is a group of its own
-            self._group = _Group(len(self._groups), self._offload_group)
+            self._group = _Group(self.generation, len(self._groups), self._offload_group)
             self._groups.append(self._group)
         return self._group
 
@@ -222,7 +223,7 @@ class ActivationOffloader:
     def _begin_backward(self, group: _Group) -> None:
         """When `group`'s backward begins (once): queue the copies of its own entries not fetched yet, then of the
         nearest offloaded group below it, which backward reaches next (it runs the layers in reverse)."""
-        if group.started:
+        if group.started or group.generation != self.generation:  # a finished step's: nothing of it is fetched
             return
         group.started = True
         below = next((g for g in reversed(self._groups[: group.index]) if g.offloaded and g.entries), None)

@@ -126,9 +126,8 @@ def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: 
 def _decoder_and_lora(facts: ModelFacts) -> tuple[float, float]:
     """Weights a token runs through in the decoder (the experts it is routed to), and its LoRA weights that run per
     token (not those merged into stacked experts)."""
-    return facts.decoder_linear_numel + facts.expert_numel * facts.active_expert_share, (
-        facts.lora_numel - facts.expert_lora_numel
-    )
+    decoder = facts.decoder_linear_numel + facts.expert_numel * facts.active_expert_share
+    return decoder, facts.lora_numel - facts.expert_lora_numel
 
 
 def policy_forward_flops(facts: ModelFacts, s: PlanSettings) -> float:
