@@ -80,6 +80,12 @@ def test_only_the_first_layers_are_checkpointed_when_asked(tokenizer):
     assert all("forward" not in vars(module) for modules in rest for module in modules)
 
 
+def test_offloading_layers_hellbender_checkpoints_itself_is_refused_by_name(tokenizer):
+    """`activation_offload_layers` hands transformers' checkpointing layers another call; these families have none."""
+    with pytest.raises(ConfigError, match="`activation_offload_layers` is set, but CTRLLMHeadModel's layers"):
+        enable_activation_checkpointing(tiny("ctrl", tokenizer), offload_layers=1)
+
+
 def test_checkpointing_is_off_outside_training(tokenizer):
     model = tiny("openai-gpt", tokenizer)
     enable_activation_checkpointing(model)

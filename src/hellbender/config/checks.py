@@ -498,7 +498,7 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
         problems.append(
             "`activation_offload_layers` with FSDP2 or DeepSpeed is not supported yet: the offloaded layers would park "
             "whatever those engines hand their layers (gathered weight shards among them), which has not been "
-            "verified. Use it on one GPU or with DDP, or remove the key."
+            "verified. Use it without them (one GPU, or DDP), or remove the key."
         )
     if cfg.tiled_mlp_num_shards is not None and not cfg.tiled_mlp:
         problems.append("`tiled_mlp_num_shards` is set but `tiled_mlp` is not: add `tiled_mlp: true`, or remove it.")
