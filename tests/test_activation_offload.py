@@ -75,6 +75,23 @@ def test_a_tensor_saved_twice_is_stored_once():
         torch.testing.assert_close(offloader.unpack(packed), shared, atol=0, rtol=0)
 
 
+def test_running_out_of_pinned_host_memory_is_reported_with_what_to_do(monkeypatch):
+    from hellbender.errors import EnvironmentProblem
+
+    offloader = host_offloader()
+    offloader.pack(torch.randn(1000))  # one slab taken
+    real_empty = torch.empty
+
+    def no_more_memory(*args, **kwargs):
+        if kwargs.get("dtype") is torch.uint8:
+            raise RuntimeError("CUDA error: out of memory")
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", no_more_memory)
+    with pytest.raises(EnvironmentProblem, match=r"pinned host memory .* in use when .*`activation_offload_layers`"):
+        offloader.pack(torch.randn(1000))
+
+
 def test_a_tensor_from_a_finished_step_is_refused():
     offloader = host_offloader()
     packed = offloader.pack(torch.randn(100))

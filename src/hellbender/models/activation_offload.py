@@ -179,7 +179,18 @@ class ActivationOffloader:
         return pieces
 
     def _new_slab(self) -> torch.Tensor:
-        return torch.empty(self.slab_bytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        try:
+            return torch.empty(self.slab_bytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        except RuntimeError as exc:  # pinned (page-locked) memory is limited by the machine, not by the GPU
+            from hellbender.errors import EnvironmentProblem
+
+            raise EnvironmentProblem(
+                f"Offloaded activations need more pinned host memory than this machine gives: "
+                f"{self.host_bytes / 2**30:.1f} GiB were in use when {self.slab_bytes / 2**20:.0f} MiB more could not "
+                f"be allocated ({str(exc).splitlines()[0]}). Offload fewer layers (`activation_offload_layers`), "
+                "checkpoint without offloading (`gradient_checkpointing: true` instead of `offload`), shorten the "
+                "rows, or train on a machine with more memory (`hellbender plan` lists the host memory a config needs)."
+            ) from None
 
     # -- unpacking (backward) -----------------------------------------------------------------------------------
 
