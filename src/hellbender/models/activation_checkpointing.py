@@ -164,6 +164,11 @@ def _call(function: Callable, *args: Any, **kwargs: Any) -> Any:
     return function(*args, **kwargs)
 
 
+def _transformers_checkpoints(model: Any) -> bool:
+    """The model's layers are transformers' checkpointing layers (else hellbender checkpoints its per-layer modules)."""
+    return any(isinstance(module, GradientCheckpointingLayer) for module in model.modules())
+
+
 def _decoder_layers(model: Any) -> list[Any]:
     layers = [m for m in model.get_decoder().modules() if isinstance(m, GradientCheckpointingLayer)]
     return layers or per_layer_modules(model)  # else a model whose per-layer modules hellbender checkpoints itself
@@ -196,7 +201,7 @@ def offloaded_layers(model: Any, checkpointed: int | None, offloaded: int) -> li
     than are checkpointed. Works on a meta-device skeleton, so the count is checked before any data work."""
     from hellbender.errors import ConfigError
 
-    if not any(isinstance(m, GradientCheckpointingLayer) for m in model.modules()):
+    if not _transformers_checkpoints(model):
         raise ConfigError(
             f"`activation_offload_layers` is set, but {type(model).__name__}'s layers are not ones transformers "
             "checkpoints, and hellbender offloads only those. Remove `activation_offload_layers`."
@@ -282,7 +287,7 @@ def _layers_transformers_cannot_checkpoint(base: Any) -> list[list[Any]] | None:
     """None where transformers checkpoints the model's layers itself (its `GradientCheckpointingLayer`s, also in
     JetMoE, whose class says it does not support checkpointing: its gradients are the same with and without, tested);
     else the per-layer modules hellbender checkpoints, or a refusal where there are none."""
-    if any(isinstance(module, GradientCheckpointingLayer) for module in base.modules()):
+    if _transformers_checkpoints(base):
         return None
     refuse_checkpointing_reversible_layers(base.config)
     layers = per_layer_modules(base)
