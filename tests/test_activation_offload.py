@@ -131,7 +131,7 @@ def test_offloaded_checkpointing_trains_exactly_like_plain_checkpointing():
             optimizers[name].zero_grad()
             losses[name] = loss.item()
         assert losses["offloaded"] == losses["checkpointed"], step
-        assert len(offloader._order) == layers  # each layer's input went through the slabs
+        assert sum(len(g.entries) for g in offloader._groups) == layers  # each layer's input went through the slabs
         host_bytes.append(offloader.host_bytes)
     assert host_bytes[0] > 0 and host_bytes == [host_bytes[0]] * 3  # the same slabs, step after step
     for (name, ours), theirs in zip(
@@ -198,8 +198,8 @@ def test_each_layers_backward_fetches_the_offloaded_layer_below_it_first():
     copy = offloader._fetch
 
     def fetch_and_record(entry):
-        if entry.fetched is None:  # a copy starts
-            fetched.append(entry.index)
+        if entry.fetched is None:  # a copy starts: record which entry, in packing order
+            fetched.append([e for g in offloader._groups for e in g.entries].index(entry))
         return copy(entry)
 
     offloader._fetch = fetch_and_record

@@ -53,7 +53,6 @@ class _Offloaded:
     """One saved tensor parked in host slabs: where its bytes are, and how to rebuild it."""
 
     generation: int
-    index: int  # order of packing within the step
     shape: torch.Size
     stride: tuple[int, ...]
     dtype: torch.dtype
@@ -87,7 +86,6 @@ class ActivationOffloader:
         self.slabs: list[torch.Tensor] = []
         self.generation = 0
         self._used = 0  # bytes of slab space taken this step (bump allocation)
-        self._order: list[_Offloaded] = []  # this step's entries, in packing order
         self._by_owner: dict[int, _Offloaded] = {}
         self._groups: list[_Group] = []  # this step's layer calls that saved something, in forward order
         self._group: _Group | None = None  # the current call's, once it saves a tensor
@@ -112,7 +110,6 @@ class ActivationOffloader:
         """Forget the previous step's tensors; their slab space is reused from here on."""
         self.generation += 1
         self._used = 0
-        self._order.clear()
         self._by_owner.clear()
         self._groups.clear()
         self._group = None
@@ -132,7 +129,6 @@ class ActivationOffloader:
         source = _storage_span(tensor.detach()).view(torch.uint8)
         entry = _Offloaded(
             self.generation,
-            len(self._order),
             tensor.shape,
             tensor.stride(),
             tensor.dtype,
@@ -147,7 +143,6 @@ class ActivationOffloader:
                 self.slabs[slab][offset : offset + length].copy_(source[start : start + length], non_blocking=True)
             if stream is not None:
                 source.record_stream(stream)  # keep the device memory until the copy has run
-        self._order.append(entry)
         group.entries.append(entry)
         self._by_owner[id(tensor)] = entry
         return entry
