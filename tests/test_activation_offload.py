@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from hellbender.models import activation_offload
 from hellbender.models.activation_checkpointing import (
     enable_activation_checkpointing,
     offloaded_layer_indices,
@@ -15,6 +16,7 @@ from hellbender.models.activation_checkpointing import (
 )
 from hellbender.models.activation_offload import ActivationOffloader
 from hellbender.models.tiny import tiny_model_dir
+from hellbender.plan import memory as plan_memory
 
 SLAB = 4096  # bytes: small, so the tiny model's hidden states span several slabs
 
@@ -190,25 +192,33 @@ def test_offloaded_layers_are_spread_over_the_checkpointed_ones():
     assert offloaded_layer_indices(32, 1) == [0]
 
 
-def test_each_layers_backward_fetches_the_offloaded_layer_below_it_first():
-    """Groups: offloaded, kept, offloaded, kept (as layers 0-3 would be). When a group's backward begins, its own
-    tensors are fetched, then the nearest offloaded group's below it, once."""
+def test_each_layers_backward_fetches_the_two_offloaded_layers_below_it_first():
+    """Groups as layers 0-4 would be: offloaded, offloaded, kept, offloaded, kept. When a group's backward begins,
+    its own tensors are fetched, then the two nearest offloaded groups' below it, each once."""
     offloader = host_offloader()
-    fetched: list[int] = []
+    fetched: list[int] = []  # entries, in packing order, as their copies start
     copy = offloader._fetch
 
     def fetch_and_record(entry):
-        if entry.fetched is None:  # a copy starts: record which entry, in packing order
+        if entry.fetched is None:
             fetched.append([e for g in offloader._groups for e in g.entries].index(entry))
         return copy(entry)
 
     offloader._fetch = fetch_and_record
     saved = []
-    for offload in (True, False, True, False):
+    for offload in (True, True, False, True, False):
         with offloader.hooks(offload):
             saved.append([offloader.pack(torch.randn(8, 8)) for _ in range(2)])
+    fetched_when_begun = []
     for group in reversed(saved):
-        for packed in group:
-            offloader.unpack(packed)
-    # Entries 0-1 are group 0's, 2-3 group 2's: group 3 starts the fetch of group 2, group 2's start fetches group 0.
-    assert fetched == [2, 3, 0, 1]
+        offloader.unpack(group[0])
+        fetched_when_begun.append(list(fetched))
+        offloader.unpack(group[1])
+    # Entries 0-1 are group 0's, 2-3 group 1's, 4-5 group 3's. Group 4 starts groups 3 and 1, group 3 has nothing
+    # left to start but group 0 (two below it), and the rest were fetched ahead.
+    assert fetched_when_begun == [[4, 5, 2, 3], [4, 5, 2, 3, 0, 1]] + [[4, 5, 2, 3, 0, 1]] * 3
+
+
+def test_the_planner_plans_the_offloaders_slabs_and_fetches():
+    assert plan_memory.SLAB_BYTES == activation_offload.SLAB_BYTES
+    assert plan_memory.FETCH_AHEAD == activation_offload.FETCH_AHEAD

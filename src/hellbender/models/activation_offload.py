@@ -8,8 +8,9 @@ Three things make this cheaper than wrapping the layers in `torch.autograd.graph
   every request up to a power of two, so per-tensor pinned buffers of 2.7 GiB (an 8B model's hidden states at
   350k tokens) would take 4 GiB each, and 32 layers of them more host memory than the machine has.
 - Tensors are copied on a side stream, so the forward does not wait for each copy. Each layer call is a group; when
-  a group's backward begins, the nearest offloaded group below it is fetched, so its copies run while the layers
-  between compute their backward.
+  a group's backward begins, the nearest offloaded groups below it are fetched (two: with one, a layer whose
+  backward is shorter than its neighbour's copy would leave the link idle and then wait for it), so their copies run
+  while the layers between compute their backward.
 - A tensor saved by several layers is stored once, and small tensors (under 1 MiB) stay on the GPU.
 """
 
@@ -25,6 +26,7 @@ import torch
 
 SLAB_BYTES = 256 * 2**20  # a power of two, so the pinned allocator wastes nothing
 MIN_OFFLOAD_BYTES = 2**20  # smaller saved tensors are not worth a copy
+FETCH_AHEAD = 2  # offloaded groups below the one whose backward runs that are fetched already
 ALIGNMENT = 512
 
 
@@ -80,8 +82,9 @@ class ActivationOffloader:
         slab_bytes: int = SLAB_BYTES,
         min_bytes: int = MIN_OFFLOAD_BYTES,
         offload_host_tensors: bool = False,
+        fetch_ahead: int = FETCH_AHEAD,
     ) -> None:
-        self.slab_bytes, self.min_bytes = slab_bytes, min_bytes
+        self.slab_bytes, self.min_bytes, self.fetch_ahead = slab_bytes, min_bytes, fetch_ahead
         self.offload_host_tensors = offload_host_tensors
         self.slabs: list[torch.Tensor] = []
         self.generation = 0
@@ -228,12 +231,12 @@ class ActivationOffloader:
 
     def _begin_backward(self, group: _Group) -> None:
         """When `group`'s backward begins (once): queue the copies of its own entries not fetched yet, then of the
-        nearest offloaded group below it, which backward reaches next (it runs the layers in reverse)."""
+        `fetch_ahead` nearest offloaded groups below it, which backward reaches next (it runs the layers in reverse)."""
         if group.started or group.generation != self.generation:  # a finished step's: nothing of it is fetched
             return
         group.started = True
-        below = next((g for g in reversed(self._groups[: group.index]) if g.offloaded and g.entries), None)
-        for entry in group.entries + (below.entries if below is not None else []):
+        below = [g for g in reversed(self._groups[: group.index]) if g.offloaded and g.entries][: self.fetch_ahead]
+        for entry in group.entries + [e for g in below for e in g.entries]:
             if entry.unpacked < entry.packed:
                 self._fetch(entry)
 

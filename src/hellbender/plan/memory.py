@@ -35,6 +35,7 @@ from hellbender.plan.settings import PlanSettings
 
 GIB = 1024**3
 SLAB_BYTES = 256 * 1024**2  # hellbender's pinned host slabs for offloaded layer inputs (activation_offload.py)
+FETCH_AHEAD = 2  # offloaded layers fetched before their backward (activation_offload.py)
 # The caching allocator reserves more than it hands out (measured reserved / allocated: 1.04-1.10 on W1 and W2,
 # docs/benchmarks.md); the CUDA context takes memory torch does not count.
 ALLOCATOR_MARGIN = 0.08
@@ -163,12 +164,13 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         on_host = checkpointed * kept_input
         host_parts["offloaded layer inputs (pinned slabs)"] = math.ceil(on_host / SLAB_BYTES) * SLAB_BYTES
         per_layer[0] = 2 * kept_input  # the input being copied out and the one fetched ahead in backward
-    # In backward an offloaded layer is fetched while the layers above it run theirs: one more layer's activations.
+    # In backward offloaded layers are fetched while the layers above them run theirs: FETCH_AHEAD more layers'
+    # activations.
     fetched_ahead = 0
     if offloaded:
         parked = [int(full_layers[i] + facts.merged_expert_bytes + scores) for i in offloaded]
         host_parts["offloaded layer activations (pinned slabs)"] = math.ceil(sum(parked) / SLAB_BYTES) * SLAB_BYTES
-        fetched_ahead = max(parked)
+        fetched_ahead = sum(sorted(parked)[-FETCH_AHEAD:])
     activations = sum(per_layer) + per_layer_inputs_bytes(facts, tokens, element)
     # Backward recomputes one checkpointed layer at a time: the largest of them.
     recompute = max(
