@@ -1197,7 +1197,9 @@ def train_hellbender(job: Job, recorder: StepRecorder, overrides: dict[str, Any]
     chosen = auto_choices(cfg, overrides)
     if chosen:
         recorder.features["chosen"] = chosen
-    train(cfg, callbacks=[recorder.callback()])
+    code = train(cfg, callbacks=[recorder.callback()]).get("exit_code")
+    if code:  # diverged or stopped: no steady span to time
+        raise SystemExit(f"[{job.label}] hellbender stopped the run (exit code {code}); its message is above")
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -470,14 +470,30 @@ def test_offloading_more_layers_than_are_checkpointed_is_refused_before_the_data
             {"gradient_checkpointing": True, "fsdp_version": 2, "fsdp_config": {"reshard_after_forward": True}},
             "with FSDP2 or DeepSpeed is not supported",
         ),
+        (
+            {"gradient_checkpointing": True, "torch_compile": True, "torch_compile_mode": "reduce-overhead"},
+            r"`torch_compile_mode: reduce-overhead` \(CUDA graphs\) with `activation_offload_layers` is not supported",
+        ),
     ],
-    ids=["no-checkpointing", "fsdp2"],
+    ids=["no-checkpointing", "fsdp2", "cuda-graphs"],
 )
 def test_activation_offload_layers_is_refused_where_it_cannot_work(tmp_path, overrides, message):
     from hellbender.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         validate_config(base_config(tmp_path, activation_offload_layers=1, **overrides))
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_offloaded_checkpointing_is_refused_under_cuda_graphs_and_not_without(tmp_path, mode):
+    from hellbender.errors import ConfigError
+
+    raw = base_config(tmp_path, gradient_checkpointing="offload", torch_compile=True)
+    with pytest.raises(
+        ConfigError, match=f"`torch_compile_mode: {mode}` \\(CUDA graphs\\) with `gradient_checkpointing: offload`"
+    ):
+        validate_config({**raw, "torch_compile_mode": mode})
+    assert validate_config({**raw, "torch_compile_mode": "max-autotune-no-cudagraphs"}).torch_compile
 
 
 def test_hellbender_train_checkpoints_only_the_layers_asked_for(tmp_path):

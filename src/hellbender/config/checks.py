@@ -500,6 +500,16 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "whatever those engines hand their layers (gathered weight shards among them), which has not been "
             "verified. Use it without them (one GPU, or DDP), or remove the key."
         )
+    graphed = cfg.torch_compile and cfg.torch_compile_mode in ("reduce-overhead", "max-autotune")
+    parks_on_host = cfg.activation_offload_layers or cfg.gradient_checkpointing == "offload"
+    if graphed and parks_on_host:
+        which = "`activation_offload_layers`" if cfg.activation_offload_layers else "`gradient_checkpointing: offload`"
+        problems.append(
+            f"`torch_compile_mode: {cfg.torch_compile_mode}` (CUDA graphs) with {which} is not supported: the "
+            "offloader copies what the compiled layers save to host memory on a side stream, and CUDA graphs reuse "
+            "that memory on their next replay (the W1 recipe with offloaded layers diverged at step 3 on an H200). "
+            "Use `torch_compile_mode: default` or `max-autotune-no-cudagraphs`, or do not offload."
+        )
     if cfg.tiled_mlp_num_shards is not None and not cfg.tiled_mlp:
         problems.append("`tiled_mlp_num_shards` is set but `tiled_mlp` is not: add `tiled_mlp: true`, or remove it.")
     hybrid = [k for k in ("dp_shard_size", "dp_replicate_size") if getattr(cfg, k) is not None]

@@ -61,5 +61,10 @@ class KernelSettings(BaseModel):
         "37%; what that buys a whole run varied between runs (docs/benchmarks.md).",
     )
     torch_compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None = (
-        Field(None, description="`torch.compile` mode; default `default`.")
+        Field(
+            None,
+            description="`torch.compile` mode; default `default`. The CUDA-graph modes (`reduce-overhead`, "
+            "`max-autotune`) are refused with host offloading (`gradient_checkpointing: offload`, "
+            "`activation_offload_layers`): graph replays reuse memory the offloader still copies.",
+        )
     )
