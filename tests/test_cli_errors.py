@@ -225,6 +225,36 @@ def test_validate_does_not_load_the_model_or_data(tmp_path, monkeypatch):
     assert not (tmp_path / "prepared").exists()
 
 
+@pytest.mark.parametrize(
+    ("keys", "needle"),
+    [
+        ("gradient_checkpointing_layers: 3\n", "`gradient_checkpointing_layers: 3`, but LlamaForCausalLM has 2"),
+        ("activation_offload_layers: 3\n", "`activation_offload_layers: 3` offloads that many of the checkpointed"),
+    ],
+)
+def test_validate_refuses_layer_counts_the_model_cannot_take(tmp_path, keys, needle):
+    """The tiny Llama has 2 decoder layers; `validate` reads its structure, as `train` does, without loading it."""
+    data = write_jsonl(tmp_path / "chat.jsonl", CHAT_ROWS)
+    body = dataset_entry(data, "chat_template") + "adapter: lora\ngradient_checkpointing: true\n"
+    assert_user_error(invoke("validate", make_config(tmp_path, body + keys)), needle, "Set it to 2 or less")
+    assert invoke("validate", make_config(tmp_path, body + keys.replace("3", "2"))).exit_code == 0
+
+
+def test_validate_says_when_it_cannot_read_the_model_to_check_layer_counts(tmp_path, monkeypatch, caplog):
+    import hellbender.models.loading as loading
+
+    def unreadable(cfg):
+        raise ConfigError("`base_model: org/model`: its config could not be read (offline).")
+
+    monkeypatch.setattr(loading, "model_skeleton", unreadable)
+    data = write_jsonl(tmp_path / "chat.jsonl", CHAT_ROWS)
+    body = dataset_entry(data, "chat_template") + "gradient_checkpointing: true\ngradient_checkpointing_layers: 9\n"
+    with caplog.at_level("WARNING", logger="hellbender"):
+        result = invoke("validate", make_config(tmp_path, body))
+    assert result.exit_code == 0, result.output
+    assert "were not checked against the model" in caplog.text and "could not be read (offline)" in caplog.text
+
+
 def test_debug_shows_the_traceback(tmp_path):
     config = make_config(tmp_path, dataset_entry(tmp_path / "x.jsonl", "completion") + "learning_rat: 0.1\n")
     result = invoke("validate", config, "--debug")

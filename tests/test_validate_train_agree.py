@@ -70,6 +70,7 @@ CHOICES: dict[str, list[Any]] = {
     "max_grad_norm": [0, 1e-9, 1.0, 1e9],
     "gradient_checkpointing": [True, False, "offload"],
     "gradient_checkpointing_layers": [0, 1, 2, 100],
+    "activation_offload_layers": [0, 1, 2, 100],
     "logging_steps": [1, 2, 1000],
     "save_steps": [1, 2, 1000],
     "saves_per_epoch": [1, 2, 100],

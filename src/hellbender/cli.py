@@ -487,6 +487,7 @@ def validate(
 
         for notice in deepspeed_notices(cfg) + machine_notices(cfg):  # `train` stops on them instead
             logging.getLogger("hellbender").warning(notice)
+        _check_layer_counts(cfg)
         resolved = dump_config(cfg, this_machine())
         if output is not None:
             output.write_text(resolved)
@@ -505,6 +506,27 @@ def validate(
         )
 
     _run(debug, action)
+
+
+def _check_layer_counts(cfg: Any) -> None:
+    """`validate` refuses layer counts the model cannot take, as `train` does, where the model's config can be read
+    (a local model, or a hub id reachable or cached); where it cannot, says what was not checked."""
+    if not cfg.sets_layer_counts:
+        return
+    from hellbender.errors import ConfigError
+    from hellbender.models.activation_checkpointing import check_layer_counts
+    from hellbender.models.loading import model_skeleton
+
+    try:
+        skeleton = model_skeleton(cfg)
+    except ConfigError as exc:
+        logging.getLogger("hellbender").warning(
+            "The layer counts (`gradient_checkpointing_layers`, `activation_offload_layers`) were not checked "
+            "against the model, whose config could not be read: %s `train` checks them before its data work.",
+            exc,
+        )
+        return
+    check_layer_counts(cfg, skeleton)
 
 
 @app.command()

@@ -90,6 +90,11 @@ class HellbenderConfig(
         return self.torch_compile and self.checkpoints_activations
 
     @property
+    def sets_layer_counts(self) -> bool:
+        """A key whose count must fit the model's decoder layers (`check_layer_counts` in activation_checkpointing)."""
+        return self.gradient_checkpointing_layers is not None or bool(self.activation_offload_layers)
+
+    @property
     def report_targets(self) -> list[str]:
         """`report_to` as a list of trackers (`none` is no tracker)."""
         targets = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)

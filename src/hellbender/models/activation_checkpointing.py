@@ -189,6 +189,15 @@ def layers_left_unchecked(model: Any, count: int) -> list[Any]:
     return decoder_layers[count:]
 
 
+def check_layer_counts(cfg: Any, model: Any) -> None:
+    """Refuses `gradient_checkpointing_layers` / `activation_offload_layers` counts `model` (a meta-device skeleton
+    will do) cannot take: `train` before its data work, `validate` where the model's config can be read."""
+    if cfg.gradient_checkpointing_layers is not None:
+        layers_left_unchecked(model, cfg.gradient_checkpointing_layers)
+    if cfg.activation_offload_layers:
+        offloaded_layers(model, cfg.gradient_checkpointing_layers, cfg.activation_offload_layers)
+
+
 def offloaded_layer_indices(checkpointed: int, offloaded: int) -> list[int]:
     """Which of the first `checkpointed` decoder layers `activation_offload_layers: offloaded` offloads: spread
     evenly from the first, so the checkpointed layers between two of them give each one's copies time to run (to

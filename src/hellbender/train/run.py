@@ -19,7 +19,7 @@ from hellbender.data.pretokenized_multimodal import pretokenized_multimodal_rows
 from hellbender.data.pretokenized_packing import packed_pretokenized_rows
 from hellbender.data.streaming import streaming_dataset
 from hellbender.errors import ConfigError, EnvironmentProblem
-from hellbender.models.activation_checkpointing import layers_left_unchecked, offloaded_layers
+from hellbender.models.activation_checkpointing import check_layer_counts
 from hellbender.models.compile_settings import compile_settings
 from hellbender.models.fixes.gemma3n import packed_tail_token_id
 from hellbender.models.loading import load_tokenizer_and_processor, model_skeleton
@@ -113,17 +113,14 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
             from hellbender.train.teacher import check_teacher_tokenizer
 
             check_teacher_tokenizer(cfg.kd_teacher_model, tokenizer)
-        if cfg.uses_fsdp2 or cfg.gradient_checkpointing_layers is not None or cfg.activation_offload_layers:
+        if cfg.uses_fsdp2 or cfg.sets_layer_counts:
             # Checked on the model's structure before the data work; they would otherwise fail only after it.
             skeleton = model_skeleton(cfg)
             if cfg.uses_fsdp2:
                 check_wrap_classes(cfg, skeleton)
                 check_fsdp_processes()
                 hybrid_shape(cfg, world_size() // context_parallel_groups(cfg, world_size()))
-            if cfg.gradient_checkpointing_layers is not None:
-                layers_left_unchecked(skeleton, cfg.gradient_checkpointing_layers)
-            if cfg.activation_offload_layers:
-                offloaded_layers(skeleton, cfg.gradient_checkpointing_layers, cfg.activation_offload_layers)
+            check_layer_counts(cfg, skeleton)
         # Streamed image+text rows resume at the next unseen row (no image of a trained row is opened again), so
         # the Trainer must not replay the stream to skip batches itself (whatever `ignore_data_skip` says).
         streams_images = cfg.streams_pretraining and processor is not None
