@@ -240,19 +240,45 @@ def test_validate_refuses_layer_counts_the_model_cannot_take(tmp_path, keys, nee
     assert invoke("validate", make_config(tmp_path, body + keys.replace("3", "2"))).exit_code == 0
 
 
-def test_validate_says_when_it_cannot_read_the_model_to_check_layer_counts(tmp_path, monkeypatch, caplog):
-    import hellbender.models.loading as loading
+def test_validate_stays_offline_and_says_what_it_did_not_check(tmp_path, monkeypatch, caplog):
+    """A hub id that is not in the local cache: nothing is downloaded, and the warning names the model."""
+    import huggingface_hub
 
-    def unreadable(cfg):
-        raise ConfigError("`base_model: org/model`: its config could not be read (offline).")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
 
-    monkeypatch.setattr(loading, "model_skeleton", unreadable)
+    def no_network(*args, **kwargs):
+        raise AssertionError("validate must not reach the hub")
+
+    monkeypatch.setattr(huggingface_hub.file_download, "get_hf_file_metadata", no_network)
     data = write_jsonl(tmp_path / "chat.jsonl", CHAT_ROWS)
     body = dataset_entry(data, "chat_template") + "gradient_checkpointing: true\ngradient_checkpointing_layers: 9\n"
+    config = make_config(tmp_path, body).read_text().replace("hellbender/tiny-llama", "some-org/some-model")
+    (tmp_path / "hub.yml").write_text(config)
     with caplog.at_level("WARNING", logger="hellbender"):
-        result = invoke("validate", make_config(tmp_path, body))
+        result = invoke("validate", tmp_path / "hub.yml")
     assert result.exit_code == 0, result.output
-    assert "were not checked against the model" in caplog.text and "could not be read (offline)" in caplog.text
+    assert "were not checked against `some-org/some-model`, whose config is not on this machine" in caplog.text
+
+
+def test_validate_reads_a_hub_models_layers_from_the_local_cache(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from hellbender.models.tiny import tiny_model_dir
+
+    cache = tmp_path / "cache"
+    snapshot = cache / "models--some-org--some-model" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text((tiny_model_dir("hellbender/tiny-llama") / "config.json").read_text())
+    (cache / "models--some-org--some-model" / "refs").mkdir()
+    (cache / "models--some-org--some-model" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    data = write_jsonl(tmp_path / "chat.jsonl", CHAT_ROWS)
+    body = dataset_entry(data, "chat_template") + "gradient_checkpointing: true\ngradient_checkpointing_layers: 9\n"
+    config = make_config(tmp_path, body).read_text().replace("hellbender/tiny-llama", "some-org/some-model")
+    (tmp_path / "hub.yml").write_text(config)
+    assert_user_error(invoke("validate", tmp_path / "hub.yml"), "`gradient_checkpointing_layers: 9`, but")
 
 
 def test_debug_shows_the_traceback(tmp_path):

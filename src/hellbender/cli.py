@@ -509,24 +509,23 @@ def validate(
 
 
 def _check_layer_counts(cfg: Any) -> None:
-    """`validate` refuses layer counts the model cannot take, as `train` does, where the model's config can be read
-    (a local model, or a hub id reachable or cached); where it cannot, says what was not checked."""
+    """`validate` refuses layer counts the model cannot take, as `train` does, where the model's config is on this
+    machine (a local model, or a hub id in the cache: `validate` stays offline); where it is not, it says so."""
     if not cfg.sets_layer_counts:
         return
-    from hellbender.errors import ConfigError
     from hellbender.models.activation_checkpointing import check_layer_counts
-    from hellbender.models.loading import model_skeleton
+    from hellbender.models.loading import config_on_this_machine, model_skeleton
 
-    try:
-        skeleton = model_skeleton(cfg)
-    except ConfigError as exc:
+    source = config_on_this_machine(cfg)
+    if source is None:
         logging.getLogger("hellbender").warning(
-            "The layer counts (`gradient_checkpointing_layers`, `activation_offload_layers`) were not checked "
-            "against the model, whose config could not be read: %s `train` checks them before its data work.",
-            exc,
+            "The layer counts (`gradient_checkpointing_layers`, `activation_offload_layers`) were not checked against "
+            "`%s`, whose config is not on this machine (validate does not download); `train` checks them before its "
+            "data work.",
+            cfg.base_model,
         )
         return
-    check_layer_counts(cfg, skeleton)
+    check_layer_counts(cfg, model_skeleton(cfg, source))
 
 
 @app.command()

@@ -291,12 +291,27 @@ def _config_read_by_class(cfg: HellbenderConfig, source: str | Path) -> Any:
     return cls.from_pretrained(str(source), revision=cfg.revision_of_model)
 
 
-def model_skeleton(cfg: HellbenderConfig) -> Any:
+def config_on_this_machine(cfg: HellbenderConfig) -> str | None:
+    """Where `base_model`'s config.json can be read without the network: a built-in tiny model, a local directory,
+    or a hub id's copy in the local cache (`revision_of_model`'s); None where only the hub has it."""
+    name = cfg.base_model
+    if is_tiny_model(name) or Path(name).expanduser().is_dir():
+        return resolve_model_path(name)
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json", revision=cfg.revision_of_model)
+    except ValueError:  # not a valid hub id either: `train` says so
+        return None
+    return str(Path(cached).parent) if isinstance(cached, str) else None
+
+
+def model_skeleton(cfg: HellbenderConfig, source: str | None = None) -> Any:
     """The model's module tree on the meta device (no weights read, no memory used): for checks that need the
-    model's structure before the data is prepared."""
+    model's structure before the data is prepared. `source`: where its config.json is, if not `base_model`."""
     import torch
 
-    config = model_config(cfg, resolve_model_path(cfg.base_model))
+    config = model_config(cfg, source or resolve_model_path(cfg.base_model))
     cls = class_for_config(_transformers_class(cfg.model_type, "model_type"), config)
     with torch.device("meta"):
         if hasattr(cls, "from_config"):
