@@ -181,14 +181,22 @@ def test_a_vision_tower_is_reported_as_not_modelled_per_image(tmp_path):
     assert "NOT MODELLED" not in render(text_only)
 
 
-def test_torch_compile_is_reported_as_not_modelled(tmp_path):
-    """Compiled layers change the step's kernels, time and memory (measured on GPU); the plan says it gives the
-    uncompiled run's numbers instead of presenting them as the compiled run's."""
-    compiled = render(plan_for(validate_config(base_config(tmp_path, torch_compile=True))))
-    assert "NOT MODELLED: `torch_compile`" in compiled and "activation_memory_budget" not in compiled
+def test_torch_compile_plans_the_compiled_layers_memory_and_not_their_time(tmp_path):
+    """Compiled layers keep what the compiler's partitioner saves (traced, `compiled_layers.py`); their step time is
+    said to be the uncompiled run's rather than presented as the compiled run's."""
+    compiled = plan_for(validate_config(base_config(tmp_path, torch_compile=True)))
+    text = render(compiled)
+    assert compiled.facts.compiled_layer_bytes_per_token > 0
+    assert "compiled layers keep what the compiler's partitioner saves for backward" in text
+    assert "NOT MODELLED: `torch_compile`" in text and "the step time below is the uncompiled run's" in text
+    assert "and so is the memory" not in text
     assert "NOT MODELLED" not in render(plan_for(validate_config(base_config(tmp_path))))
-    budget = render(plan_for(validate_config(base_config(tmp_path, torch_compile=True, activation_memory_budget=0.8))))
-    assert "`activation_memory_budget: 0.8` makes the unchecked compiled layers keep less" in budget
+    budget = plan_for(validate_config(base_config(tmp_path, torch_compile=True, activation_memory_budget=0.3)))
+    assert budget.facts.compiled_layer_bytes_per_token < compiled.facts.compiled_layer_bytes_per_token
+    assert "at `activation_memory_budget: 0.3`" in render(budget)
+    eager = plan_for(validate_config(base_config(tmp_path, torch_compile=True, attn_implementation="eager")))
+    assert eager.facts.compiled_layer_bytes_per_token is None
+    assert "and so is the memory: this model's layer was not traced" in render(eager)
 
 
 def test_fused_lora_layers_are_reported_as_not_modelled_unless_compiled(tmp_path):

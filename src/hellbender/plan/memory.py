@@ -147,7 +147,10 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     tokens = s.tokens
     checkpointed = s.checkpointed(facts.layers)
     norm_trains = any(p.trainable and "norm" in p.name for p in facts.parameters)
-    full_layers = [layer_bytes_per_token(facts, s, element, norm_trains, i) * tokens for i in range(facts.layers)]
+    if facts.compiled_layer_bytes_per_token is not None:  # what the compiler's partitioner keeps (compiled_layers.py)
+        full_layers = [facts.compiled_layer_bytes_per_token * tokens] * facts.layers
+    else:
+        full_layers = [layer_bytes_per_token(facts, s, element, norm_trains, i) * tokens for i in range(facts.layers)]
     kept_input = checkpoint_input_bytes_per_token(facts, element) * tokens
     scores = attention_scores_bytes(facts, s, element)  # the same in every layer
     offloaded = s.offloaded(facts.layers)

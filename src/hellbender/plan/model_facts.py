@@ -106,6 +106,9 @@ class ModelFacts:
     per_layer_inputs: int = 0
     per_layer_inputs_norm_trains: bool = False
     layer_traffic: list[LayerTraffic] = field(default_factory=list)  # per decoder layer: work outside its matmuls
+    # `torch_compile`: bytes per token a compiled decoder layer keeps for backward, as the compiler's partitioner
+    # decides (compiled_layers.py); None where it is not traced (then every layer is planned as uncompiled).
+    compiled_layer_bytes_per_token: float | None = None
 
     @property
     def trainable(self) -> list[Parameter]:
@@ -353,19 +356,34 @@ def _describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
             "H100: 1.24x faster at the same peak)"
         )
     if cfg.torch_compile:
+        facts.compiled_layer_bytes_per_token = _compiled_layer_bytes(cfg, model, layers, facts)
+        planned = facts.compiled_layer_bytes_per_token is not None
+        if planned:
+            facts.notes.append(
+                "compiled layers keep what the compiler's partitioner saves for backward, traced on one layer"
+                + (f" at `activation_memory_budget: {cfg.activation_memory_budget}`" if cfg.activation_memory_budget
+                   is not None else "")
+                + f": {facts.compiled_layer_bytes_per_token / 1024:.1f} KiB per token"
+            )  # fmt: skip
         facts.not_modelled.append(
-            "`torch_compile`: compiled decoder layers launch far fewer kernels and fuse their elementwise work, and "
-            "may hold other tensors for backward; the step time and memory below are the uncompiled run's (measured "
-            "on the 8B benchmark on an H200: bf16 LoRA 1.55x faster at the same peak; QLoRA 1.82x faster at 17.5 "
-            "GiB against 7.8)"
-            + (
-                f"; `activation_memory_budget: {cfg.activation_memory_budget}` makes the unchecked compiled layers keep "
-                "less (measured on one 8B layer at 0.8: 0.33 GiB against 0.54) and is not planned either"
-                if cfg.activation_memory_budget is not None
-                else ""
-            )
+            "`torch_compile`: compiled decoder layers launch far fewer kernels and fuse their elementwise work; the "
+            "step time below is the uncompiled run's (measured on the 8B benchmark on an H200: bf16 LoRA 1.55x faster "
+            "at the same peak; QLoRA 1.82x faster at 17.5 GiB against 7.8)"
+            + ("" if planned else ", and so is the memory: this model's layer was not traced")
         )
     return facts
+
+
+def _compiled_layer_bytes(cfg: HellbenderConfig, model: Any, layers: list[Any], facts: ModelFacts) -> float | None:
+    """`compiled_layers.py`'s count for the first decoder layer, where it stands for all of them: the layers are of
+    one kind (no shared keys and values, no experts, no 4-bit base whose dequantization it would not see), and the
+    attention is a kernel that saves no probabilities (not eager)."""
+    from hellbender.plan.compiled_layers import compiled_layer_bytes_per_token
+
+    uniform = not facts.kv_shared_layers and not facts.expert_numel and not facts.per_layer_inputs
+    if not uniform or cfg.load_in_4bit or cfg.load_in_8bit or facts.attention == "eager" or not layers:
+        return None
+    return compiled_layer_bytes_per_token(cfg, model, layers[0], cfg.sequence_len)
 
 
 def _stacked_experts(layers: list[Any]) -> int:
