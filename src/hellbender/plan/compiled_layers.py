@@ -46,7 +46,9 @@ def _attention_backward(
 
 
 @_attention_backward.register_fake
-def _(grad, q, k, v, out, lse):  # noqa: ANN001, ANN202
+def _(
+    grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
