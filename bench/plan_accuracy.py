@@ -7,7 +7,8 @@ beside it.
 Groups of cases (`--cases` takes case or group names): `settings` (the first table: one workload at several
 micro-batches, checkpointed layers, offloading and row lengths), `W3-layers` (W3 at more checkpointed layers), `W3-batches` (W3 at micro-batches 1 and 4, every layer checkpointed), `auto-W3-48` (W3 with
 every plannable key `auto` under 48 GiB, and one hand-set setting beside the `W3-*` ones measured before), `offload-layers` (W1 with Liger's
-kernels and 8 or 16 `activation_offload_layers`, beside the same checkpointing without), `W4`
+kernels and 8 or 16 `activation_offload_layers`, beside the same checkpointing without), `compiled` (the W1 and W2
+recipes' compiled layers at settings measured before, and `auto` under the W1 baseline's reserved memory), `W4`
 (W4's recipe at 32,768-98,304 tokens, and without `tiled_mlp`), `auto-19` and `auto-40` (W2 with every plannable key
 `auto` under `gpu_memory_limit` 19.3 / 40 GiB, and hand-set W2 settings to compare with), `auto-W1-24` (W1 with
 Liger's kernels, under 24 GiB) and `auto-W1-30` (W1 under 30 GiB). A W4 case runs `--w4-steps` steps at its one
@@ -64,6 +65,8 @@ LIGER = {
     "liger_glu_activation": True,
     "liger_fused_linear_cross_entropy": True,
 }
+# The fast recipes' levers: each decoder layer compiled, the loss fused.
+COMPILED = {"torch_compile": True, "liger_fused_linear_cross_entropy": True}
 # W4's recipe for long rows: 4-bit base, Liger, each layer's input offloaded, the MLP run in shards.
 W4_RECIPE = {"load_in_4bit": True, **LIGER, "gradient_checkpointing": "offload", "tiled_mlp": True}
 
@@ -116,6 +119,34 @@ CASES: tuple[Case, ...] = (
         {**LIGER, "gradient_checkpointing_layers": 20, "activation_offload_layers": 8},
     ),
     Case("W1-liger-offload-16", "W1", {**LIGER, "activation_offload_layers": 16}),
+    # The fast recipes' compiled layers (their memory is traced from the compiler's partitioner).
+    Case("W1-compiled-ckpt-22", "W1", {**COMPILED, "gradient_checkpointing_layers": 22}),
+    Case(
+        "W1-compiled-budget-0.8-ckpt-16-offload-10",
+        "W1",
+        {
+            **COMPILED,
+            "activation_memory_budget": 0.8,
+            "gradient_checkpointing_layers": 16,
+            "activation_offload_layers": 10,
+        },
+    ),
+    Case(
+        "W1-compiled-budget-0.4-ckpt-8",
+        "W1",
+        {**COMPILED, "activation_memory_budget": 0.4, "gradient_checkpointing_layers": 8},
+    ),
+    Case(
+        "W1-compiled-auto-24.7",
+        "W1",
+        {
+            **COMPILED,
+            "activation_memory_budget": 0.8,
+            "gradient_checkpointing_layers": "auto",
+            "gpu_memory_limit": 24.7,
+        },
+    ),
+    Case("W2-compiled-ckpt-1", "W2", {**COMPILED, "gradient_checkpointing_layers": 1}),
 )
 GROUPS: dict[str, tuple[str, ...]] = {
     "settings": (
@@ -132,6 +163,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "W3-batches": ("W3-packed-mb1", "W3-packed-mb4"),
     "auto-W3-48": ("W3-auto-48", "W3-packed-mb4-ckpt-30"),
     "offload-layers": ("W1-liger-ckpt-20-offload-8", "W1-liger-offload-16", "W1-liger-ckpt-20"),
+    "compiled": ("W1-compiled-ckpt-22", "W1-compiled-budget-0.8-ckpt-16-offload-10", "W1-compiled-budget-0.4-ckpt-8",
+                 "W1-compiled-auto-24.7", "W2-compiled-ckpt-1"),
 }  # fmt: skip
 
 
