@@ -76,7 +76,7 @@ def compiled_layer_bytes_per_token(cfg: HellbenderConfig, model: Any, layer: Any
     layer cannot be traced this way (its call is not the Llama-shaped one, or dynamo breaks the graph)."""
     import torch._dynamo
     import torch._functorch.config as functorch_config
-    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from transformers import AttentionInterface
 
@@ -103,13 +103,13 @@ def compiled_layer_bytes_per_token(cfg: HellbenderConfig, model: Any, layer: Any
             kept = {n for n in outputs[1:] if isinstance(n, torch.fx.Node) and n.op != "placeholder"}
             values = [n.meta.get("val") for n in kept]
             saved.append(sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor)))
-            return forward.forward
+            return make_boxed_func(forward.forward)
 
         return aot_module_simplified(
             graph,
             inputs,
             fw_compiler=forward_compiler,
-            bw_compiler=lambda backward, _inputs: backward.forward,
+            bw_compiler=lambda backward, _inputs: make_boxed_func(backward.forward),
             partition_fn=min_cut_rematerialization_partition,
         )
 
