@@ -199,9 +199,11 @@ def _decoder_layers(model: Any) -> list[Any]:
 def describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
     """The facts of `model` (built by `meta_model` for `cfg`), with those of its teacher under online distillation."""
     facts = _describe(cfg, model)
+    if cfg.torch_compile:  # the student's layers only: the teacher runs uncompiled forwards
+        _describe_compiled_layers(cfg, model, facts)
     if cfg.distills and cfg.kd_teacher_model:
         teacher = _describe(cfg, teacher_meta_model(cfg))
-        # What `_describe` says of the run's settings (an adapter, compiled layers) concerns the student only.
+        # What `_describe` says of the run's settings (an adapter, fused LoRA layers) concerns the student only.
         teacher.not_modelled, teacher.notes, teacher.lora_dropout = [], [], 0.0
         facts.teacher = teacher
     return facts
@@ -355,23 +357,26 @@ def _describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
             "over each projection's output; they are planned as PEFT's layers (measured on the 8B benchmark on an "
             "H100: 1.24x faster at the same peak)"
         )
-    if cfg.torch_compile:
-        facts.compiled_layer_bytes_per_token = _compiled_layer_bytes(cfg, model, layers, facts)
-        planned = facts.compiled_layer_bytes_per_token is not None
-        if planned:
-            facts.notes.append(
-                "compiled layers keep what the compiler's partitioner saves for backward, traced on one layer"
-                + (f" at `activation_memory_budget: {cfg.activation_memory_budget}`" if cfg.activation_memory_budget
-                   is not None else "")
-                + f": {facts.compiled_layer_bytes_per_token / 1024:.1f} KiB per token"
-            )  # fmt: skip
-        facts.not_modelled.append(
-            "`torch_compile`: compiled decoder layers launch far fewer kernels and fuse their elementwise work; the "
-            "step time below is the uncompiled run's (measured on the 8B benchmark on an H200: bf16 LoRA 1.55x faster "
-            "at the same peak; QLoRA 1.82x faster at 17.5 GiB against 7.8)"
-            + ("" if planned else ", and so is the memory: this model's layer was not traced")
-        )
     return facts
+
+
+def _describe_compiled_layers(cfg: HellbenderConfig, model: Any, facts: ModelFacts) -> None:
+    """`torch_compile`: the student's compiled layers, traced where they can be, and what stays unplanned."""
+    facts.compiled_layer_bytes_per_token = _compiled_layer_bytes(cfg, model, _decoder_layers(model), facts)
+    planned = facts.compiled_layer_bytes_per_token is not None
+    if planned:
+        facts.notes.append(
+            "compiled layers keep what the compiler's partitioner saves for backward, traced on one layer"
+            + (f" at `activation_memory_budget: {cfg.activation_memory_budget}`" if cfg.activation_memory_budget
+               is not None else "")
+            + f": {facts.compiled_layer_bytes_per_token / 1024:.1f} KiB per token"
+        )  # fmt: skip
+    facts.not_modelled.append(
+        "`torch_compile`: compiled decoder layers launch far fewer kernels and fuse their elementwise work; the "
+        "step time below is the uncompiled run's (measured on the 8B benchmark on an H200: bf16 LoRA 1.55x faster "
+        "at the same peak; QLoRA 1.82x faster at 17.5 GiB against 7.8)"
+        + ("" if planned else ", and so is the memory: this model's layer was not traced")
+    )
 
 
 def _compiled_layer_bytes(cfg: HellbenderConfig, model: Any, layers: list[Any], facts: ModelFacts) -> float | None:
