@@ -69,6 +69,7 @@ import gc
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -94,6 +95,7 @@ GPU_WORKLOADS = ("W1", "W2", "W3", "W4", "W7")
 GC_EXPERIMENT_ENV = "HB_BENCH_GC"
 PROFILE_ENV = "HB_BENCH_PROFILE"  # `--profile-steps A-B`, passed to the children
 FREE_RUNNING_ENV = "HB_BENCH_FREE_RUNNING"  # `--free-running`, passed to the children
+TRACE_ENV = "HB_BENCH_TRACE"  # `--profile-trace DIR`, passed to the children
 ALL_WORKLOADS = (*GPU_WORKLOADS, "cpu")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # W7's expert weights (transformers 5's fused experts): what LORA_TARGETS' MLP projections name in an OLMoE layer.
@@ -693,8 +695,8 @@ class ProfiledSteps:
     the step's wall time (a GPU idle inside the step means the host did not keep it fed), and the top host and device
     operators over those steps."""
 
-    def __init__(self, first: int, last: int):
-        self.first, self.last = first, last
+    def __init__(self, first: int, last: int, label: str = "run"):
+        self.first, self.last, self.label = first, last, label
         self._profile: Any = None
         self._ranges: dict[int, Any] = {}
 
@@ -718,7 +720,17 @@ class ProfiledSteps:
         if step == self.last:
             self._profile.__exit__(None, None, None)
             self.report()
+            self.export()
             self._profile = None
+
+    def export(self) -> None:
+        """`--profile-trace DIR`: the profiled steps as a gzipped Chrome trace, one file per run (its label), for
+        reading where the GPU waited (`chrome://tracing`, Perfetto, or a script over its events)."""
+        folder = os.environ.get(TRACE_ENV)
+        if folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            name = re.sub(r"[^A-Za-z0-9._-]+", "-", self.label)
+            self._profile.export_chrome_trace(str(Path(folder) / f"{name}.json.gz"))
 
     def report(self) -> None:
         from torch.autograd import DeviceType
@@ -774,7 +786,7 @@ class StepRecorder:
         self._gc_s = 0.0  # time inside Python's garbage collector since the last step end
         self._gc_started = 0.0
         steps = os.environ.get(PROFILE_ENV)
-        self.profiled = ProfiledSteps(*map(int, steps.split("-"))) if steps else None
+        self.profiled = ProfiledSteps(*map(int, steps.split("-")), label) if steps else None
 
     def _time_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -1647,6 +1659,8 @@ def parent_main(args: argparse.Namespace) -> int:
         os.environ[PROFILE_ENV] = args.profile_steps
     if args.free_running:
         os.environ[FREE_RUNNING_ENV] = "1"
+    if args.profile_trace:
+        os.environ[TRACE_ENV] = str(args.profile_trace)
     selected = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = sorted(set(selected) - set(ALL_WORKLOADS))
     if unknown:
@@ -1776,6 +1790,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="A-B",
         help="profile steps A..B of each training run: per step, GPU busy against wall time, and the "
         "top host and device operators (the profiler's own work makes that run's timings incomparable)",
+    )
+    p.add_argument(
+        "--profile-trace",
+        type=Path,
+        metavar="DIR",
+        help="with --profile-steps: also write each run's profiled steps to DIR as a gzipped Chrome trace",
     )
     p.add_argument(
         "--free-running",

@@ -396,6 +396,20 @@ def test_compiled_offloaded_layers_train_to_the_uncompiled_losses(tmp_path, monk
     assert len(made) == 1 and made[0].host_bytes > 0
 
 
+def test_autotuned_compiled_layers_train_to_the_uncompiled_losses(tmp_path):
+    """The fast 8B recipe's levers on the tiny model, with `torch_compile_mode: max-autotune-no-cudagraphs` (inductor
+    may swap cuBLAS matmuls for Triton templates): memory budget, offloaded layers and the fused cross-entropy train
+    to the uncompiled checkpointed run's losses."""
+    pytest.importorskip("liger_kernel")
+    assert_compiled_layers_train_to_the_uncompiled_losses(
+        tmp_path,
+        compiled_only={"torch_compile_mode": "max-autotune-no-cudagraphs", "activation_memory_budget": 0.8,
+                       "activation_offload_layers": 1},
+        bf16=True, max_steps=10, gradient_checkpointing=True, gradient_checkpointing_layers=2,
+        liger_fused_linear_cross_entropy=True, adapter="lora", lora_target_linear=True, lora_dropout=0.0,
+    )  # fmt: skip
+
+
 def test_tiled_mlp_matches_the_untiled_loss_and_gradients_in_bf16_autocast(tmp_path):
     """On the GPU the shards' backward runs under the forward's autocast and CUDA random state."""
     import copy
