@@ -181,22 +181,30 @@ def test_a_vision_tower_is_reported_as_not_modelled_per_image(tmp_path):
     assert "NOT MODELLED" not in render(text_only)
 
 
-def test_torch_compile_plans_the_compiled_layers_memory_and_not_their_time(tmp_path):
-    """Compiled layers keep what the compiler's partitioner saves (traced, `compiled_layers.py`); their step time is
-    said to be the uncompiled run's rather than presented as the compiled run's."""
+def test_torch_compile_plans_the_compiled_layers_memory_and_time_from_their_trace(tmp_path):
+    """Compiled layers keep what the compiler's partitioner saves and take the time their traced graphs' bytes and
+    kernels take (`compiled_layers.py`, `compiled_time.py`); a layer that cannot be traced is said to be planned as
+    uncompiled, memory and time."""
     compiled = plan_for(validate_config(base_config(tmp_path, torch_compile=True)))
+    uncompiled = plan_for(validate_config(base_config(tmp_path)))
     text = render(compiled)
     assert compiled.facts.compiled_layer_bytes_per_token > 0
     assert "compiled layers keep what the compiler's partitioner saves for backward" in text
-    assert "NOT MODELLED: `torch_compile`" in text and "the step time below is the uncompiled run's" in text
-    assert "and so is the memory" not in text
-    assert "NOT MODELLED" not in render(plan_for(validate_config(base_config(tmp_path))))
+    assert "NOT MODELLED" not in text and "NOT MODELLED" not in render(uncompiled)
+    # The same FLOPs; the work between the matmuls priced from the traced graphs instead of the eager ops.
+    assert compiled.time.flops == uncompiled.time.flops
+    assert compiled.time.memory_bound_seconds != uncompiled.time.memory_bound_seconds
     budget = plan_for(validate_config(base_config(tmp_path, torch_compile=True, activation_memory_budget=0.3)))
     assert budget.facts.compiled_layer_bytes_per_token < compiled.facts.compiled_layer_bytes_per_token
     assert "at `activation_memory_budget: 0.3`" in render(budget)
     eager = plan_for(validate_config(base_config(tmp_path, torch_compile=True, attn_implementation="eager")))
-    assert eager.facts.compiled_layer_bytes_per_token is None
-    assert "and so is the memory: this model's layer was not traced" in render(eager)
+    assert eager.facts.compiled_layer is None
+    assert "this model's layer was not traced, so the memory and the step time below are the uncompiled run's" in (
+        render(eager)
+    )
+    assert eager.time.memory_bound_seconds == plan_for(
+        validate_config(base_config(tmp_path, attn_implementation="eager"))
+    ).time.memory_bound_seconds
 
 
 def test_fused_lora_layers_are_reported_as_not_modelled_unless_compiled(tmp_path):
@@ -206,7 +214,7 @@ def test_fused_lora_layers_are_reported_as_not_modelled_unless_compiled(tmp_path
         plan_for(validate_config(base_config(tmp_path, **lora)))
     )
     compiled = render(plan_for(validate_config(base_config(tmp_path, torch_compile=True, **lora))))
-    assert "fused LoRA layers" not in compiled and "NOT MODELLED: `torch_compile`" in compiled
+    assert "fused LoRA layers" not in compiled and "compiled layers keep" in compiled
 
 
 def test_context_parallelism_plans_each_gpu_with_its_share_of_the_rows(tmp_path):

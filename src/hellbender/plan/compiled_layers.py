@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hellbender.config import HellbenderConfig
+from hellbender.plan.graph_work import GraphWork, graph_work, token_count
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +72,22 @@ def _planned_attention(module: Any, query: torch.Tensor, key: torch.Tensor, valu
     return out.transpose(1, 2).contiguous(), None
 
 
-def compiled_layer_bytes_per_token(cfg: HellbenderConfig, model: Any, layer: Any, tokens: int) -> float | None:
-    """Bytes per token that `layer` (a decoder layer of `model`, the planned meta model) keeps for backward when
-    compiled with the config's `activation_memory_budget`, traced at `tokens` tokens in one row; None where the
+@dataclass(frozen=True)
+class CompiledLayer:
+    """One compiled decoder layer as traced: what its forward keeps for backward, and what its forward and backward
+    graphs ask of the GPU (graph_work.py; the backward's recomputation under the budget included)."""
+
+    saved_bytes_per_token: float
+    forward: GraphWork
+    backward: GraphWork
+
+
+OPAQUE = {"attention", "attention_backward"}  # priced by the attention kernels' rates (kernel_costs.py)
+
+
+def trace_compiled_layer(cfg: HellbenderConfig, model: Any, layer: Any, tokens: int) -> CompiledLayer | None:
+    """`layer` (a decoder layer of `model`, the planned meta model) compiled with the config's
+    `activation_memory_budget`, traced in one row of about `tokens` tokens (`graph_work.token_count`); None where the
     layer cannot be traced this way (its call is not the Llama-shaped one, or dynamo breaks the graph)."""
     import torch._dynamo
     import torch._functorch.config as functorch_config
@@ -86,6 +101,7 @@ def compiled_layer_bytes_per_token(cfg: HellbenderConfig, model: Any, layer: Any
     # Training runs the layer under autocast in the base weights' dtype: a float32 adapter's matmuls run in it too.
     # Autocast does not act on the meta device, so the traced copy holds every weight in that dtype instead.
     dtype = min((p.dtype for p in layer.parameters() if p.is_floating_point()), key=lambda d: d.itemsize)
+    tokens = token_count(layer, tokens)
     layer = copy.deepcopy(layer).to(dtype)  # its own config too, whose attention is the planned op
     AttentionInterface.register(ATTENTION_NAME, _planned_attention)
     layer.self_attn.config._attn_implementation = ATTENTION_NAME
@@ -94,6 +110,7 @@ def compiled_layer_bytes_per_token(cfg: HellbenderConfig, model: Any, layer: Any
     # The model computes the rotary embedding once, outside the layers hellbender compiles.
     cos, sin = rotary(hidden, torch.arange(tokens, device="meta")[None])
     saved: list[int] = []
+    work: dict[str, GraphWork] = {}
 
     def backend(graph: Any, inputs: list[Any]) -> Any:
         def forward_compiler(forward: Any, _inputs: Any) -> Any:
@@ -103,13 +120,18 @@ def compiled_layer_bytes_per_token(cfg: HellbenderConfig, model: Any, layer: Any
             kept = {n for n in outputs[1:] if isinstance(n, torch.fx.Node) and n.op != "placeholder"}
             values = [n.meta.get("val") for n in kept]
             saved.append(sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor)))
+            work["forward"] = graph_work(forward.graph, tokens, OPAQUE)
             return make_boxed_func(forward.forward)
+
+        def backward_compiler(backward: Any, _inputs: Any) -> Any:
+            work["backward"] = graph_work(backward.graph, tokens, OPAQUE)
+            return make_boxed_func(backward.forward)
 
         return aot_module_simplified(
             graph,
             inputs,
             fw_compiler=forward_compiler,
-            bw_compiler=lambda backward, _inputs: make_boxed_func(backward.forward),
+            bw_compiler=backward_compiler,
             partition_fn=min_cut_rematerialization_partition,
         )
 
@@ -119,11 +141,15 @@ def compiled_layer_bytes_per_token(cfg: HellbenderConfig, model: Any, layer: Any
     budget = cfg.activation_memory_budget if cfg.activation_memory_budget is not None else 1.0
     torch._dynamo.reset()
     try:
-        with functorch_config.patch(activation_memory_budget=budget):
+        # The backward graph is partitioned with the forward; lowering it now, not at the first backward, hands it
+        # to the backward compiler here.
+        with functorch_config.patch(activation_memory_budget=budget, force_non_lazy_backward_lowering=True):
             torch.compile(call, backend=backend, fullgraph=True)(hidden, cos, sin)
     except Exception as exc:  # a family whose layer does not trace as one graph: planned as uncompiled
         logger.debug("compiled layer not traced: %s", exc)
         return None
     finally:
         torch._dynamo.reset()
-    return saved[0] / tokens if len(saved) == 1 else None
+    if len(saved) != 1 or len(work) != 2:
+        return None
+    return CompiledLayer(saved[0] / tokens, work["forward"], work["backward"])

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from math import ceil
 
-from hellbender.plan import distillation, kernel_costs
+from hellbender.plan import compiled_time, distillation, kernel_costs
 from hellbender.plan.cards import LAUNCH_SECONDS, Card
 from hellbender.plan.generation import RolloutTime, rollout_time
 from hellbender.plan.launches import (
@@ -202,11 +202,19 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     copy_stall = max(0.0, parked - compute * policy_forward_flops(facts, s) * gradient_accumulation / flops)
     # trained weights, their gradients and the states, each read and written about once
     optimizer = 3 * (2 * memory.gradients + memory.optimizer_states) / (card.hbm_tb_s * 1e12)
-    kernels = micro_batch_kernels(facts.kernels, s, facts.layers) * gradient_accumulation
+    compiled = facts.compiled_layer
+    kernels = micro_batch_kernels(facts.kernels, s, facts.layers, compiled is not None) * gradient_accumulation
     if teacher:
         kernels += teacher_kernels(facts.teacher, s) * gradient_accumulation
     kernels += optimizer_kernels(facts.kernels, s.optimizer, s.clips_gradients)
     launch = kernels * (card.launch_seconds or LAUNCH_SECONDS)
+    if compiled is not None:  # inductor's generated code launches its kernels at its own cost
+        compiled_kernels = (
+            compiled_time.layers_kernels(compiled, s.recomputed(facts.layers), _forwards_without_gradients(s))
+            * gradient_accumulation
+        )
+        kernels += compiled_kernels
+        launch += compiled_kernels * compiled_time.HOST_PER_KERNEL
     # The host queues kernels ahead of the GPU: the step takes the longer of the two, not their sum.
     seconds = max(compute + copy_stall, transfer, launch) + optimizer
     rollout = None
@@ -256,7 +264,9 @@ def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_
     passes = 1.0 if passes_only else _forwards_without_gradients(s)
     liger = (s.liger_rms_norm, s.liger_rope, s.liger_glu)
     total = 0.0
-    for index, traffic in enumerate(facts.layer_traffic):
+    if facts.compiled_layer is not None and not passes_only:  # the traced graphs' work, not the uncompiled ops'
+        total += compiled_time.layers_seconds(facts.compiled_layer, s.tokens, recomputed, passes, card)
+    for index, traffic in enumerate(facts.layer_traffic if facts.compiled_layer is None or passes_only else []):
         forward = kernel_costs.layer_seconds(traffic, s.tokens, False, liger, card.hbm_tb_s)
         total += (int(recomputed[index] and not passes_only) + passes) * forward
         if not passes_only:
@@ -277,9 +287,10 @@ def _layer_forwards(k: KernelCounts, s: PlanSettings) -> list[int]:
     ]
 
 
-def micro_batch_kernels(k: KernelCounts, s: PlanSettings, layers: int) -> float:
-    """Kernels one micro-batch launches: forward, the recomputation of checkpointed layers and backward."""
-    forward = _layer_forwards(k, s)
+def micro_batch_kernels(k: KernelCounts, s: PlanSettings, layers: int, compiled_layers: bool = False) -> float:
+    """Kernels one micro-batch launches: forward, the recomputation of checkpointed layers and backward
+    (`compiled_layers`: outside the decoder layers only; compiled_time.py counts theirs)."""
+    forward = [0] * len(k.layers) if compiled_layers else _layer_forwards(k, s)
     recomputed = s.recomputed(layers)
     passes = _forwards_without_gradients(s)
     trained = sum(forward) + k.outside_trained + HEAD_AND_LOSS

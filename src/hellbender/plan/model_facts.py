@@ -6,11 +6,14 @@ described the same way, as `load_teacher` loads it (train/teacher.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hellbender.config import HellbenderConfig
 from hellbender.plan.kernel_costs import LayerTraffic
 from hellbender.plan.launches import KernelCounts, count_kernels
+
+if TYPE_CHECKING:
+    from hellbender.plan.compiled_layers import CompiledLayer
 
 # Linear layers whose inputs are one tensor in a Llama-style decoder layer: LoRA modules that read the same input
 # are grouped, since autograd saves one tensor for all of them.
@@ -106,9 +109,13 @@ class ModelFacts:
     per_layer_inputs: int = 0
     per_layer_inputs_norm_trains: bool = False
     layer_traffic: list[LayerTraffic] = field(default_factory=list)  # per decoder layer: work outside its matmuls
-    # `torch_compile`: bytes per token a compiled decoder layer keeps for backward, as the compiler's partitioner
-    # decides (compiled_layers.py); None where it is not traced (then every layer is planned as uncompiled).
-    compiled_layer_bytes_per_token: float | None = None
+    # `torch_compile`: one compiled decoder layer as the compiler partitions it (what it keeps for backward, what its
+    # graphs ask of the GPU; compiled_layers.py); None where it is not traced (every layer planned as uncompiled).
+    compiled_layer: CompiledLayer | None = None
+
+    @property
+    def compiled_layer_bytes_per_token(self) -> float | None:
+        return self.compiled_layer.saved_bytes_per_token if self.compiled_layer is not None else None
 
     @property
     def trainable(self) -> list[Parameter]:
@@ -362,33 +369,35 @@ def _describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
 
 def _describe_compiled_layers(cfg: HellbenderConfig, model: Any, facts: ModelFacts) -> None:
     """`torch_compile`: the student's compiled layers, traced where they can be, and what stays unplanned."""
-    facts.compiled_layer_bytes_per_token = _compiled_layer_bytes(cfg, model, _decoder_layers(model), facts)
-    planned = facts.compiled_layer_bytes_per_token is not None
+    facts.compiled_layer = _compiled_layer(cfg, model, _decoder_layers(model), facts)
+    planned = facts.compiled_layer is not None
     if planned:
         facts.notes.append(
             "compiled layers keep what the compiler's partitioner saves for backward, traced on one layer"
             + (f" at `activation_memory_budget: {cfg.activation_memory_budget}`" if cfg.activation_memory_budget
                is not None else "")
-            + f": {facts.compiled_layer_bytes_per_token / 1024:.1f} KiB per token"
+            + f": {facts.compiled_layer_bytes_per_token / 1024:.1f} KiB per token; their time beyond the matmuls' "
+            "FLOPs from the bytes and kernels of the traced graphs (compiled_time.py)"
         )  # fmt: skip
-    facts.not_modelled.append(
-        "`torch_compile`: compiled decoder layers launch far fewer kernels and fuse their elementwise work; the "
-        "step time below is the uncompiled run's (measured on the 8B benchmark on an H200: bf16 LoRA 1.55x faster "
-        "at the same peak; QLoRA 1.82x faster at 17.5 GiB against 7.8)"
-        + ("" if planned else ", and so is the memory: this model's layer was not traced")
-    )
+    else:
+        facts.not_modelled.append(
+            "`torch_compile`: compiled decoder layers launch far fewer kernels, fuse their elementwise work and keep "
+            "what the compiler decides; this model's layer was not traced, so the memory and the step time below "
+            "are the uncompiled run's (measured on the 8B benchmark on an H200: bf16 LoRA 1.55x faster at the same "
+            "peak; QLoRA 1.82x faster at 17.5 GiB against 7.8)"
+        )
 
 
-def _compiled_layer_bytes(cfg: HellbenderConfig, model: Any, layers: list[Any], facts: ModelFacts) -> float | None:
-    """`compiled_layers.py`'s count for the first decoder layer, where it stands for all of them: the layers are of
+def _compiled_layer(cfg: HellbenderConfig, model: Any, layers: list[Any], facts: ModelFacts) -> CompiledLayer | None:
+    """`compiled_layers.py`'s trace of the first decoder layer, where it stands for all of them: the layers are of
     one kind (no shared keys and values, no experts, no 4-bit base whose dequantization it would not see), and the
     attention is a kernel that saves no probabilities (not eager)."""
-    from hellbender.plan.compiled_layers import compiled_layer_bytes_per_token
+    from hellbender.plan.compiled_layers import trace_compiled_layer
 
     uniform = not facts.kv_shared_layers and not facts.expert_numel and not facts.per_layer_inputs
     if not uniform or cfg.load_in_4bit or cfg.load_in_8bit or facts.attention == "eager" or not layers:
         return None
-    return compiled_layer_bytes_per_token(cfg, model, layers[0], cfg.sequence_len)
+    return trace_compiled_layer(cfg, model, layers[0], cfg.sequence_len)
 
 
 def _stacked_experts(layers: list[Any]) -> int:
