@@ -119,7 +119,7 @@ CASES: tuple[Case, ...] = (
         {**LIGER, "gradient_checkpointing_layers": 20, "activation_offload_layers": 8},
     ),
     Case("W1-liger-offload-16", "W1", {**LIGER, "activation_offload_layers": 16}),
-    # The fast recipes' compiled layers (their memory is traced from the compiler's partitioner).
+    # The fast recipes' compiled layers (memory and step time from the traced layer: compiled_layers.py, compiled_time.py).
     Case("W1-compiled-ckpt-22", "W1", {**COMPILED, "gradient_checkpointing_layers": 22}),
     Case(
         "W1-compiled-budget-0.8-ckpt-16-offload-10",
