@@ -202,9 +202,10 @@ def test_torch_compile_plans_the_compiled_layers_memory_and_time_from_their_trac
     assert "this model's layer was not traced, so the memory and the step time below are the uncompiled run's" in (
         render(eager)
     )
-    assert eager.time.memory_bound_seconds == plan_for(
-        validate_config(base_config(tmp_path, attn_implementation="eager"))
-    ).time.memory_bound_seconds
+    assert (
+        eager.time.memory_bound_seconds
+        == plan_for(validate_config(base_config(tmp_path, attn_implementation="eager"))).time.memory_bound_seconds
+    )
 
 
 def test_fused_lora_layers_are_reported_as_not_modelled_unless_compiled(tmp_path):

@@ -51,13 +51,13 @@ def test_offloaded_layers_are_planned_on_the_host_and_not_recomputed(tmp_path):
 
 
 def test_copies_the_forward_cannot_hide_delay_the_step(tmp_path):
-    """Every layer offloaded over a slow host link (an A10G's, 6 GB/s): the copies out outlast the forward, the step
+    """Every layer offloaded over a slow host link (an A10G's, 6 GB/s): the fetches do not arrive in time, the step
     is planned longer than the GPU's work, and the report says to offload fewer layers."""
     plan = _plan(tmp_path, gpu="A10G", activation_offload_layers=16)
     t = plan.time
     assert t.copy_stall_seconds > 0
     assert t.seconds >= t.compute_seconds + t.copy_stall_seconds
-    assert "outlast the forward" in render(plan)
+    assert "the backward waits" in render(plan) and "offload fewer layers" in render(plan)
     few = _plan(tmp_path, gpu="H200", activation_offload_layers=1).time
     assert few.copy_stall_seconds == 0
 
@@ -72,3 +72,17 @@ def test_auto_checkpoints_at_least_the_offloaded_layers(tmp_path):
                       gradient_checkpointing_layers="auto", activation_offload_layers=6, gpu_memory_limit=60)  # fmt: skip
     cfg = validate_config(raw, choose)
     assert cfg.gradient_checkpointing is True and cfg.gradient_checkpointing_layers == 6
+
+
+def test_the_copy_timeline_waits_where_a_fetch_arrives_late():
+    """Three layers of 1 s forward and 1 s backward, the lowest parked (4 bytes at 1 byte/s): its copy out ends at
+    5 s, its fetch (queued when the top layer's backward begins, at 3 s) waits for the link and arrives at 9 s; the
+    lowest layer's backward could begin at 5 s, so the step waits 4 s. A fast link waits for nothing."""
+    from hellbender.plan.offload_timeline import copy_wait_seconds
+
+    forward, backward = [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]
+    assert copy_wait_seconds(forward, backward, {0: 4}, link_bytes_per_s=1.0) == pytest.approx(4.0)
+    assert copy_wait_seconds(forward, backward, {0: 4}, link_bytes_per_s=100.0) == 0.0
+    # Work between the forward and the backward (the head and the loss) gives the copies time.
+    assert copy_wait_seconds(forward, backward, {0: 4}, link_bytes_per_s=1.0, between=2.0) == pytest.approx(2.0)
+    assert copy_wait_seconds(forward, backward, {}, link_bytes_per_s=1.0) == 0.0

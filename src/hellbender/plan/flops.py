@@ -46,6 +46,7 @@ from hellbender.plan.launches import (
 from hellbender.plan.memory import MemoryPlan
 from hellbender.plan.method import FUSED_HEAD, KD_CHUNKED, SCORE_HEAD
 from hellbender.plan.model_facts import ModelFacts
+from hellbender.plan.offload_timeline import copy_wait_seconds
 from hellbender.plan.settings import PlanSettings
 
 TEACHER_FORWARD = "teacher forward (no gradients)"
@@ -79,13 +80,9 @@ def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: 
     TRL's fused LM head, the N answer tokens: forward 2 N H, backward 2 N H to recompute each tile, 2 N H for the
     hidden states' gradient and 2 N H more for a trained head's."""
     tokens, scored = s.tokens, s.scored_tokens
-    share = facts.active_expert_share  # a token runs only its top-k experts
-    idle_lora = facts.expert_lora_numel  # merged into the experts' weights, not run per token (merge below)
     decoder, lora = _decoder_and_lora(facts)
     head = facts.head_numel
-    trained_linear = sum(p.numel for p in facts.trainable if p.rows or ".lora_" in p.name) - idle_lora
-    trained_experts = sum(p.numel for p in facts.trainable if ".experts." in p.name and ".lora_" not in p.name)
-    trained_body = trained_linear + trained_experts * share - (head if facts.head_trainable else 0)
+    trained_body = _trained_body(facts)
     body_forward = 2 * tokens * (decoder + lora)
     body_backward = 2 * tokens * (decoder + lora) + 2 * tokens * trained_body
     if s.method.head == FUSED_HEAD:
@@ -123,18 +120,21 @@ def step_flops_parts(facts: ModelFacts, s: PlanSettings, gradient_accumulation: 
     return {name: value * gradient_accumulation for name, value in parts.items()}
 
 
+def _trained_body(facts: ModelFacts) -> float:
+    """Trained weights a token's backward computes gradients for, outside the output head: linear layers and their
+    adapters (not those merged into stacked experts), and the experts it was routed to."""
+    idle_lora = facts.expert_lora_numel  # merged into the experts' weights, not run per token
+    trained_linear = sum(p.numel for p in facts.trainable if p.rows or ".lora_" in p.name) - idle_lora
+    trained_experts = sum(p.numel for p in facts.trainable if ".experts." in p.name and ".lora_" not in p.name)
+    head = facts.head_numel if facts.head_trainable else 0
+    return trained_linear + trained_experts * facts.active_expert_share - head
+
+
 def _decoder_and_lora(facts: ModelFacts) -> tuple[float, float]:
     """Weights a token runs through in the decoder (the experts it is routed to), and its LoRA weights that run per
     token (not those merged into stacked experts)."""
     decoder = facts.decoder_linear_numel + facts.expert_numel * facts.active_expert_share
     return decoder, facts.lora_numel - facts.expert_lora_numel
-
-
-def policy_forward_flops(facts: ModelFacts, s: PlanSettings) -> float:
-    """One micro-batch's forward through the decoder and the head (the stretch offloaded layers' copies out overlap)."""
-    decoder, lora = _decoder_and_lora(facts)
-    head_tokens = s.scored_tokens if s.method.head == FUSED_HEAD else s.tokens
-    return 2 * s.tokens * (decoder + lora) + 2 * head_tokens * facts.head_numel + _attention_forward(facts, s)
 
 
 def _teacher_linear(teacher: ModelFacts, s: PlanSettings) -> float:
@@ -197,9 +197,13 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     inputs = memory.host_parts.get("offloaded layer inputs (pinned slabs)", 0) * gradient_accumulation / link
     parked = memory.host_parts.get("offloaded layer activations (pinned slabs)", 0) * gradient_accumulation / link
     transfer = 2 * (inputs + parked)  # each way once, beside compute
-    # Offloaded layers' activations leave while the forward runs; the copies that outlast it delay the step (their
-    # memory cannot be reused until they are done).
-    copy_stall = max(0.0, parked - compute * policy_forward_flops(facts, s) * gradient_accumulation / flops)
+    # Offloaded layers' activations leave while the forward runs and come back during the backward; the step waits
+    # where a fetch has not arrived when its layer's backward begins (offload_timeline.py).
+    copy_stall = 0.0
+    if memory.parked_layers:
+        forward, backward = layer_pass_seconds(facts, s, card)
+        between = max(0.0, compute / gradient_accumulation - sum(forward) - sum(backward))
+        copy_stall = gradient_accumulation * copy_wait_seconds(forward, backward, memory.parked_layers, link, between)
     # trained weights, their gradients and the states, each read and written about once
     optimizer = 3 * (2 * memory.gradients + memory.optimizer_states) / (card.hbm_tb_s * 1e12)
     compiled = facts.compiled_layer
@@ -233,28 +237,61 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
 def attention_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_only: bool = False) -> float:
     """One micro-batch's attention at the rate of the kernel each layer's heads and mask get (kernel_costs.py):
     forward and backward, the checkpointed layers' recomputation and the forwards without gradients (`passes_only`:
-    one forward, a teacher's). Eager attention runs two matmuls at the card's matmul share and a float32 softmax over
-    every score."""
+    one forward, a teacher's)."""
     recomputed = s.recomputed(facts.layers)
     passes = 1.0 if passes_only else _forwards_without_gradients(s)
-    peak = card.bf16_tflops * 1e12
     total = 0.0
+    for index, (forward, both) in enumerate(_layer_attention(facts, s, card)):
+        forwards = passes + (1 if recomputed[index] and not passes_only else 0)
+        total += forward * forwards + (0.0 if passes_only else both)
+    return total
+
+
+def _layer_attention(facts: ModelFacts, s: PlanSettings, card: Card) -> list[tuple[float, float]]:
+    """Per decoder layer, one micro-batch's attention: one forward, and forward + backward (backward twice the
+    forward's FLOPs). Eager attention runs two matmuls at the card's matmul share and a float32 softmax over every
+    score."""
+    peak = card.bf16_tflops * 1e12
+    out = []
     for index in range(facts.layers):
         window = facts.window(index)
         flops = 4 * s.tokens * s.context(window) * facts.q_width(index)
-        forwards = passes + (1 if recomputed[index] and not passes_only else 0)
-        trains = not passes_only  # forward and backward: three forwards' FLOPs
         if s.attention == "eager":
             scores = s.tokens * s.context(window) * facts.heads
-            total += flops * (forwards + 3 * trains) / (peak * card.efficiency)
-            total += kernel_costs.eager_scores_seconds(scores, False, card.hbm_tb_s) * forwards
-            total += kernel_costs.eager_scores_seconds(scores, True, card.hbm_tb_s) * trains
+            matmuls = flops / (peak * card.efficiency)
+            forward = matmuls + kernel_costs.eager_scores_seconds(scores, False, card.hbm_tb_s)
+            out.append((forward, 3 * matmuls + kernel_costs.eager_scores_seconds(scores, True, card.hbm_tb_s)))
             continue
         head_dim = max(1, facts.q_width(index) // max(1, facts.heads))
         masked = s.attention == "sdpa" and s.context(window) >= s.row_len
         rate = partial(kernel_costs.attention_rate, head_dim, masked, s.row_len, peak_tflops=card.bf16_tflops)
-        total += flops * forwards / rate(backward=False) + 3 * flops * trains / rate(backward=True)
-    return total
+        out.append((flops / rate(backward=False), 3 * flops / rate(backward=True)))
+    return out
+
+
+def layer_pass_seconds(facts: ModelFacts, s: PlanSettings, card: Card) -> tuple[list[float], list[float]]:
+    """Per decoder layer, one micro-batch's forward and backward on the GPU (the backward with the forward again where
+    the layer is recomputed): its share of the decoder's matmuls, its attention and its memory-bound work."""
+    layers = max(1, facts.layers)
+    rate = card.bf16_tflops * 1e12 * card.efficiency
+    decoder, lora = _decoder_and_lora(facts)
+    matmul_forward = 2 * s.tokens * (decoder + lora) / layers / rate
+    matmul_backward = matmul_forward + 2 * s.tokens * _trained_body(facts) / layers / rate
+    compiled, liger = facts.compiled_layer, (s.liger_rms_norm, s.liger_rope, s.liger_glu)
+    recomputed = s.recomputed(facts.layers)
+    forward, backward = [], []
+    for index, (attention, attention_both) in enumerate(_layer_attention(facts, s, card)):
+        if compiled is not None:
+            own = compiled_time.pass_seconds(compiled.forward, s.tokens, card)
+            own_backward = compiled_time.pass_seconds(compiled.backward, s.tokens, card)
+        else:
+            traffic = facts.layer_traffic[index]
+            own = kernel_costs.layer_seconds(traffic, s.tokens, False, liger, card.hbm_tb_s)
+            own_backward = kernel_costs.layer_seconds(traffic, s.tokens, True, liger, card.hbm_tb_s) - own
+        forward.append(matmul_forward + attention + own)
+        backward.append(matmul_backward + attention_both - attention + own_backward
+                        + (forward[-1] if recomputed[index] else 0.0))  # fmt: skip
+    return forward, backward
 
 
 def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_only: bool = False) -> float:

@@ -77,6 +77,7 @@ class MemoryPlan:
     host: int
     host_parts: dict[str, int] = field(default_factory=dict)
     per_layer: list[int] = field(default_factory=list)  # activation bytes each decoder layer keeps on the GPU
+    parked_layers: dict[int, int] = field(default_factory=dict)  # `activation_offload_layers`: bytes each parks
     teacher_weights: int = 0  # online distillation's frozen teacher, whole on every GPU
     teacher_forward: int = 0  # its forward without gradients, before the student's
     teacher_targets: int = 0  # distillation's top-k targets of the micro-batch, and the loss's copy of them
@@ -170,10 +171,11 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     # In backward offloaded layers are fetched while the layers above them run theirs: FETCH_AHEAD more layers'
     # activations.
     fetched_ahead = 0
-    if offloaded:
-        parked = [int(full_layers[i] + facts.merged_expert_bytes + scores) for i in offloaded]
-        host_parts["offloaded layer activations (pinned slabs)"] = math.ceil(sum(parked) / SLAB_BYTES) * SLAB_BYTES
-        fetched_ahead = sum(sorted(parked)[-FETCH_AHEAD:])
+    parked = {i: int(full_layers[i] + facts.merged_expert_bytes + scores) for i in sorted(offloaded)}
+    if parked:
+        on_host = sum(parked.values())
+        host_parts["offloaded layer activations (pinned slabs)"] = math.ceil(on_host / SLAB_BYTES) * SLAB_BYTES
+        fetched_ahead = sum(sorted(parked.values())[-FETCH_AHEAD:])
     activations = sum(per_layer) + per_layer_inputs_bytes(facts, tokens, element)
     # Backward recomputes one checkpointed layer at a time: the largest of them.
     recompute = max(
@@ -251,6 +253,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         host=sum(host_parts.values()),
         host_parts=host_parts,
         per_layer=per_layer,
+        parked_layers=parked,
         phases={name: int(value) for name, value in phases.items()},
         notes=notes,
         teacher_weights=teacher_weights,

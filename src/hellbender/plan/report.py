@@ -178,8 +178,8 @@ def render(plan: Plan) -> str:
         )
     if t.copy_stall_seconds:
         lines.append(
-            f"  the offloaded layers' copies to the host outlast the forward by {t.copy_stall_seconds:.3f} s (the host "
-            f"link moves {plan.card.host_link_gb_s:g} GB/s each way): offload fewer layers"
+            f"  the backward waits {t.copy_stall_seconds:.3f} s a step for offloaded layers' copies (the host link "
+            f"moves {plan.card.host_link_gb_s:g} GB/s each way): offload fewer layers"
         )
     if t.launch_bound:
         lines.append(
