@@ -86,3 +86,24 @@ def test_the_copy_timeline_waits_where_a_fetch_arrives_late():
     # Work between the forward and the backward (the head and the loss) gives the copies time.
     assert copy_wait_seconds(forward, backward, {0: 4}, link_bytes_per_s=1.0, between=2.0) == pytest.approx(2.0)
     assert copy_wait_seconds(forward, backward, {}, link_bytes_per_s=1.0) == 0.0
+
+
+def test_auto_offloads_compiled_layers_where_the_plan_says_it_pays(tmp_path):
+    """`activation_offload_layers: auto` with compiled layers tries every count up to the checkpointed layers and keeps
+    the fastest planned one (fewer on a tie); uncompiled, where offloaded layers measured no gain, it stays 0."""
+    from hellbender.plan.auto import choose
+
+    common = dict(adapter="lora", lora_target_linear=True, sequence_len=2048, micro_batch_size=4, bf16=True,
+                  overrides_of_model_config=SHAPE, gradient_checkpointing=True, gradient_checkpointing_layers=12,
+                  activation_offload_layers="auto")  # fmt: skip
+    compiled = validate_config(base_config(tmp_path, torch_compile=True, **common), choose)
+    chosen = compiled.activation_offload_layers
+    assert 0 < chosen <= 12
+    speed = {
+        count: plan_for(compiled.model_copy(update={"activation_offload_layers": count})).time.tokens_per_second
+        for count in range(13)
+    }
+    assert speed[chosen] >= 0.99 * max(speed.values())
+    assert all(speed[count] < 0.99 * max(speed.values()) for count in range(chosen))
+    uncompiled = validate_config(base_config(tmp_path, **common), choose)
+    assert uncompiled.activation_offload_layers == 0

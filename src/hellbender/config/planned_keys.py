@@ -7,12 +7,13 @@ from typing import Any
 
 from hellbender.config.rl import DEFAULT_NUM_GENERATIONS, ONLINE_RL_METHODS
 
-AUTO_KEYS = ("micro_batch_size", "gradient_checkpointing", "gradient_checkpointing_layers")
+AUTO_KEYS = ("micro_batch_size", "gradient_checkpointing", "gradient_checkpointing_layers", "activation_offload_layers")
 # What stands in for each `auto` key while the config is first validated, before the planner chooses.
 AUTO_STAND_INS: dict[str, Any] = {
     "micro_batch_size": 1,
     "gradient_checkpointing": True,
     "gradient_checkpointing_layers": None,
+    "activation_offload_layers": 0,
 }
 
 

@@ -111,7 +111,7 @@ class TrainingSettings(BaseModel):
         "about 0.5 GiB per layer for an 8B model at 4,096 tokens with Liger's kernels) and saves its recomputation. "
         "Default: all layers. `auto`: the memory planner picks the fewest that fit (docs/plan.md).",
     )
-    activation_offload_layers: Annotated[Int, Field(ge=0)] = Field(
+    activation_offload_layers: Annotated[Int, Field(ge=0)] | Literal["auto"] = Field(
         0,
         description="Of the checkpointed layers, run N once instead of recomputing them in backward, with everything "
         "they save for backward waiting in pinned host memory: copied out on a side stream while the next layers "
@@ -119,7 +119,9 @@ class TrainingSettings(BaseModel):
         "recomputation for host-link traffic (about 0.5 GiB each way per layer of an 8B model at 4,096 tokens) at "
         "the GPU memory of checkpointing; the offloaded layers are spread evenly over the checkpointed ones so the "
         "copies overlap compute. Needs activation checkpointing; at most `gradient_checkpointing_layers` (default: "
-        "every layer). Measured in docs/benchmarks.md.",
+        "every layer). Measured in docs/benchmarks.md. `auto`: the memory planner picks the count with the fastest "
+        "predicted step that fits, for compiled layers it traces (`torch_compile`; docs/plan.md), and 0 otherwise "
+        "(uncompiled, offloaded layers measured no gain).",
     )
     gpu_memory_limit: Annotated[Float, Field(gt=0)] | str | None = Field(
         None,
