@@ -8,7 +8,8 @@ Groups of cases (`--cases` takes case or group names): `settings` (the first tab
 micro-batches, checkpointed layers, offloading and row lengths), `W3-layers` (W3 at more checkpointed layers), `W3-batches` (W3 at micro-batches 1 and 4, every layer checkpointed), `auto-W3-48` (W3 with
 every plannable key `auto` under 48 GiB, and one hand-set setting beside the `W3-*` ones measured before), `offload-layers` (W1 with Liger's
 kernels and 8 or 16 `activation_offload_layers`, beside the same checkpointing without), `compiled` (the W1 and W2
-recipes' compiled layers at settings measured before, and `auto` under the W1 baseline's reserved memory), `W4`
+recipes' compiled layers at settings measured before, and `auto` under the W1 baseline's reserved memory),
+`compiled-auto` (`auto` choosing the offloaded layers too, beside the recipe), `W4`
 (W4's recipe at 32,768-98,304 tokens, and without `tiled_mlp`), `auto-19` and `auto-40` (W2 with every plannable key
 `auto` under `gpu_memory_limit` 19.3 / 40 GiB, and hand-set W2 settings to compare with), `auto-W1-24` (W1 with
 Liger's kernels, under 24 GiB) and `auto-W1-30` (W1 under 30 GiB). A W4 case runs `--w4-steps` steps at its one
@@ -147,6 +148,18 @@ CASES: tuple[Case, ...] = (
         },
     ),
     Case("W2-compiled-ckpt-1", "W2", {**COMPILED, "gradient_checkpointing_layers": 1}),
+    # `auto` choosing the offloaded layers too (planned for an H200: 16 checkpointed, 12 offloaded).
+    Case(
+        "W1-compiled-auto-offload-24.7",
+        "W1",
+        {
+            **COMPILED,
+            "activation_memory_budget": 0.8,
+            "gradient_checkpointing_layers": "auto",
+            "activation_offload_layers": "auto",
+            "gpu_memory_limit": 24.7,
+        },
+    ),
 )
 GROUPS: dict[str, tuple[str, ...]] = {
     "settings": (
@@ -165,6 +178,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "offload-layers": ("W1-liger-ckpt-20-offload-8", "W1-liger-offload-16", "W1-liger-ckpt-20"),
     "compiled": ("W1-compiled-ckpt-22", "W1-compiled-budget-0.8-ckpt-16-offload-10", "W1-compiled-budget-0.4-ckpt-8",
                  "W1-compiled-auto-24.7", "W2-compiled-ckpt-1"),
+    "compiled-auto": ("W1-compiled-auto-offload-24.7", "W1-compiled-budget-0.8-ckpt-16-offload-10"),
 }  # fmt: skip
 
 
@@ -183,7 +197,8 @@ def predict(case: Case, job: throughput.Job, card: str) -> dict[str, Any]:
     from hellbender.plan.budget import plan_for
     from hellbender.plan.memory import GIB
 
-    # Every `auto` case sets `gpu_memory_limit`, so the choice does not depend on the card.
+    # Every `auto` case sets `gpu_memory_limit`; the choice is made for this machine's card, as `train` makes it
+    # (on a machine without a GPU, `--dry-run`: an H100's speeds, whatever `--card` says).
     cfg = validate_config(throughput.hellbender_raw_config(job, case.overrides), choose_auto=choose)
     plan = plan_for(cfg, gpu=card)
     chosen = throughput.auto_choices(cfg, case.overrides)
