@@ -17,9 +17,13 @@ reductions and memsets 34.4 ms, what their bytes take at 0.40 of it beyond their
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hellbender.plan.cards import Card
-from hellbender.plan.compiled_layers import CompiledLayer
-from hellbender.plan.graph_work import GraphWork
+
+if TYPE_CHECKING:  # torch-importing modules: the planner's time model does not need them at run time
+    from hellbender.plan.compiled_layers import CompiledLayer
+    from hellbender.plan.graph_work import GraphWork
 
 FUSED_BANDWIDTH_SHARE = 0.76
 SKINNY_BANDWIDTH_SHARE = 0.40

@@ -296,18 +296,20 @@ def layer_pass_seconds(facts: ModelFacts, s: PlanSettings, card: Card) -> tuple[
 
 def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_only: bool = False) -> float:
     """One micro-batch's work outside the matmuls and attention (norms, rotary embeddings, gated products, residual
-    sums, LoRA's adapters, the unfused loss), from the per-element costs in kernel_costs.py."""
+    sums, LoRA's adapters, the unfused loss), from the per-element costs in kernel_costs.py, or for compiled layers
+    from their traced graphs (compiled_time.py)."""
     recomputed = s.recomputed(facts.layers)
     passes = 1.0 if passes_only else _forwards_without_gradients(s)
     liger = (s.liger_rms_norm, s.liger_rope, s.liger_glu)
     total = 0.0
-    if facts.compiled_layer is not None and not passes_only:  # the traced graphs' work, not the uncompiled ops'
+    if facts.compiled_layer is not None and not passes_only:
         total += compiled_time.layers_seconds(facts.compiled_layer, s.tokens, recomputed, passes, card)
-    for index, traffic in enumerate(facts.layer_traffic if facts.compiled_layer is None or passes_only else []):
-        forward = kernel_costs.layer_seconds(traffic, s.tokens, False, liger, card.hbm_tb_s)
-        total += (int(recomputed[index] and not passes_only) + passes) * forward
-        if not passes_only:
-            total += kernel_costs.layer_seconds(traffic, s.tokens, True, liger, card.hbm_tb_s)
+    else:
+        for index, traffic in enumerate(facts.layer_traffic):
+            forward = kernel_costs.layer_seconds(traffic, s.tokens, False, liger, card.hbm_tb_s)
+            total += (int(recomputed[index] and not passes_only) + passes) * forward
+            if not passes_only:
+                total += kernel_costs.layer_seconds(traffic, s.tokens, True, liger, card.hbm_tb_s)
     if s.method.head not in (FUSED_HEAD, SCORE_HEAD) and not s.fused_loss and not passes_only:
         total += kernel_costs.loss_seconds(s.tokens, facts.vocab, facts.logit_softcapping, card.hbm_tb_s)
     return total
