@@ -500,9 +500,8 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
             "whatever those engines hand their layers (gathered weight shards among them), which has not been "
             "verified. Use it without them (one GPU, or DDP), or remove the key."
         )
-    graphed = cfg.torch_compile and cfg.torch_compile_mode in ("reduce-overhead", "max-autotune")
     parks_on_host = cfg.activation_offload_layers or cfg.gradient_checkpointing == "offload"
-    if graphed and parks_on_host:
+    if cfg.compiles_cuda_graphs and parks_on_host:
         which = "`activation_offload_layers`" if cfg.activation_offload_layers else "`gradient_checkpointing: offload`"
         problems.append(
             f"`torch_compile_mode: {cfg.torch_compile_mode}` (CUDA graphs) with {which} is not supported: the "

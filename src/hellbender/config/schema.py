@@ -90,6 +90,11 @@ class HellbenderConfig(
         return self.torch_compile and self.checkpoints_activations
 
     @property
+    def compiles_cuda_graphs(self) -> bool:
+        """`torch_compile_mode` records CUDA graphs, whose replays reuse memory (refused with host offloading)."""
+        return self.torch_compile and self.torch_compile_mode in ("reduce-overhead", "max-autotune")
+
+    @property
     def sets_layer_counts(self) -> bool:
         """A key whose count must fit the model's decoder layers (`check_layer_counts` in activation_checkpointing)."""
         return self.gradient_checkpointing_layers is not None or bool(self.activation_offload_layers)

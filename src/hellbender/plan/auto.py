@@ -61,7 +61,7 @@ def _why_not_offloaded(cfg: Any, facts: Any) -> str | None:
     """Why `activation_offload_layers: auto` cannot choose offloaded layers for this config, if it cannot."""
     if facts.compiled_layer is None:
         return "offloaded layers are chosen for compiled layers the planner traces (`torch_compile`) only"
-    if cfg.uses_fsdp2 or cfg.deepspeed or cfg.torch_compile_mode in ("reduce-overhead", "max-autotune"):
+    if cfg.uses_fsdp2 or cfg.deepspeed or cfg.compiles_cuda_graphs:  # the config checks refuse offloading there
         return "offloaded layers are refused under FSDP2, DeepSpeed and the CUDA-graph compile modes"
     return None
 

@@ -48,11 +48,15 @@ def layers_seconds(layer: CompiledLayer, tokens: float, recomputed: list[bool], 
     """One micro-batch through every compiled layer: forward (and `passes` forwards without gradients), the
     recomputation of the layers in `recomputed`, and backward."""
     forward = pass_seconds(layer.forward, tokens, card)
-    backward = pass_seconds(layer.backward, tokens, card)
-    return sum((passes + again) * forward + forward + backward for again in recomputed)
+    return _over_layers(forward, pass_seconds(layer.backward, tokens, card), recomputed, passes)
 
 
 def layers_kernels(layer: CompiledLayer, recomputed: list[bool], passes: float) -> float:
     """Kernels one micro-batch launches in the compiled layers (`passes`: forwards without gradients)."""
-    forward, backward = layer.forward.kernels, layer.backward.kernels
-    return sum((passes + again) * forward + forward + backward for again in recomputed)
+    return _over_layers(layer.forward.kernels, layer.backward.kernels, recomputed, passes)
+
+
+def _over_layers(forward: float, backward: float, recomputed: list[bool], passes: float) -> float:
+    """A per-pass amount summed over the layers of one micro-batch: each runs forward once with gradients and
+    `passes` times without, again where it is recomputed, and backward once."""
+    return sum((1 + passes + again) * forward + backward for again in recomputed)
