@@ -1,5 +1,6 @@
-"""The step time's work besides the large matmuls (plan/kernel_costs.py): what each decoder layer runs outside its
-matmuls, counted on the meta model against a real forward, and the attention kernel each head size and mask gets."""
+"""The step time's work besides the large matmuls (plan/kernel_costs.py, fused_loss_time.py, the optimizer's step):
+what each decoder layer runs outside its matmuls, counted on the meta model against a real forward, the attention
+kernel each head size and mask gets, and the 1B full fine-tuning recipe's profiled kernels (W2 on an H200)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from hellbender.config import validate_config
-from hellbender.plan import kernel_costs
+from hellbender.plan import fused_loss_time, kernel_costs
 from hellbender.plan.budget import plan_for
 from hellbender.plan.cards import card_named
 from hellbender.plan.flops import memory_bound_seconds
@@ -72,7 +73,9 @@ def test_attention_rate_follows_the_kernel_each_head_size_and_mask_gets():
     h200 = card_named("H200").bf16_tflops
     # Heads wider than 256 fall to the memory-efficient kernel: a small share of the flash / cuDNN kernels' rate.
     assert rate(512, True, 2048, True, h200) < rate(256, True, 2048, True, h200) / 4
-    assert rate(64, False, 2048, True, h200) == rate(128, False, 2048, True, h200)
+    # Heads of 64 do less work per byte than heads of 128 (the 1B Llama's profiled kernels); narrower ones run as 64.
+    assert rate(64, False, 2048, True, h200) < 0.75 * rate(128, False, 2048, True, h200)
+    assert rate(32, True, 2048, True, h200) == rate(64, True, 2048, True, h200)
     # A mask (packed documents, a sliding window) costs the flash-sized heads their causal kernel.
     assert rate(128, True, 2048, True, h200) < rate(128, False, 2048, True, h200)
     # Longer rows reach more of the card; a card of half the peak, half the rate.
@@ -100,7 +103,11 @@ def test_liger_kernels_a_fused_loss_and_soft_capping_move_the_memory_bound_work(
     fused = memory_bound_seconds(facts, s.but(fused_loss=True), h200)
     loss = kernel_costs.loss_seconds(s.tokens, facts.vocab, False, h200.hbm_tb_s)
     assert liger < 0.8 * plain
-    assert fused == pytest.approx(plain - loss)
+    # The fused loss trades the float32 cross-entropy for Liger's chunks: the trained (tied) head's gradient buffer,
+    # read and written once per chunk, and the loss kernel over each chunk's logits.
+    liger_head = fused_loss_time.seconds(s.tokens, facts.vocab, facts.hidden, facts.head_bytes, True, h200)
+    assert facts.head_trainable and facts.head_bytes == 2 * 128256 * 2048
+    assert fused == pytest.approx(plain - loss + liger_head)
     facts.logit_softcapping = True
     assert memory_bound_seconds(facts, s, h200) > plain
     facts.logit_softcapping = False
@@ -114,3 +121,54 @@ def test_liger_kernels_a_fused_loss_and_soft_capping_move_the_memory_bound_work(
         kernel_costs.layer_seconds(t, s.tokens, False, (False,) * 3, h200.hbm_tb_s) for t in facts.layer_traffic
     )
     assert checkpointed == pytest.approx(plain + forward)
+
+
+def test_the_1b_recipes_attention_fused_loss_and_optimizer_plan_as_their_profiled_kernels(tmp_path):
+    """W2's recipe (the 1B Llama's shape, full fine-tuning, micro-batch 4 x 2,048, fused loss), profiled on an H200
+    (docs/plan.md, "Full fine-tuning's optimizer and the fused loss"): per layer, attention's forward 200.5 us and
+    forward + backward 854.5 us; Liger's 32 chunks of 256 positions, each accumulating the tied head's gradient in
+    399.6 us (its FLOPs at the card's matmul share plus the buffer's traffic) and running the loss kernel in 50.0 us;
+    the optimizer step with clipping 9.07 ms. The plan's counts give each within 10%."""
+    from hellbender.plan.flops import _layer_attention, optimizer_seconds
+
+    shape = dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=64, vocab_size=128256, tie_word_embeddings=True,
+    )  # fmt: skip
+    raw = base_config(tmp_path, adapter=None, sequence_len=2048, micro_batch_size=4, bf16=True,
+                      liger_fused_linear_cross_entropy=True, overrides_of_model_config=shape)  # fmt: skip
+    cfg = validate_config(raw)
+    facts = describe(cfg, meta_model(cfg))
+    s = plan_settings(cfg, facts=facts)
+    h200 = card_named("H200")
+    forward, both = _layer_attention(facts, s, h200)[0]
+    assert forward == pytest.approx(200.5e-6, rel=0.02) and both == pytest.approx(854.5e-6, rel=0.02)
+
+    chunk = fused_loss_time.chunk_positions(s.tokens, facts.vocab, facts.hidden)
+    assert (s.tokens, chunk) == (8192, 256)
+    trained = fused_loss_time.seconds(s.tokens, facts.vocab, facts.hidden, facts.head_bytes, True, h200) / 32
+    frozen = fused_loss_time.seconds(s.tokens, facts.vocab, facts.hidden, facts.head_bytes, False, h200) / 32
+    matmul_flops = 2 * chunk * facts.hidden * facts.vocab / (h200.bf16_tflops * 1e12 * h200.efficiency)
+    assert frozen == pytest.approx(50.0e-6, rel=0.1)  # the loss kernel: the 1B head's reads hide under its FLOPs
+    assert matmul_flops + trained - frozen == pytest.approx(399.6e-6, rel=0.05)
+
+    memory = plan_for(cfg, gpu="H200").memory
+    assert optimizer_seconds(memory.gradients, memory.optimizer_states, True, h200) == pytest.approx(9.07e-3, rel=0.05)
+
+
+def test_liger_chunks_follow_the_vocabulary_over_the_hidden_width():
+    """Chunks of the next power of two of ceil(T / ceil(V / H)) positions: the 8B's head (128,256 x 4,096) over 4,096
+    positions in chunks of 128; a weight read per chunk that outlasts the chunk's FLOPs counts, a frozen head
+    has no gradient buffer."""
+    h200 = card_named("H200")
+    assert fused_loss_time.chunk_positions(4096, 128256, 4096) == 128
+    assert fused_loss_time.chunk_positions(4097, 128256, 4096) == 256
+    assert fused_loss_time.chunk_positions(2048, 262144, 1536) == 16
+    head = 2 * 128256 * 4096
+    frozen = fused_loss_time.seconds(4096, 128256, 4096, head, False, h200)
+    loss_only = 32 * 3 * 128 * 128256 * 2 / (h200.hbm_tb_s * 1e12 * 0.76)
+    reads = 32 * 2 * (head / (h200.hbm_tb_s * 1e12) - 2 * 128 * 4096 * 128256 / (989e12 * 0.78))
+    assert reads > 0 and frozen == pytest.approx(loss_only + reads)
+    assert fused_loss_time.seconds(4096, 128256, 4096, head, True, h200) == pytest.approx(
+        frozen + 32 * 2 * head / (h200.hbm_tb_s * 1e12)
+    )

@@ -10,7 +10,8 @@ layers outside the decoder (a vision tower) run forward only. Preference methods
 gradients and score answers with TRL's fused LM head (`step_flops_parts`; the rows are `method.py`'s); online
 distillation adds its teacher's forward over every token, 2 T (N_teacher + its head) and its attention, at the card's
 share of the peak. `tiled_mlp` runs each MLP's forward once more in backward (2 T N_mlp). The optimizer
-step is bound by memory bandwidth: it reads and writes weights, gradients and states about once each. Online RL
+step is bound by memory bandwidth: it reads and writes the weights and states and reads the gradients, which the
+clipping before it reads twice and writes once (`optimizer_seconds`). Online RL
 scores each rollout once per `trl.num_iterations` steps (the reference with `trl.beta` > 0, the policy's old
 log-probabilities with several iterations) and adds its generation's time, over the same number of steps
 (`generation.py`).
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from math import ceil
 
-from hellbender.plan import compiled_time, distillation, kernel_costs
+from hellbender.plan import compiled_time, distillation, fused_loss_time, kernel_costs
 from hellbender.plan.cards import LAUNCH_SECONDS, Card
 from hellbender.plan.generation import RolloutTime, rollout_time
 from hellbender.plan.launches import (
@@ -44,12 +45,16 @@ from hellbender.plan.launches import (
     KernelCounts,
 )
 from hellbender.plan.memory import MemoryPlan
-from hellbender.plan.method import FUSED_HEAD, KD_CHUNKED, SCORE_HEAD
+from hellbender.plan.method import FUSED_HEAD, KD_CHUNKED, LOGITS, SCORE_HEAD
 from hellbender.plan.model_facts import ModelFacts
 from hellbender.plan.offload_timeline import copy_wait_seconds
 from hellbender.plan.settings import PlanSettings
 
 TEACHER_FORWARD = "teacher forward (no gradients)"
+# The share of the card's bandwidth the optimizer's multi-tensor kernels reach: profiled on the 1B full fine-tuning
+# recipe on an H200 (docs/plan.md, "Full fine-tuning's optimizer and the fused loss"), torch's fused AdamW moved
+# 17.3 GB in 6.35 ms and the gradient clipping 7.4 GB in 2.72 ms, both 2.7 TB/s of 4.8.
+OPTIMIZER_BANDWIDTH_SHARE = 0.57
 
 
 @dataclass(frozen=True)
@@ -204,8 +209,7 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
         forward, backward = layer_pass_seconds(facts, s, card)
         between = max(0.0, compute / gradient_accumulation - sum(forward) - sum(backward))
         copy_stall = gradient_accumulation * copy_wait_seconds(forward, backward, memory.parked_layers, link, between)
-    # trained weights, their gradients and the states, each read and written about once
-    optimizer = 3 * (2 * memory.gradients + memory.optimizer_states) / (card.hbm_tb_s * 1e12)
+    optimizer = optimizer_seconds(memory.gradients, memory.optimizer_states, s.clips_gradients, card)
     compiled = facts.compiled_layer
     kernels = micro_batch_kernels(facts.kernels, s, facts.layers, compiled is not None) * gradient_accumulation
     if teacher:
@@ -232,6 +236,14 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
         flops, seconds, tokens / seconds, transfer, examples / seconds, parts, compute, kernels, launch, rollout,
         attention_time, memory_bound, copy_stall,
     )  # fmt: skip
+
+
+def optimizer_seconds(gradients: int, states: int, clips: bool, card: Card) -> float:
+    """The optimizer step over `gradients` bytes of gradients (the trained weights' size) and `states` bytes of
+    state: the weights read and written, the gradients read, the states read and written; with clipping, the
+    gradients' norm (a read) and their scaling (a read and a write) before it."""
+    moved = 3 * gradients + 2 * states + (3 * gradients if clips else 0)
+    return moved / (card.hbm_tb_s * 1e12 * OPTIMIZER_BANDWIDTH_SHARE)
 
 
 def attention_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_only: bool = False) -> float:
@@ -296,7 +308,7 @@ def layer_pass_seconds(facts: ModelFacts, s: PlanSettings, card: Card) -> tuple[
 
 def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_only: bool = False) -> float:
     """One micro-batch's work outside the matmuls and attention (norms, rotary embeddings, gated products, residual
-    sums, LoRA's adapters, the unfused loss), from the per-element costs in kernel_costs.py, or for compiled layers
+    sums, LoRA's adapters, the loss: unfused, or Liger's fused head beyond its FLOPs), from the per-element costs in kernel_costs.py, or for compiled layers
     from their traced graphs (compiled_time.py)."""
     recomputed = s.recomputed(facts.layers)
     passes = 1.0 if passes_only else _forwards_without_gradients(s)
@@ -310,7 +322,13 @@ def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_
             total += (int(recomputed[index] and not passes_only) + passes) * forward
             if not passes_only:
                 total += kernel_costs.layer_seconds(traffic, s.tokens, True, liger, card.hbm_tb_s)
-    if s.method.head not in (FUSED_HEAD, SCORE_HEAD) and not s.fused_loss and not passes_only:
+    if passes_only:
+        return total
+    if s.method.head == LOGITS and s.fused_loss:
+        total += fused_loss_time.seconds(
+            s.tokens, facts.vocab, facts.hidden, facts.head_bytes, facts.head_trainable, card
+        )  # fmt: skip
+    elif s.method.head not in (FUSED_HEAD, SCORE_HEAD) and not s.fused_loss:
         total += kernel_costs.loss_seconds(s.tokens, facts.vocab, facts.logit_softcapping, card.hbm_tb_s)
     return total
 

@@ -86,6 +86,7 @@ class ModelFacts:
     lora_dropout: float = 0.0
     head_trainable: bool = False
     head_numel: int = 0
+    head_bytes: int = 0  # the output head's weight in the run's dtype
     decoder_linear_numel: int = 0  # base linear weights of the decoder layers (pre-quantization)
     other_linear_numel: int = 0  # linear weights outside the decoder and the head (a vision tower, a projector)
     lora_numel: int = 0
@@ -297,6 +298,7 @@ def _describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
         lora_dropout=cfg.lora_dropout if cfg.adapter else 0.0,
         head_trainable=bool(head_weight is not None and head_weight.requires_grad),
         head_numel=head_weight.numel() if head_weight is not None else 0,
+        head_bytes=head_weight.numel() * head_weight.element_size() if head_weight is not None else 0,
     )
     facts.attention = getattr(text, "_attn_implementation", None) or "sdpa"
     facts.logit_softcapping = bool(_setting(text, "final_logit_softcapping", None))
