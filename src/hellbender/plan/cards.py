@@ -8,8 +8,10 @@ memory-bound work between them and attention are kernel_costs.py's). On the H200
 and W3's shapes measured 770-813 TFLOP/s forward and backward (`bench/elementwise_costs.py`), and it fits 35
 measured steps of W1-W4 with `kernel_costs.IN_MODEL_SHARE` (docs/plan.md). On the H100, 0.70, fitted to W1 and W2
 measured there (docs/plan.md). The other cards' efficiencies are not measured: they assume 0.70. Treat their step
-times as rough. The host link is pinned-memory copy speed in one direction: on the H200 machines 55 GB/s each way,
-the same beside bf16 matmuls (`bench/host_link.py`); the other cards' are PCIe figures, not measured here."""
+times as rough. The host link is pinned-memory copy speed in one direction, as training's copies reach it: on the
+H200 machines 50 GB/s, what the offloaded layers' copies (a layer's saved tensors, 0.35 GB) moved beside compute in
+the 8B recipe's profile (3.53 GB in 70 ms each way), where single 1 GiB copies reach 55 GB/s, alone or beside bf16
+matmuls (`bench/host_link.py`); the other cards' are PCIe figures, not measured here."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ LAUNCH_SECONDS = 47e-6
 CARDS: tuple[Card, ...] = (
     Card("H100", 79.2, 989.0, 3.35, 25.0, 0.70, True),
     Card("H100-PCIe", 79.2, 756.0, 2.0, 25.0, 0.70, False),
-    Card("H200", 139.8, 989.0, 4.8, 55.0, 0.78, True),
+    Card("H200", 139.8, 989.0, 4.8, 50.0, 0.78, True),
     Card("B200", 178.4, 2250.0, 8.0, 25.0, 0.70, False),
     Card("A100", 79.2, 312.0, 2.0, 12.0, 0.70, False),
     Card("A100-40GB", 39.4, 312.0, 1.6, 12.0, 0.70, False),
