@@ -246,3 +246,47 @@ def test_a_replaced_torch_function_is_refused_and_undone():
     with pytest.raises(CannotScope, match=r"`torch\.nn\.functional\.cross_entropy` \(a torch function\)"):
         patch_one_model(load(), patch, library="tests")
     assert torch.nn.functional.cross_entropy is stock
+
+
+class RecordingLoss:
+    """Stands in for Liger's autograd function (a Triton kernel): the loss in torch, and the chunk setting it got."""
+
+    supports_inner_impl_dispatch = True
+    chunk_mem_const: list[int] = []
+
+    @staticmethod
+    def apply(hidden, weight, target, *rest):
+        RecordingLoss.chunk_mem_const.append(rest[-1])
+        loss = torch.nn.functional.cross_entropy((hidden @ weight.t()).float(), target, ignore_index=-100)
+        return loss, None, None, None
+
+
+@needs_liger
+@pytest.mark.parametrize("name", ["hellbender/tiny-llama", "hellbender/tiny-gemma4"])
+def test_the_chunk_scale_reaches_ligers_fused_loss_through_the_model_call(monkeypatch, name):
+    """`fused_cross_entropy_chunk_scale`: the model's call hands `chunk_mem_const` to Liger's loss (through Liger's own
+    forward and loss function, with the kernel replaced by a torch stand-in); without the key Liger's default."""
+    from liger_kernel.transformers import functional
+
+    from hellbender.models.kernels import size_loss_chunks
+
+    monkeypatch.setattr(functional, "LigerFusedLinearCrossEntropyFunction", RecordingLoss)
+    monkeypatch.setattr(RecordingLoss, "chunk_mem_const", [])
+    model = load(name)
+    fuse(model, ["liger_fused_linear_cross_entropy"])
+    model.train()
+    model(input_ids=IDS, labels=IDS)
+    size_loss_chunks(model, 4)
+    loss = model(input_ids=IDS, labels=IDS).loss
+    assert RecordingLoss.chunk_mem_const == [1, 4] and torch.isfinite(loss)
+
+
+@needs_liger
+def test_the_chunk_scale_is_refused_where_it_would_do_nothing(tmp_path):
+    from hellbender.models.kernels import size_loss_chunks
+
+    with pytest.raises(ConfigError, match="fused_cross_entropy_chunk_scale` sizes the chunks"):
+        validate_config(base_config(tmp_path, fused_cross_entropy_chunk_scale=4))
+    model = load("hellbender/tiny-llava")
+    with pytest.raises(ConfigError, match="not checked for `model_type: llava`"):
+        size_loss_chunks(model, 4)

@@ -511,6 +511,11 @@ def _distributed_conflicts(cfg: HellbenderConfig) -> list[str]:
         )
     if cfg.tiled_mlp_num_shards is not None and not cfg.tiled_mlp:
         problems.append("`tiled_mlp_num_shards` is set but `tiled_mlp` is not: add `tiled_mlp: true`, or remove it.")
+    if cfg.fused_cross_entropy_chunk_scale is not None and not cfg.fuses_the_loss:
+        problems.append(
+            "`fused_cross_entropy_chunk_scale` sizes the chunks of Liger's fused cross-entropy, which this config does "
+            "not use: add `liger_fused_linear_cross_entropy: true`, or remove it."
+        )
     hybrid = [k for k in ("dp_shard_size", "dp_replicate_size") if getattr(cfg, k) is not None]
     if hybrid and not cfg.uses_fsdp2:
         problems.append(

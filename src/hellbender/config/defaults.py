@@ -113,6 +113,7 @@ UNSET_MEANS: dict[str, str] = {
     "gpu_memory_limit": "no memory limit is planned for: `train` starts without checking the predicted peak",
     "gradient_checkpointing_kwargs": "hellbender's own checkpointing, always non-reentrant",
     "tiled_mlp_num_shards": "about one shard per `hidden_size` tokens (from the model)",
+    "fused_cross_entropy_chunk_scale": "Liger's own chunks (a chunk's logits up to the hidden states' size)",
     "torch_compile_backend": "not compiled (`torch_compile` is off)",
     "torch_compile_mode": "not compiled (`torch_compile` is off)",
     "activation_memory_budget": "the compiler keeps what it judges fastest (a budget of 1.0)",

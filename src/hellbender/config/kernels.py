@@ -30,6 +30,14 @@ class KernelSettings(BaseModel):
         False,
         description="Liger's fused LM head + cross-entropy: the [tokens x vocab] logits are never materialised.",
     )
+    fused_cross_entropy_chunk_scale: Int | None = Field(
+        None,
+        ge=1,
+        description="With `liger_fused_linear_cross_entropy`: Liger's `chunk_mem_const`, how many times the hidden "
+        "states' size of logits one chunk of the fused loss may hold (Liger's default 1). Each chunk reads the whole "
+        "output head and, where the head trains, reads and writes its whole gradient, so fewer, larger chunks "
+        "move less memory for more transient logits (`hellbender plan` counts both). Not yet measured on a GPU.",
+    )
     cut_cross_entropy: bool | None = Field(
         None,
         description="Axolotl's fused LM head + loss (its CutCrossEntropyPlugin): the same computation as "

@@ -53,7 +53,43 @@ def apply_liger_kernels(cfg: HellbenderConfig, model: Any) -> list[str]:
         raise EnvironmentProblem(
             "Liger's kernels are Triton kernels and need a CUDA GPU; this machine has none. Remove the `liger_*` keys."
         )
-    return fuse(model, keys)
+    applied = fuse(model, keys)
+    if cfg.fused_cross_entropy_chunk_scale is not None:
+        size_loss_chunks(model, cfg.fused_cross_entropy_chunk_scale)
+    return applied
+
+
+# Families whose Liger forward hands the model call's keyword arguments on to the fused loss (Liger's
+# `LigerForCausalLMLoss` keeps those its loss function takes), checked by tests/test_kernels.py.
+CHUNK_SCALE_FAMILIES = ("llama", "gemma4", "gemma4_text")
+
+
+def size_loss_chunks(model: Any, scale: int) -> None:
+    """Every call of `model` passes `chunk_mem_const=scale` to Liger's fused cross-entropy, through the keyword
+    arguments of the model's forward, which Liger's forward hands to its loss."""
+    import inspect
+
+    from liger_kernel.transformers import functional
+
+    model_type = model.config.model_type
+    if model_type not in CHUNK_SCALE_FAMILIES:
+        raise ConfigError(
+            f"`fused_cross_entropy_chunk_scale` is not checked for `model_type: {model_type}` (only for "
+            f"{', '.join(CHUNK_SCALE_FAMILIES)}): Liger's forward for it may not pass the setting on to the loss. "
+            "Remove the key."
+        )
+    takes_it = "chunk_mem_const" in inspect.signature(functional.liger_fused_linear_cross_entropy).parameters
+    # Liger's function drops the setting unless its autograd function (this machine's backend's) takes it.
+    if not (takes_it and getattr(functional.LigerFusedLinearCrossEntropyFunction, "supports_inner_impl_dispatch", 0)):
+        raise EnvironmentProblem(
+            f"`fused_cross_entropy_chunk_scale` needs Liger's `chunk_mem_const`, which {_versions()} does not take on "
+            "this machine. Install liger-kernel 0.8.5 or later (CUDA), or remove the key."
+        )
+
+    def pass_scale(module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        return args, {**kwargs, "chunk_mem_const": scale}
+
+    model.register_forward_pre_hook(pass_scale, with_kwargs=True)
 
 
 def fuse(model: Any, keys: list[str]) -> list[str]:

@@ -22,6 +22,7 @@ per element of the run's dtype), the tensors saved for backward are, as counted 
 from __future__ import annotations
 
 from hellbender.models.tiled_mlp import shard_count
+from hellbender.plan.fused_loss_time import chunk_positions
 from hellbender.plan.method import FUSED_HEAD, SCORE_HEAD
 from hellbender.plan.model_facts import ModelFacts
 from hellbender.plan.settings import PlanSettings
@@ -33,7 +34,8 @@ _MLP_INPUTS = ("MLP input", "MLP inner")  # LoRA inputs inside the MLP (`tiled_m
 # peaks in docs/benchmarks.md to 3%.
 _LOGIT_BYTES_BEYOND_DTYPE = 10
 # Liger's fused linear cross-entropy: logits exist for one chunk of tokens at a time (float32, with its gradient),
-# and the gradient of the hidden states for all tokens.
+# and the gradient of the hidden states for all tokens. Planned at 1,024 tokens a chunk (fitted to W1's and W2's
+# peaks) or Liger's own chunk where `fused_cross_entropy_chunk_scale` makes it larger.
 _FUSED_CHUNK_TOKENS = 1024
 # TRL's fused LM head (trl/kernels/chunked_logprob.py, `add_fused_lm_head`): one tile of at most 4,096 tokens x 32,768
 # vocabulary entries in the compute dtype at a time.
@@ -120,7 +122,9 @@ def loss_bytes(facts: ModelFacts, s: PlanSettings, element: int) -> float:
     if s.method.head == FUSED_HEAD:
         return fused_head_bytes(facts, s.scored_tokens, element)
     if s.fused_loss:
-        chunk = min(tokens, _FUSED_CHUNK_TOKENS)
+        chunk = min(
+            tokens, max(_FUSED_CHUNK_TOKENS, chunk_positions(tokens, facts.vocab, facts.hidden, s.loss_chunk_scale))
+        )
         return chunk * facts.vocab * 8 + tokens * facts.hidden * (element + 4)
     # Final logit soft-capping (cap x tanh(logits / cap)) keeps tanh's output for backward: one more logit each.
     softcap = element if facts.logit_softcapping else 0

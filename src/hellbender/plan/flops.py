@@ -326,7 +326,7 @@ def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_
         return total
     if s.method.head == LOGITS and s.fused_loss:
         total += fused_loss_time.seconds(
-            s.tokens, facts.vocab, facts.hidden, facts.head_bytes, facts.head_trainable, card
+            s.tokens, facts.vocab, facts.hidden, facts.head_bytes, facts.head_trainable, card, s.loss_chunk_scale
         )  # fmt: skip
     elif s.method.head not in (FUSED_HEAD, SCORE_HEAD) and not s.fused_loss:
         total += kernel_costs.loss_seconds(s.tokens, facts.vocab, facts.logit_softcapping, card.hbm_tb_s)

@@ -3,8 +3,8 @@ which `flops.py` counts with the output head's at the card's matmul share.
 
 Liger runs the output head and the loss in the forward, a chunk of positions at a time, and keeps the gradients it
 computes there for the backward (liger-kernel 0.8, `fused_linear_cross_entropy_forward`). A chunk holds the next power
-of two of ceil(T / ceil(V / H)) positions (T positions, vocabulary V, hidden width H): about H / V of the logits at
-once. Each chunk runs
+of two of ceil(T / ceil(V / (C H))) positions (T positions, vocabulary V, hidden width H, C Liger's `chunk_mem_const`,
+`fused_cross_entropy_chunk_scale`, 1 by default): about C H / V of the logits at once. Each chunk runs
 - the logits (chunk x H times H x V) and the hidden states' gradient (chunk x V times V x H). Each reads the whole head
   weight; where that takes longer than the matmul's FLOPs (the 8B's head: 1.05 GB per chunk of 128 positions, 0.22 ms
   at 4.8 TB/s against 0.17 ms of FLOPs), the excess counts;
@@ -28,18 +28,20 @@ from hellbender.plan.compiled_time import FUSED_BANDWIDTH_SHARE
 LOSS_PASSES = 3  # the loss kernel reads each logit twice (the row's maximum and sum, then the gradient) and writes once
 
 
-def chunk_positions(tokens: int, vocab: int, hidden: int) -> int:
-    """Positions per chunk, as Liger sizes them: the next power of two of ceil(tokens / ceil(vocab / hidden))."""
-    per_chunk = -(-tokens // -(-vocab // hidden))
-    return 1 << max(0, per_chunk - 1).bit_length()
+def chunk_positions(tokens: int, vocab: int, hidden: int, scale: int = 1) -> int:
+    """Positions per chunk, as Liger sizes them: the next power of two of ceil(tokens / ceil(vocab / (scale x
+    hidden))), at most `tokens` (`scale`: `fused_cross_entropy_chunk_scale`, Liger's `chunk_mem_const`)."""
+    per_chunk = -(-tokens // -(-vocab // (scale * hidden)))
+    return min(tokens, 1 << max(0, per_chunk - 1).bit_length())
 
 
-def seconds(tokens: int, vocab: int, hidden: int, head_bytes: int, head_trainable: bool, card: Card) -> float:
+def seconds(tokens: int, vocab: int, hidden: int, head_bytes: int, head_trainable: bool, card: Card,
+            scale: int = 1) -> float:  # fmt: skip
     """One micro-batch of `tokens` positions: the head weight's reads beyond the FLOPs of the two matmuls that read
     it, the loss kernel, and a trained head's gradient buffer read and written once per chunk."""
     if not tokens or not head_bytes:
         return 0.0
-    chunk = chunk_positions(tokens, vocab, hidden)
+    chunk = chunk_positions(tokens, vocab, hidden, scale)
     chunks = -(-tokens // chunk)
     element = head_bytes / (vocab * hidden)
     bandwidth = card.hbm_tb_s * 1e12

@@ -38,6 +38,7 @@ class PlanSettings:
     attention: str = "sdpa"  # `attn_implementation`
     packed: bool = False  # `sample_packing`: several documents share a row
     offloaded_layers: int = 0  # `activation_offload_layers`: checkpointed layers run once, all they save on the host
+    loss_chunk_scale: int = 1  # `fused_cross_entropy_chunk_scale`: Liger's `chunk_mem_const`
 
     @property
     def rows(self) -> int:
@@ -107,6 +108,7 @@ def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None
         offload=cfg.gradient_checkpointing == "offload",
         checkpointed_layers=cfg.gradient_checkpointing_layers,
         fused_loss=cfg.fuses_the_loss,
+        loss_chunk_scale=cfg.fused_cross_entropy_chunk_scale or 1,
         liger_rms_norm=cfg.liger_rms_norm,
         liger_glu=cfg.liger_glu_activation,
         eager_attention=cfg.attn_implementation == "eager",
