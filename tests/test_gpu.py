@@ -361,6 +361,39 @@ def test_compiled_layers_with_liger_fused_cross_entropy_train_to_the_uncompiled_
     )  # fmt: skip
 
 
+def test_a_larger_fused_loss_chunk_gives_the_same_loss_and_gradients():
+    """`fused_cross_entropy_chunk_scale`: the tiny Llama's 192 positions in one chunk instead of six of 32 (Liger's
+    kernel, float32 on the GPU) give the same loss and gradients, the head's included."""
+    pytest.importorskip("liger_kernel")
+    from transformers import AutoModelForCausalLM
+
+    from hellbender.models.kernels import fuse, size_loss_chunks
+    from hellbender.models.tiny import tiny_model_dir
+    from hellbender.plan.fused_loss_time import chunk_positions
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("hellbender/tiny-llama")).cuda().train()
+    fuse(model, ["liger_fused_linear_cross_entropy"])
+    ids = torch.randint(3, 500, (2, 96), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    config = model.config
+    assert chunk_positions(ids.numel(), config.vocab_size, config.hidden_size) == 32
+    assert chunk_positions(ids.numel(), config.vocab_size, config.hidden_size, 8) == ids.numel()
+
+    def loss_and_gradients() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    with tf32_off():
+        expected_loss, expected = loss_and_gradients()
+        size_loss_chunks(model, 8)
+        loss, got = loss_and_gradients()
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    assert got.keys() == expected.keys() and "lm_head.weight" in got
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("adapter", ["lora", None])
 def test_compiled_layers_under_a_memory_budget_train_to_the_uncompiled_losses(tmp_path, adapter):
     """`activation_memory_budget` with inductor: the unchecked compiled layers recompute part of what they would
