@@ -80,7 +80,9 @@ def size_loss_chunks(model: Any, scale: int) -> None:
         )
     takes_it = "chunk_mem_const" in inspect.signature(functional.liger_fused_linear_cross_entropy).parameters
     # Liger's function drops the setting unless its autograd function (this machine's backend's) takes it.
-    if not (takes_it and getattr(functional.LigerFusedLinearCrossEntropyFunction, "supports_inner_impl_dispatch", 0)):
+    if not (
+        takes_it and getattr(functional.LigerFusedLinearCrossEntropyFunction, "supports_inner_impl_dispatch", False)
+    ):
         raise EnvironmentProblem(
             f"`fused_cross_entropy_chunk_scale` needs Liger's `chunk_mem_const`, which {_versions()} does not take on "
             "this machine. Install liger-kernel 0.8.5 or later (CUDA), or remove the key."

@@ -308,8 +308,8 @@ def layer_pass_seconds(facts: ModelFacts, s: PlanSettings, card: Card) -> tuple[
 
 def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_only: bool = False) -> float:
     """One micro-batch's work outside the matmuls and attention (norms, rotary embeddings, gated products, residual
-    sums, LoRA's adapters, the loss: unfused, or Liger's fused head beyond its FLOPs), from the per-element costs in kernel_costs.py, or for compiled layers
-    from their traced graphs (compiled_time.py)."""
+    sums, LoRA's adapters, the loss: unfused, or Liger's fused head beyond its FLOPs, fused_loss_time.py), from the
+    per-element costs in kernel_costs.py, or for compiled layers from their traced graphs (compiled_time.py)."""
     recomputed = s.recomputed(facts.layers)
     passes = 1.0 if passes_only else _forwards_without_gradients(s)
     liger = (s.liger_rms_norm, s.liger_rope, s.liger_glu)
