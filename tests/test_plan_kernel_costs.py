@@ -18,6 +18,11 @@ from hellbender.plan.settings import plan_settings
 from tests.helpers import base_config, vlm_config
 
 pytestmark = pytest.mark.usefixtures("libraries_log_to_the_session_stderr")
+# The 1B Llama's shape (bench/throughput.py's W2), on the tiny model's tokenizer
+W2_SHAPE = dict(
+    hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+    head_dim=64, vocab_size=128256, tie_word_embeddings=True,
+)  # fmt: skip
 
 
 def test_each_layers_norms_lora_and_mlp_are_counted_as_a_real_forward_runs_them(tmp_path):
@@ -88,12 +93,8 @@ def test_liger_kernels_a_fused_loss_and_soft_capping_move_the_memory_bound_work(
     transformers' ops; the fused loss leaves out the float32 logits' cross-entropy; soft-capping costs more; the
     same work takes longer on a card of less bandwidth; checkpointed layers run their forward's share again. The
     report splits the GPU's work into matmuls, attention and these ops."""
-    shape = dict(
-        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-        vocab_size=128256,
-    )  # fmt: skip
     raw = base_config(tmp_path, adapter=None, sequence_len=2048, micro_batch_size=4, gradient_checkpointing=False,
-                      bf16=True, overrides_of_model_config=shape)  # fmt: skip
+                      bf16=True, overrides_of_model_config=W2_SHAPE)  # fmt: skip
     cfg = validate_config(raw)
     facts = describe(cfg, meta_model(cfg))
     s = plan_settings(cfg, facts=facts)
@@ -131,12 +132,8 @@ def test_the_1b_recipes_attention_fused_loss_and_optimizer_plan_as_their_profile
     the optimizer step with clipping 9.07 ms. The plan's counts give each within 10%."""
     from hellbender.plan.flops import _layer_attention, optimizer_seconds
 
-    shape = dict(
-        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=64, vocab_size=128256, tie_word_embeddings=True,
-    )  # fmt: skip
     raw = base_config(tmp_path, adapter=None, sequence_len=2048, micro_batch_size=4, bf16=True,
-                      liger_fused_linear_cross_entropy=True, overrides_of_model_config=shape)  # fmt: skip
+                      liger_fused_linear_cross_entropy=True, overrides_of_model_config=W2_SHAPE)  # fmt: skip
     cfg = validate_config(raw)
     facts = describe(cfg, meta_model(cfg))
     s = plan_settings(cfg, facts=facts)
@@ -178,11 +175,7 @@ def test_a_larger_chunk_scale_plans_fewer_passes_over_the_heads_gradient_for_mor
     """`fused_cross_entropy_chunk_scale: 8` on the 1B recipe's shape: chunks of 1,024 positions instead of 256, so
     the tied head's gradient buffer is read and written 8 times a step instead of 32 (about 5 ms less on an H200),
     the planned loss memory stays at the 1,024 positions the plan holds for Liger's chunk, and grows past it."""
-    shape = dict(
-        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=64, vocab_size=128256, tie_word_embeddings=True,
-    )  # fmt: skip
-    common = dict(adapter=None, sequence_len=2048, micro_batch_size=4, bf16=True, overrides_of_model_config=shape)
+    common = dict(adapter=None, sequence_len=2048, micro_batch_size=4, bf16=True, overrides_of_model_config=W2_SHAPE)
     default = validate_config(base_config(tmp_path, liger_fused_linear_cross_entropy=True, **common))
     scaled = validate_config(
         base_config(tmp_path, liger_fused_linear_cross_entropy=True, fused_cross_entropy_chunk_scale=8, **common)
