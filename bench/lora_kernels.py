@@ -59,7 +59,8 @@ def build_layer(fused: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
     return model.base_model.model.layer, rotary
 
 
-def step_function(layer: torch.nn.Module, rotary: torch.nn.Module, tokens: int, mode: str) -> Any:
+def step_function(layer: torch.nn.Module, rotary: torch.nn.Module, tokens: int, mode: str,
+                  compile_mode: str | None = None) -> Any:  # fmt: skip
     from torch.utils.checkpoint import checkpoint
 
     rows = tokens // 2048
@@ -72,12 +73,13 @@ def step_function(layer: torch.nn.Module, rotary: torch.nn.Module, tokens: int, 
             return layer(hidden, position_embeddings=embeddings)
         return checkpoint(layer, hidden, position_embeddings=embeddings, use_reentrant=False)
 
-    return torch.compile(run) if mode.startswith("compiled") else run
+    return torch.compile(run, mode=compile_mode) if mode.startswith("compiled") else run
 
 
-def measure(fused: bool, mode: str, tokens: int, iters: int) -> dict[str, Any]:
+def measure(fused: bool, mode: str, tokens: int, iters: int, compile_mode: str | None = None) -> dict[str, Any]:
+    """`compile_mode`: torch.compile's mode for the compiled modes (None: its default)."""
     layer, rotary = build_layer(fused)
-    call = step_function(layer, rotary, tokens, mode)
+    call = step_function(layer, rotary, tokens, mode, compile_mode)
     torch.manual_seed(2)
     hidden = torch.randn(tokens // 2048, 2048, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     target = torch.randn_like(hidden)
