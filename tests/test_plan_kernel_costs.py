@@ -186,6 +186,8 @@ def test_a_larger_chunk_scale_plans_fewer_passes_over_the_heads_gradient_for_mor
     # (the loss kernel passes over the same logits either way)
     assert before.time.seconds - after.time.seconds == pytest.approx(buffer_passes, rel=1e-6)
     assert after.memory.loss == before.memory.loss  # 1,024 positions: the chunk the plan already holds
+    assert "fused loss (chunks of 256 positions)" in render(before)
+    assert "fused loss (chunks of 1,024 positions)" in render(after)
     bigger = validate_config(
         base_config(tmp_path, liger_fused_linear_cross_entropy=True, fused_cross_entropy_chunk_scale=32, **common)
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hellbender.plan.fit import Plan, generation_advice, smallest_fitting_change
+from hellbender.plan.fused_loss_time import chunk_positions
 from hellbender.plan.generation import rollout_rows
 from hellbender.plan.memory import ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES, GIB
 from hellbender.plan.method import (
@@ -48,7 +49,7 @@ def describe_run(plan: Plan) -> str:
     else:
         batch = f"{shape.name}, micro-batch {s.micro_batch_size} {shape.example}s: {_rows(s)}"
     head = {
-        LOGITS: "fused loss" if s.fused_loss else "full-logits loss",
+        LOGITS: _fused_loss(plan) if s.fused_loss else "full-logits loss",
         FUSED_HEAD: "TRL's fused LM head (no full logits)",
         SCORE_HEAD: "score head",
         **DISTILLATION_LOSSES,
@@ -57,6 +58,12 @@ def describe_run(plan: Plan) -> str:
         f"{cfg.base_model}: {method}{bits}, {batch}, {ckpt}, {head}, optimizer {s.optimizer}, {s.gpus} GPU(s) "
         f"({sharding})"
     )
+
+
+def _fused_loss(plan: Plan) -> str:
+    s, facts = plan.settings, plan.facts
+    chunk = chunk_positions(s.tokens, facts.vocab, facts.hidden, s.loss_chunk_scale)
+    return f"fused loss (chunks of {chunk:,} positions)"
 
 
 def _teacher(plan: Plan) -> str:
