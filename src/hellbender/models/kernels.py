@@ -67,8 +67,6 @@ CHUNK_SCALE_FAMILIES = ("llama", "gemma4", "gemma4_text")
 def size_loss_chunks(model: Any, scale: int) -> None:
     """Every call of `model` passes `chunk_mem_const=scale` to Liger's fused cross-entropy, through the keyword
     arguments of the model's forward, which Liger's forward hands to its loss."""
-    import inspect
-
     from liger_kernel.transformers import functional
 
     model_type = model.config.model_type
