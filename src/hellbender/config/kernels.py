@@ -36,8 +36,8 @@ class KernelSettings(BaseModel):
         description="With `liger_fused_linear_cross_entropy`: Liger's `chunk_mem_const`, how many times the hidden "
         "states' size of logits one chunk of the fused loss may hold (Liger's default 1). Each chunk reads the whole "
         "output head and, where the head trains, reads and writes its whole gradient, so fewer, larger chunks "
-        "move less memory for more transient logits (`hellbender plan` counts both). For Llama and Gemma 4 models (whose "
-        "Liger forward is checked to pass it on). Not yet measured on a GPU.",
+        "move less memory for more transient logits (`hellbender plan` counts both). For Llama and Gemma 4 models "
+        "(whose Liger forward is checked to pass it on). Not yet measured on a GPU.",
     )
     cut_cross_entropy: bool | None = Field(
         None,

@@ -71,7 +71,7 @@ class StepTime:
     rollout: RolloutTime | None = None  # online RL: one generation, which `seconds` counts per optimizer step
     attention_seconds: float = 0.0  # of `compute_seconds`: attention's kernels
     memory_bound_seconds: float = 0.0  # of `compute_seconds`: norms, rotary embeddings, LoRA, the loss, ...
-    copy_stall_seconds: float = 0.0  # offloaded layers' copies to the host that outlast the forward
+    copy_stall_seconds: float = 0.0  # the backward waiting for offloaded layers' fetches (offload_timeline.py)
 
     @property
     def launch_bound(self) -> bool:
