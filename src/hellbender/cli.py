@@ -640,6 +640,19 @@ QUIET_WARNINGS = (r"`is_gradient_checkpointing` is deprecated",)
 # Library loggers whose warnings concern paths hellbender never takes: bitsandbytes' CPU backend says on import that
 # its hub kernel for 4-bit matmuls on CPU is missing, and hellbender runs 4-bit weights on CUDA only.
 QUIET_LOGGERS = ("bitsandbytes.backends.cpu.ops",)
+# Single messages of library loggers, printed whenever transformers' model code is imported with torchao installed
+# (the `qat` extra) under torch 2.13: torchao 0.18's prebuilt C++ extensions target torch 2.11 and do not load (its
+# Python quantization, which the int8 / int4 schemes run on a CPU, does; a scheme whose GPU kernel lives in one of
+# them fails where it calls it, naming the operator), and its Enum registrations meet torch's deprecation.
+QUIET_LOG_MESSAGES = {
+    "torchao": r"Failed to load .*_C\w*\.(?:[\w-]+\.)?so",
+    "torch.utils._pytree": r"is an Enum subclass and is now natively supported",
+}
+
+
+def _drop_messages(logger_name: str, pattern: str) -> None:
+    expression = re.compile(pattern)
+    logging.getLogger(logger_name).addFilter(lambda record: not expression.search(record.getMessage()))
 
 
 def main() -> None:
@@ -649,4 +662,6 @@ def main() -> None:
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    for name, pattern in QUIET_LOG_MESSAGES.items():
+        _drop_messages(name, pattern)
     app()

@@ -105,9 +105,17 @@ def tiny_model_dir(name: str) -> Path:
 
     def build(staging: Path) -> None:
         import torch
+        from transformers.utils import logging as transformers_logging
 
-        with torch.random.fork_rng(devices=[]):  # builders seed their own init; the caller's RNG stays as it was
-            _builder(name)(staging)
+        # No "Writing model shards" bar for a model of a few megabytes built behind the user's command.
+        bars_were_on = transformers_logging.is_progress_bar_enabled()
+        transformers_logging.disable_progress_bar()
+        try:
+            with torch.random.fork_rng(devices=[]):  # builders seed their own init; the caller's RNG stays as it was
+                _builder(name)(staging)
+        finally:
+            if bars_were_on:
+                transformers_logging.enable_progress_bar()
 
     return write_directory_atomically(target, build, keep_if=_is_built)  # another process may build it meanwhile
 
