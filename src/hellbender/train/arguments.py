@@ -15,6 +15,7 @@ from hellbender.config.tracking_checks import run_name
 from hellbender.errors import EnvironmentProblem
 from hellbender.train.deepspeed import deepspeed_config
 from hellbender.train.distributed import runs_on_cpu_processes
+from hellbender.train.float32_precision import restate_for_legacy_readers
 from hellbender.train.fsdp import check_fsdp_plugin_arguments, fsdp_arguments
 from hellbender.train.lr_schedule import scheduler_arguments
 from hellbender.train.sampling import sampling_strategy
@@ -146,6 +147,7 @@ def training_arguments(
     )
     values.update(method_arguments or {})  # a method may set a field of every run its own way (KTO's row order)
     args = arguments_class(**values)
+    restate_for_legacy_readers()  # transformers may have just set TF32 in a way torch's compiler cannot read back
     check_fsdp_plugin_arguments(cfg, getattr(args, "fsdp_plugin_args", None))
     if args.n_gpu > 1:  # one process, several GPUs: the Trainer would split every batch with nn.DataParallel
         raise EnvironmentProblem(
