@@ -7,10 +7,11 @@ import pytest
 
 from hellbender.config import validate_config
 from hellbender.plan.activations import attention_scores_bytes, layer_bytes_per_token
-from hellbender.plan.budget import plan_for
-from hellbender.plan.fit import element_size
-from hellbender.plan.memory import SLAB_BYTES
+from hellbender.plan.budget import card_and_budget, plan_for
+from hellbender.plan.fit import element_size, plan_with
+from hellbender.plan.memory import GIB, SLAB_BYTES
 from hellbender.plan.report import render
+from hellbender.plan.settings import plan_settings
 from tests.helpers import base_config
 
 pytestmark = pytest.mark.usefixtures("libraries_log_to_the_session_stderr")
@@ -99,10 +100,21 @@ def test_auto_offloads_compiled_layers_where_the_plan_says_it_pays(tmp_path):
     compiled = validate_config(base_config(tmp_path, torch_compile=True, **common), choose)
     chosen = compiled.activation_offload_layers
     assert 0 < chosen <= 12
+
+    def with_count(count: int):
+        return compiled.model_copy(update={"activation_offload_layers": count})
+
+    # Each count planned in full would trace the compiled layer again. The trace does not depend on the count: the
+    # chosen count, planned from nothing, has count 0's traced layer and the step time planned from it below.
+    facts, chosen_plan = plan_for(with_count(0)).facts, plan_for(with_count(chosen))
+    assert facts.compiled_layer is not None and facts.compiled_layer == chosen_plan.facts.compiled_layer
+    card, budget, source = card_and_budget(compiled)
     speed = {
-        count: plan_for(compiled.model_copy(update={"activation_offload_layers": count})).time.tokens_per_second
+        count: plan_with(with_count(count), facts, plan_settings(with_count(count), 1, facts), card,
+                         int(budget * GIB), source).time.tokens_per_second
         for count in range(13)
-    }
+    }  # fmt: skip
+    assert speed[chosen] == chosen_plan.time.tokens_per_second
     assert speed[chosen] >= 0.99 * max(speed.values())
     assert all(speed[count] < 0.99 * max(speed.values()) for count in range(chosen))
     uncompiled = validate_config(base_config(tmp_path, **common), choose)
