@@ -55,6 +55,10 @@ TEACHER_FORWARD = "teacher forward (no gradients)"
 # recipe on an H200 (docs/plan.md, "Full fine-tuning's optimizer and the fused loss"), torch's fused AdamW moved
 # 17.3 GB in 6.35 ms and the gradient clipping 7.4 GB in 2.72 ms, both 2.7 TB/s of 4.8.
 OPTIMIZER_BANDWIDTH_SHARE = 0.57
+# The share of the host link an uncompiled offloaded layer's copies reach. It parks each of its saved tensors as a copy
+# of its own (about 25 of 28 MB per layer of the 8B shape at 4,096 tokens); profiled with 8 such layers on an H200,
+# they moved at 34 GB/s each way, where the compiled layers' fewer, larger copies reached the planned 50 (docs/plan.md).
+UNCOMPILED_PARKED_COPY_SHARE = 34 / 50
 
 
 @dataclass(frozen=True)
@@ -199,8 +203,11 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     memory_bound *= gradient_accumulation
     compute = (flops - attention - teacher_attention) / (peak * card.efficiency) + attention_time + memory_bound
     link = card.host_link_gb_s * 1e9
+    parked_link = parked_copy_gb_s(facts, card) * 1e9
     inputs = memory.host_parts.get("offloaded layer inputs (pinned slabs)", 0) * gradient_accumulation / link
-    parked = memory.host_parts.get("offloaded layer activations (pinned slabs)", 0) * gradient_accumulation / link
+    parked = (
+        memory.host_parts.get("offloaded layer activations (pinned slabs)", 0) * gradient_accumulation / parked_link
+    )
     transfer = 2 * (inputs + parked)  # each way once, beside compute
     # Offloaded layers' activations leave while the forward runs and come back during the backward; the step waits
     # where a fetch has not arrived when its layer's backward begins (offload_timeline.py).
@@ -208,7 +215,9 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     if memory.parked_layers:
         forward, backward = layer_pass_seconds(facts, s, card)
         between = max(0.0, compute / gradient_accumulation - sum(forward) - sum(backward))
-        copy_stall = gradient_accumulation * copy_wait_seconds(forward, backward, memory.parked_layers, link, between)
+        copy_stall = gradient_accumulation * copy_wait_seconds(
+            forward, backward, memory.parked_layers, parked_link, between
+        )
     optimizer = optimizer_seconds(memory.gradients, memory.optimizer_states, s.clips_gradients, card)
     compiled = facts.compiled_layer
     kernels = micro_batch_kernels(facts.kernels, s, facts.layers, compiled is not None) * gradient_accumulation
@@ -279,6 +288,11 @@ def _layer_attention(facts: ModelFacts, s: PlanSettings, card: Card) -> list[tup
         rate = partial(kernel_costs.attention_rate, head_dim, masked, s.row_len, peak_tflops=card.bf16_tflops)
         out.append((flops / rate(backward=False), 3 * flops / rate(backward=True)))
     return out
+
+
+def parked_copy_gb_s(facts: ModelFacts, card: Card) -> float:
+    """How fast, each way, the offloaded layers' activations are planned to move over the host link."""
+    return card.host_link_gb_s * (1.0 if facts.compiled_layer is not None else UNCOMPILED_PARKED_COPY_SHARE)
 
 
 def layer_pass_seconds(facts: ModelFacts, s: PlanSettings, card: Card) -> tuple[list[float], list[float]]:

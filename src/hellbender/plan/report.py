@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hellbender.plan.fit import Plan, generation_advice, smallest_fitting_change
+from hellbender.plan.flops import parked_copy_gb_s
 from hellbender.plan.fused_loss_time import chunk_positions
 from hellbender.plan.generation import rollout_rows
 from hellbender.plan.memory import ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES, GIB
@@ -185,8 +186,8 @@ def render(plan: Plan) -> str:
         )
     if t.copy_stall_seconds:
         lines.append(
-            f"  the backward waits {t.copy_stall_seconds:.3f} s a step for offloaded layers' copies (the host link "
-            f"moves {plan.card.host_link_gb_s:g} GB/s each way): offload fewer layers"
+            f"  the backward waits {t.copy_stall_seconds:.3f} s a step for offloaded layers' copies (planned at "
+            f"{parked_copy_gb_s(plan.facts, plan.card):g} GB/s each way): offload fewer layers"
         )
     if t.launch_bound:
         lines.append(
