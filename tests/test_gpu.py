@@ -443,6 +443,31 @@ def test_autotuned_compiled_layers_train_to_the_uncompiled_losses(tmp_path):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("tf32", [True, False])
+def test_an_autotuned_compile_runs_after_the_trainers_arguments_set_tf32(tmp_path, tf32):
+    """transformers sets `tf32` through torch's per-backend API while the Trainer's arguments are built, after which
+    torch's legacy precision readers raise, and inductor's max-autotune reads one for its cache keys: with the
+    arguments hellbender builds, an autotuned matmul compiles and runs, at the precision the key asked for."""
+    from hellbender.train.arguments import training_arguments
+    from hellbender.train.schedule import plan_schedule
+
+    saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    cfg = validate_config(base_config(tmp_path, bf16=True, tf32=tf32))
+    try:
+        training_arguments(cfg, plan_schedule(cfg, 8), has_eval=False)
+        assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+        torch._dynamo.reset()
+        layer = torch.nn.Linear(256, 256, device="cuda")
+        compiled = torch.compile(layer, mode="max-autotune-no-cudagraphs")
+        inputs = torch.randn(512, 256, device="cuda", requires_grad=True)
+        compiled(inputs).sum().backward()
+        expected = torch.ones(512, 256, device="cuda") @ layer.weight
+        assert torch.allclose(inputs.grad, expected, rtol=1e-2, atol=1e-2)
+    finally:  # the process's precision as it was, for the tests after this one
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cudnn.allow_tf32 = saved[1]
+
+
 def test_tiled_mlp_matches_the_untiled_loss_and_gradients_in_bf16_autocast(tmp_path):
     """On the GPU the shards' backward runs under the forward's autocast and CUDA random state."""
     import copy
