@@ -27,7 +27,7 @@ BUILT_AFTERWARDS = "unfused, built after the fused models"
 
 def loss_and_grads(path: str, keys: tuple[str, ...], ids: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().train()
-    cfg = SimpleNamespace(**{key: key in keys for key in LIGER_ARGUMENTS})
+    cfg = SimpleNamespace(**{key: key in keys for key in LIGER_ARGUMENTS}, fused_cross_entropy_chunk_scale=None)
     applied = apply_liger_kernels(cfg, model) if keys else []
     assert applied == list(keys), applied
     if not keys:  # no module of an unfused model has a forward of its own (Liger binds its kernels so)

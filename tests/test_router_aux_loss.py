@@ -145,7 +145,10 @@ def test_liger_fused_cross_entropy_holds_the_aux_loss_once(tiny_dir, tmp_path):
 
     inputs = {key: value.cuda() for key, value in batch().items()}
     fused_model = model()
-    only_fused_loss = SimpleNamespace(**{key: key == "liger_fused_linear_cross_entropy" for key in LIGER_ARGUMENTS})
+    only_fused_loss = SimpleNamespace(
+        **{key: key == "liger_fused_linear_cross_entropy" for key in LIGER_ARGUMENTS},
+        fused_cross_entropy_chunk_scale=None,
+    )
     assert apply_liger_kernels(only_fused_loss, fused_model) == ["liger_fused_linear_cross_entropy"]
     fused = trainer_for(fused_model, tmp_path, fused=True, cpu=False)
     fused_loss = fused.compute_loss(fused_model, dict(inputs))
