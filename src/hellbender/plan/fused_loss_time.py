@@ -30,7 +30,7 @@ from hellbender.plan.compiled_time import FUSED_BANDWIDTH_SHARE
 # 128 shortened the step by 6.6, 6.0 and 15.3 ms in three invocations (docs/benchmarks.md, "Fewer, larger chunks
 # for the fused loss"), where reading the head at the full 4.8 TB/s accounts for 2.9; the median, 6.6 ms, is the 32
 # chunks' two matmuls reading the head at 0.79 of it. The 1B recipe's chunks stay bound by their FLOPs at that share
-# (measured 4.8-7.3 ms for 8 chunks instead of 32, planned 5.2 from its gradient buffer alone).
+# (measured 4.8-7.3 ms for 8 chunks instead of 32, planned 5.25 from its gradient buffer alone).
 WEIGHT_BOUND_BANDWIDTH_SHARE = 0.79
 LOSS_PASSES = 3  # the loss kernel reads each logit twice (the row's maximum and sum, then the gradient) and writes once
 
