@@ -1,0 +1,142 @@
+"""The host's time for hellbender's activation checkpointing, per checkpointed layer, against the layer's forward.
+
+A model of the W2 layout (16 Llama decoder layers) at toy width, so that the step's time is the host's (Python,
+autograd and the dispatcher; with CUDA, kernel launches) and not the kernels'. Each setting trains the same step
+repeatedly: no checkpointing, the first N layers checkpointed, every layer. Printed per setting: the median forward
+and backward times and the ATen operations each runs; then, fitted over the checkpointed settings, the host time
+one checkpointed layer adds and its ratio to one layer's forward. `hellbender plan` counts a checkpointed layer's
+host work as its recomputed forward's kernels only, a ratio of 1 (docs/plan.md, "Checkpointing's host work").
+
+    python3 bench/checkpoint_host_time.py [--device cuda] [--repeats 15] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+LAYERS = 16
+SETTINGS: tuple[int, ...] = (0, 4, 8, 16)  # checkpointed layers (0: none)
+
+
+class CountOperations(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def build(checkpointed: int, device: str) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hellbender.models.activation_checkpointing import enable_activation_checkpointing
+
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=256, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).train()
+    if checkpointed:
+        enable_activation_checkpointing(model, layers=checkpointed)
+    return model
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(model: Any, ids: torch.Tensor, repeats: int, device: str) -> tuple[float, float]:
+    """Median forward and backward seconds over `repeats` steps (after one warm-up step)."""
+    forwards, backwards = [], []
+    for index in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        synchronize(device)
+        middle = time.perf_counter()
+        loss.backward()
+        synchronize(device)
+        if index:
+            forwards.append(middle - start)
+            backwards.append(time.perf_counter() - middle)
+        model.zero_grad(set_to_none=True)
+    return statistics.median(forwards), statistics.median(backwards)
+
+
+def count_operations(model: Any, ids: torch.Tensor) -> tuple[int, int]:
+    with CountOperations() as forward:
+        loss = model(input_ids=ids, labels=ids).loss
+    with CountOperations() as backward:
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return forward.count, backward.count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=15, help="timed steps per setting and round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over the settings, interleaved")
+    args = parser.parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(1)  # toy tensors: threads only add their own overhead
+    ids = torch.zeros(1, 16, dtype=torch.long, device=args.device)
+    models = {n: build(n, args.device) for n in SETTINGS}
+    times: dict[int, list[tuple[float, float]]] = {n: [] for n in SETTINGS}
+    for _ in range(args.rounds):
+        for n, model in models.items():
+            times[n].append(time_steps(model, ids, args.repeats, args.device))
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU, one thread"
+    print(
+        f"device: {name}; torch {torch.__version__}; {LAYERS} layers, medians of {args.repeats} steps x {args.rounds}"
+    )
+    print("| checkpointed layers | forward ms | backward ms | step ms | forward ops | backward ops |")
+    print("|---|---|---|---|---|---|")
+    step: dict[int, float] = {}
+    forward: dict[int, float] = {}
+    for n in SETTINGS:
+        f = statistics.median(t[0] for t in times[n])
+        b = statistics.median(t[1] for t in times[n])
+        step[n], forward[n] = f + b, f
+        ops = count_operations(models[n], ids)
+        print(f"| {n} | {f * 1e3:.2f} | {b * 1e3:.2f} | {(f + b) * 1e3:.2f} | {ops[0]} | {ops[1]} |")
+    # Least squares over the checkpointed settings: step = fixed + per_layer x n.
+    counts = [n for n in SETTINGS if n]
+    mean_n = statistics.mean(counts)
+    mean_t = statistics.mean(step[n] - step[0] for n in counts)
+    per_layer = sum((n - mean_n) * (step[n] - step[0] - mean_t) for n in counts) / sum(
+        (n - mean_n) ** 2 for n in counts
+    )
+    fixed = mean_t - per_layer * mean_n
+    # One layer's forward: the forward without checkpointing less what runs outside the layers, read from a model
+    # with no layers at all (embedding, final norm, head and loss).
+    outside = time_steps(build_empty(args.device), ids, args.repeats, args.device)[0]
+    layer_forward = (forward[0] - outside) / LAYERS
+    print(
+        f"one checkpointed layer adds {per_layer * 1e3:.3f} ms (a fixed {fixed * 1e3:.2f} ms besides); one layer's "
+        f"forward {layer_forward * 1e3:.3f} ms; ratio {per_layer / layer_forward:.2f}"
+    )
+
+
+def build_empty(device: str) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=0, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=256, tie_word_embeddings=True,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).train()
+
+
+if __name__ == "__main__":
+    main()
