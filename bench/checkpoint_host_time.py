@@ -34,17 +34,22 @@ class CountOperations(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def build(checkpointed: int, device: str) -> Any:
+def toy_model(layers: int, device: str) -> Any:
+    """A Llama of `layers` decoder layers at toy width (0: embedding, final norm, head and loss only)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hellbender.models.activation_checkpointing import enable_activation_checkpointing
-
     config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
+        hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, vocab_size=256, tie_word_embeddings=True,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).train()
+    return LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).train()
+
+
+def build(checkpointed: int, device: str) -> Any:
+    from hellbender.models.activation_checkpointing import enable_activation_checkpointing
+
+    model = toy_model(LAYERS, device)
     if checkpointed:
         enable_activation_checkpointing(model, layers=checkpointed)
     return model
@@ -118,24 +123,13 @@ def main() -> None:
         (n - mean_n) ** 2 for n in counts
     )
     fixed = mean_t - per_layer * mean_n
-    # One layer's forward: the forward without checkpointing less what runs outside the layers, read from a model
-    # with no layers at all (embedding, final norm, head and loss).
-    outside = time_steps(build_empty(args.device), ids, args.repeats, args.device)[0]
+    # One layer's forward: the forward without checkpointing less what runs outside the layers (a model of none).
+    outside = time_steps(toy_model(0, args.device), ids, args.repeats, args.device)[0]
     layer_forward = (forward[0] - outside) / LAYERS
     print(
         f"one checkpointed layer adds {per_layer * 1e3:.3f} ms (a fixed {fixed * 1e3:.2f} ms besides); one layer's "
         f"forward {layer_forward * 1e3:.3f} ms; ratio {per_layer / layer_forward:.2f}"
     )
-
-
-def build_empty(device: str) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=0, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, vocab_size=256, tie_word_embeddings=True,
-    )  # fmt: skip
-    return LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).train()
 
 
 if __name__ == "__main__":
