@@ -454,6 +454,9 @@ def test_an_autotuned_compile_runs_after_the_trainers_arguments_set_tf32(tmp_pat
     saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     cfg = validate_config(base_config(tmp_path, bf16=True, tf32=tf32))
     try:
+        # Start from the other precision (an earlier whole-model compile in bf16 turns TF32 on for the process):
+        # the key, not what the process held before, decides.
+        torch.set_float32_matmul_precision("highest" if tf32 else "high")
         training_arguments(cfg, plan_schedule(cfg, 8), has_eval=False)
         assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
         torch._dynamo.reset()

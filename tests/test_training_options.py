@@ -119,3 +119,11 @@ def test_pinned_batches_are_copied_to_the_gpu_without_waiting_unless_the_config_
     assert accelerator_arguments(told, pinned=True)["non_blocking"] is False
     args = training_arguments(plain, plan_schedule(plain, 100), has_eval=False)
     assert args.logging_nan_inf_filter is False  # it reads each micro-batch's loss: the divergence check stops instead
+
+
+@pytest.mark.parametrize(("keys", "expected"), [({}, None), ({"tf32": False}, False)])
+def test_tf32_false_is_said_to_the_trainer_and_left_out_leaves_it_to_transformers(tmp_path, keys, expected):
+    """transformers turns TF32 on for the process when the Trainer compiles the whole model in bf16 unless its
+    `tf32` argument is False: a config's `tf32: false` reaches it as False (the GPU test checks the precision)."""
+    cfg = validate_config(base_config(tmp_path, **keys))
+    assert training_arguments(cfg, plan_schedule(cfg, 100), has_eval=False).tf32 is expected

@@ -111,10 +111,11 @@ class ModelSettings(BaseModel):
         description="Train in float16 mixed precision. Needs a CUDA GPU: without one `train` stops at its start "
         "(`validate` notes it).",
     )
-    tf32: bool = Field(
-        False,
+    tf32: bool | None = Field(
+        None,
         description="Allow TF32 matrix multiplies on Ampere and newer GPUs. Without one `train` stops at its start "
-        "(`validate` notes it).",
+        "(`validate` notes it). `false` keeps them in float32; left out, transformers decides (it turns TF32 on for "
+        "the process when the Trainer compiles the whole model in bf16).",
     )
     attn_implementation: str | None = Field(
         None,

@@ -113,7 +113,7 @@ def training_arguments(
         max_grad_norm=cfg.max_grad_norm,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
-        tf32=cfg.tf32 or None,
+        tf32=cfg.tf32,
         logging_steps=schedule.logging_steps,
         logging_first_step=True,
         # The filter reads every micro-batch's loss on the host, a wait for the GPU; the divergence check stops the run
