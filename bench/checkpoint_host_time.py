@@ -34,22 +34,35 @@ class CountOperations(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def toy_model(layers: int, device: str) -> Any:
-    """A Llama of `layers` decoder layers at toy width (0: embedding, final norm, head and loss only)."""
+def toy_model(layers: int, device: str, family: str = "llama") -> Any:
+    """A decoder of `layers` layers at toy width (0: embedding, final norm, head and loss only): a Llama, or a Gemma 4
+    text model laid out as Gemma-4-E2B (4 sliding-window layers to 1 full-attention layer, per-layer inputs, the
+    upper layers reading shared keys and values)."""
+    torch.manual_seed(0)
+    if family == "gemma4":
+        from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+        config = Gemma4TextConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=1, head_dim=16, global_head_dim=32, vocab_size=256, vocab_size_per_layer_input=256,
+            hidden_size_per_layer_input=16, sliding_window=8, num_kv_shared_layers=layers * 4 // 7,
+            layer_types=["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(layers)],
+            tie_word_embeddings=True,
+        )  # fmt: skip
+        return Gemma4ForCausalLM(config).to(device=device, dtype=torch.bfloat16).train()
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, vocab_size=256, tie_word_embeddings=True,
     )  # fmt: skip
-    torch.manual_seed(0)
     return LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).train()
 
 
-def build(checkpointed: int, device: str) -> Any:
+def build(checkpointed: int, device: str, family: str) -> Any:
     from hellbender.models.activation_checkpointing import enable_activation_checkpointing
 
-    model = toy_model(LAYERS, device)
+    model = toy_model(LAYERS, device, family)
     if checkpointed:
         enable_activation_checkpointing(model, layers=checkpointed)
     return model
@@ -90,20 +103,22 @@ def count_operations(model: Any, ids: torch.Tensor) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--family", choices=("llama", "gemma4"), default="llama", help="the toy decoder's layout")
     parser.add_argument("--repeats", type=int, default=15, help="timed steps per setting and round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the settings, interleaved")
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)  # toy tensors: threads only add their own overhead
     ids = torch.zeros(1, 16, dtype=torch.long, device=args.device)
-    models = {n: build(n, args.device) for n in SETTINGS}
+    models = {n: build(n, args.device, args.family) for n in SETTINGS}
     times: dict[int, list[tuple[float, float]]] = {n: [] for n in SETTINGS}
     for _ in range(args.rounds):
         for n, model in models.items():
             times[n].append(time_steps(model, ids, args.repeats, args.device))
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU, one thread"
     print(
-        f"device: {name}; torch {torch.__version__}; {LAYERS} layers, medians of {args.repeats} steps x {args.rounds}"
+        f"device: {name}; torch {torch.__version__}; {LAYERS} {args.family} layers, "
+        f"medians of {args.repeats} steps x {args.rounds}"
     )
     print("| checkpointed layers | forward ms | backward ms | step ms | forward ops | backward ops |")
     print("|---|---|---|---|---|---|")
@@ -124,7 +139,7 @@ def main() -> None:
     )
     fixed = mean_t - per_layer * mean_n
     # One layer's forward: the forward without checkpointing less what runs outside the layers (a model of none).
-    outside = time_steps(toy_model(0, args.device), ids, args.repeats, args.device)[0]
+    outside = time_steps(toy_model(0, args.device, args.family), ids, args.repeats, args.device)[0]
     layer_forward = (forward[0] - outside) / LAYERS
     print(
         f"one checkpointed layer adds {per_layer * 1e3:.3f} ms (a fixed {fixed * 1e3:.2f} ms besides); one layer's "

@@ -20,7 +20,8 @@ The GPU's time: the linear layers' FLOPs at the card's matmul share of its peak 
 rate of the kernel each layer's head size and mask get, plus the memory-bound work between the matmuls (norms,
 rotary embeddings, gated products, residual sums, LoRA's adapters, the unfused loss) from per-element costs measured
 one op at a time (`kernel_costs.py`). Under it lies the host's floor: the kernels the step launches (`launches.py`'s
-counts) times `cards.LAUNCH_SECONDS`. The host queues kernels ahead of the GPU, so the step takes the longer of the
+counts) times `cards.LAUNCH_SECONDS`, each checkpointed layer's replay counted at `CHECKPOINT_HOST_FORWARDS` of its
+forward. The host queues kernels ahead of the GPU, so the step takes the longer of the
 two, not their sum (docs/plan.md shows the measurements that decide it)."""
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ OPTIMIZER_BANDWIDTH_SHARE = 0.57
 # of its own (about 25 of 28 MB per layer of the 8B shape at 4,096 tokens); profiled with 8 such layers on an H200,
 # they moved at 34 GB/s each way, where the compiled layers' fewer, larger copies reached the planned 50 (docs/plan.md).
 UNCOMPILED_PARKED_COPY_SHARE = 34 / 50
+# The host's time a checkpointed (uncompiled) layer adds to a step, in forwards of that layer: its recomputed forward,
+# its saved tensors' packing and unpacking, and the autograd graph it builds again. `bench/checkpoint_host_time.py`
+# measured 2.25 on an H200 machine's host (2.0-2.4 on a CPU); the kernel count holds the recomputation once.
+CHECKPOINT_HOST_FORWARDS = 2.25
 
 
 @dataclass(frozen=True)
@@ -224,8 +229,14 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     if teacher:
         kernels += teacher_kernels(facts.teacher, s) * gradient_accumulation
     kernels += optimizer_kernels(facts.kernels, s.optimizer, s.clips_gradients)
-    launch = kernels * (card.launch_seconds or LAUNCH_SECONDS)
-    if compiled is not None:  # inductor's generated code launches its kernels at its own cost
+    per_kernel = card.launch_seconds or LAUNCH_SECONDS
+    launch = kernels * per_kernel
+    if compiled is None:  # the host's work of checkpointing beyond the recomputed forward's launches
+        launch += (
+            (CHECKPOINT_HOST_FORWARDS - 1) * recomputed_kernels(facts.kernels, s, facts.layers)
+            * gradient_accumulation * per_kernel
+        )  # fmt: skip
+    else:  # inductor's generated code launches its kernels at its own cost
         compiled_kernels = (
             compiled_time.layers_kernels(compiled, s.recomputed(facts.layers), _forwards_without_gradients(s))
             * gradient_accumulation
@@ -362,15 +373,19 @@ def micro_batch_kernels(k: KernelCounts, s: PlanSettings, layers: int, compiled_
     """Kernels one micro-batch launches: forward, the recomputation of checkpointed layers and backward
     (`compiled_layers`: outside the decoder layers only; compiled_time.py counts theirs)."""
     forward = [0] * len(k.layers) if compiled_layers else _layer_forwards(k, s)
-    recomputed = s.recomputed(layers)
     passes = _forwards_without_gradients(s)
     trained = sum(forward) + k.outside_trained + HEAD_AND_LOSS
     return (
         3 * trained  # forward and backward (twice the forward's kernels)
-        + sum(f for f, again in zip(forward, recomputed, strict=False) if again)
+        + (0 if compiled_layers else recomputed_kernels(k, s, layers))
         + (1 + passes) * k.outside_frozen
         + passes * (sum(forward) + HEAD_AND_LOSS)
     )
+
+
+def recomputed_kernels(k: KernelCounts, s: PlanSettings, layers: int) -> float:
+    """Kernels the checkpointed layers launch again in one micro-batch's backward (uncompiled layers)."""
+    return sum(f for f, again in zip(_layer_forwards(k, s), s.recomputed(layers), strict=False) if again)
 
 
 def optimizer_kernels(k: KernelCounts, optimizer: str, clipping: bool) -> float:
