@@ -61,6 +61,7 @@ UNSET_MEANS: dict[str, str] = {
     "max_prompt_len": "no limit on prompts of their own (prompt and answer together must fit `sequence_len`)",
     "tokenizer_config": "the tokenizer of `base_model`",
     "revision_of_model": "the default branch of `base_model`",
+    "tf32": "transformers' choice (TF32 on when the Trainer compiles the whole model in bf16)",
     "cls_model_config": "`AutoConfig` reads the model's config",
     "tokenizer_legacy": "the tokenizer's own `legacy` setting",
     "hf_use_auth_token": "the saved Hugging Face token, when there is one",

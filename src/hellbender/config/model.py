@@ -114,8 +114,7 @@ class ModelSettings(BaseModel):
     tf32: bool | None = Field(
         None,
         description="Allow TF32 matrix multiplies on Ampere and newer GPUs. Without one `train` stops at its start "
-        "(`validate` notes it). `false` keeps them in float32; left out, transformers decides (it turns TF32 on for "
-        "the process when the Trainer compiles the whole model in bf16).",
+        "(`validate` notes it). `false` keeps them in float32.",
     )
     attn_implementation: str | None = Field(
         None,
