@@ -245,6 +245,8 @@ def test_host_bound_full_fine_tuning_steps_price_each_checkpointed_layers_host_w
             overrides_of_model_config=W2_SHAPE,
         )  # fmt: skip
     )
-    planned = plan_for(cfg, gpu="H200").time
+    plan = plan_for(cfg, gpu="H200")
+    planned = plan.time
     assert planned.launch_bound
     assert 0.9 < planned.seconds / measured_s < 1.1, planned.seconds
+    assert ("s of it checkpointing's own work" in render(plan)) is (layers > 0)

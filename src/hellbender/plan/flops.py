@@ -81,6 +81,7 @@ class StepTime:
     attention_seconds: float = 0.0  # of `compute_seconds`: attention's kernels
     memory_bound_seconds: float = 0.0  # of `compute_seconds`: norms, rotary embeddings, LoRA, the loss, ...
     copy_stall_seconds: float = 0.0  # the backward waiting for offloaded layers' fetches (offload_timeline.py)
+    checkpoint_host_seconds: float = 0.0  # of `launch_seconds`: checkpointing's host work beyond the replays' launches
 
     @property
     def launch_bound(self) -> bool:
@@ -231,11 +232,13 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     kernels += optimizer_kernels(facts.kernels, s.optimizer, s.clips_gradients)
     per_kernel = card.launch_seconds or LAUNCH_SECONDS
     launch = kernels * per_kernel
+    checkpoint_host = 0.0
     if compiled is None:  # the host's work of checkpointing beyond the recomputed forward's launches
-        launch += (
+        checkpoint_host = (
             (CHECKPOINT_HOST_FORWARDS - 1) * recomputed_kernels(facts.kernels, s, facts.layers)
             * gradient_accumulation * per_kernel
         )  # fmt: skip
+        launch += checkpoint_host
     else:  # inductor's generated code launches its kernels at its own cost
         compiled_kernels = (
             compiled_time.layers_kernels(compiled, s.recomputed(facts.layers), _forwards_without_gradients(s))
@@ -254,7 +257,7 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     examples = s.micro_batch_size * gradient_accumulation
     return StepTime(
         flops, seconds, tokens / seconds, transfer, examples / seconds, parts, compute, kernels, launch, rollout,
-        attention_time, memory_bound, copy_stall,
+        attention_time, memory_bound, copy_stall, checkpoint_host,
     )  # fmt: skip
 
 

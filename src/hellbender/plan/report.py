@@ -190,9 +190,12 @@ def render(plan: Plan) -> str:
             f"{parked_copy_gb_s(plan.facts, plan.card):g} GB/s each way): offload fewer layers"
         )
     if t.launch_bound:
+        checkpointing = (
+            f" ({t.checkpoint_host_seconds:.3f} s of it checkpointing's own work)" if t.checkpoint_host_seconds else ""
+        )
         lines.append(
-            f"  {'training ' if t.rollout else ''}bound by kernel launches: {t.kernels:,.0f} kernels take the host {t.launch_seconds:.3f} s, the GPU's "
-            f"work {t.compute_seconds:.3f} s"
+            f"  {'training ' if t.rollout else ''}bound by kernel launches: {t.kernels:,.0f} kernels take the host "
+            f"{t.launch_seconds:.3f} s{checkpointing}, the GPU's work {t.compute_seconds:.3f} s"
         )
     lines += [f"note: {note}" for note in m.notes + plan.facts.notes + _rollout_notes(plan)]
     lines.append("")
