@@ -348,7 +348,8 @@ def _describe(cfg: HellbenderConfig, model: Any) -> ModelFacts:
         facts.not_modelled.append(
             "the vision tower's work per image (images per row and their patches are not in the config): its "
             "weights count in full, its activations not, its FLOPs as if every token went through its linear "
-            "layers (an upper bound) and its kernels once per micro-batch"
+            "layers once (a tower that pools several patches into one token, as Gemma 4's does, runs more) and its "
+            "kernels once per micro-batch"
         )
     if cfg.splits_sequences:
         exchanged = (
