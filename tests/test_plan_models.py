@@ -177,8 +177,9 @@ def test_a_vision_tower_is_reported_as_not_modelled_per_image(tmp_path):
     text = render(plan)
     assert "NOT MODELLED: the vision tower's work per image" in text
     assert text.rstrip().endswith(", without what is NOT MODELLED above")
-    text_only = plan_for(validate_config(base_config(tmp_path, base_model="hellbender/tiny-gemma4")))
-    assert "NOT MODELLED" not in render(text_only)
+    assert "expandable_segments:True" in text  # image batches fragment the allocator beyond the margin
+    text_only = render(plan_for(validate_config(base_config(tmp_path, base_model="hellbender/tiny-gemma4"))))
+    assert "NOT MODELLED" not in text_only and "expandable_segments" not in text_only
 
 
 def test_torch_compile_plans_the_compiled_layers_memory_and_time_from_their_trace(tmp_path):
