@@ -62,7 +62,8 @@ OPTIMIZER_BANDWIDTH_SHARE = 0.57
 UNCOMPILED_PARKED_COPY_SHARE = 34 / 50
 # The host's time a checkpointed (uncompiled) layer adds to a step, in forwards of that layer: its recomputed forward,
 # its saved tensors' packing and unpacking, and the autograd graph it builds again. `bench/checkpoint_host_time.py`
-# measured 2.25 on an H200 machine's host (2.0-2.4 on a CPU); the kernel count holds the recomputation once.
+# measured 2.25 on an H200 machine's host (on a CPU 2.0-2.4, and 2.35-2.66 for Gemma 4's layout); the kernel count
+# holds the recomputation once.
 CHECKPOINT_HOST_FORWARDS = 2.25
 
 
