@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import re
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -443,32 +447,45 @@ def test_autotuned_compiled_layers_train_to_the_uncompiled_losses(tmp_path):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("tf32", [True, False])
-def test_an_autotuned_compile_runs_after_the_trainers_arguments_set_tf32(tmp_path, tf32):
-    """transformers sets `tf32` through torch's per-backend API while the Trainer's arguments are built, after which
-    torch's legacy precision readers raise, and inductor's max-autotune reads one for its cache keys: with the
-    arguments hellbender builds, an autotuned matmul compiles and runs, at the precision the key asked for."""
+# Run in a fresh interpreter: TF32 is process-wide state, and once an earlier test's Trainer has set it (a whole-model
+# compile in bf16 does, through torch's per-backend API) it cannot be put back to torch's start-up state.
+AUTOTUNED_AFTER_ARGUMENTS = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import torch
+    from hellbender.config import validate_config
     from hellbender.train.arguments import training_arguments
     from hellbender.train.schedule import plan_schedule
+    from tests.helpers import base_config
 
-    saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    cfg = validate_config(base_config(tmp_path, bf16=True, tf32=tf32))
-    try:
-        # Start from the other precision (an earlier whole-model compile in bf16 turns TF32 on for the process):
-        # the key, not what the process held before, decides.
-        torch.set_float32_matmul_precision("highest" if tf32 else "high")
-        training_arguments(cfg, plan_schedule(cfg, 8), has_eval=False)
-        assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
-        torch._dynamo.reset()
-        layer = torch.nn.Linear(256, 256, device="cuda")
-        compiled = torch.compile(layer, mode="max-autotune-no-cudagraphs")
-        inputs = torch.randn(512, 256, device="cuda", requires_grad=True)
-        compiled(inputs).sum().backward()
-        expected = torch.ones(512, 256, device="cuda") @ layer.weight
-        assert torch.allclose(inputs.grad, expected, rtol=1e-2, atol=1e-2)
-    finally:  # the process's precision as it was, for the tests after this one
-        torch.set_float32_matmul_precision(saved[0])
-        torch.backends.cudnn.allow_tf32 = saved[1]
+    tf32 = sys.argv[1] == "true"
+    cfg = validate_config(base_config(Path(sys.argv[2]), bf16=True, torch_compile=True, tf32=tf32))
+    training_arguments(cfg, plan_schedule(cfg, 8), has_eval=False)
+    precision = torch.get_float32_matmul_precision()
+    layer = torch.nn.Linear(256, 256, device="cuda")
+    compiled = torch.compile(layer, mode="max-autotune-no-cudagraphs")
+    inputs = torch.randn(512, 256, device="cuda", requires_grad=True)
+    compiled(inputs).sum().backward()
+    expected = torch.ones(512, 256, device="cuda") @ layer.weight
+    print(json.dumps({"precision": precision, "gradients": torch.allclose(inputs.grad, expected, rtol=1e-2, atol=1e-2)}))
+    """
+)
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_an_autotuned_compile_runs_after_the_trainers_arguments_set_tf32(tmp_path, tf32):
+    """transformers sets TF32 through torch's per-backend API while the Trainer's arguments are built (for `tf32`, and
+    on its own for a whole-model compile in bf16, which `tf32: false` overrides), after which torch's legacy precision
+    readers raise, and inductor's max-autotune reads one for its cache keys: with the arguments hellbender builds, an
+    autotuned matmul compiles and runs, at the precision the key asked for."""
+    proc = subprocess.run(
+        [sys.executable, "-c", AUTOTUNED_AFTER_ARGUMENTS, str(tf32).lower(), str(tmp_path)],
+        capture_output=True, text=True, timeout=540, check=False, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"precision": "high" if tf32 else "highest", "gradients": True}, result
 
 
 def test_tiled_mlp_matches_the_untiled_loss_and_gradients_in_bf16_autocast(tmp_path):
