@@ -1,13 +1,14 @@
 """The host's time for hellbender's activation checkpointing, per checkpointed layer, against the layer's forward.
 
-A model of the W2 layout (16 Llama decoder layers) at toy width, so that the step's time is the host's (Python,
-autograd and the dispatcher; with CUDA, kernel launches) and not the kernels'. Each setting trains the same step
-repeatedly: no checkpointing, the first N layers checkpointed, every layer. Printed per setting: the median forward
-and backward times and the ATen operations each runs; then, fitted over the checkpointed settings, the host time
-one checkpointed layer adds and its ratio to one layer's forward. `hellbender plan` counts a checkpointed layer's
-host work as its recomputed forward's kernels only, a ratio of 1 (docs/plan.md, "Checkpointing's host work").
+A model of the W2 layout (16 Llama decoder layers; `--family gemma4`: Gemma-4-E2B's) at toy width, so that the step's
+time is the host's (Python, autograd and the dispatcher; with CUDA, kernel launches) and not the kernels'. Each
+setting trains the same step repeatedly: no checkpointing, the first N layers checkpointed, every layer. Printed per
+setting: the median forward and backward times and the ATen operations each runs; then, fitted over the checkpointed
+settings, the host time one checkpointed layer adds and its ratio to one layer's forward. `hellbender plan` prices a
+checkpointed layer's host work at this ratio as measured on an H200 machine, `flops.CHECKPOINT_HOST_FORWARDS`
+(docs/plan.md, "Checkpointing's host work").
 
-    python3 bench/checkpoint_host_time.py [--device cuda] [--repeats 15] [--rounds 3]
+    python3 bench/checkpoint_host_time.py [--device cuda] [--family gemma4] [--repeats 15] [--rounds 3]
 """
 
 from __future__ import annotations

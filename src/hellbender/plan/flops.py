@@ -21,8 +21,8 @@ rate of the kernel each layer's head size and mask get, plus the memory-bound wo
 rotary embeddings, gated products, residual sums, LoRA's adapters, the unfused loss) from per-element costs measured
 one op at a time (`kernel_costs.py`). Under it lies the host's floor: the kernels the step launches (`launches.py`'s
 counts) times `cards.LAUNCH_SECONDS`, each checkpointed layer's replay counted at `CHECKPOINT_HOST_FORWARDS` of its
-forward. The host queues kernels ahead of the GPU, so the step takes the longer of the
-two, not their sum (docs/plan.md shows the measurements that decide it)."""
+forward. The host queues kernels ahead of the GPU, so the step takes the longer of the two, not their sum
+(docs/plan.md shows the measurements that decide it)."""
 
 from __future__ import annotations
 

@@ -212,8 +212,8 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     targets = target_bytes(s) if s.method.distills else 0
     if facts.vision_linear_numel:
         notes.append(
-            "batches of images vary in shape, and the allocator may keep more than the planned 8% margin: the Gemma "
-            "4 image benchmark reserved 1.12-1.60x what it allocated, 1.09-1.11x with "
+            f"batches of images vary in shape, and the allocator may keep more than the planned {ALLOCATOR_MARGIN:.0%} "
+            "margin: the Gemma 4 image benchmark reserved 1.12-1.60x what it allocated, 1.09-1.11x with "
             "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which keeps the reserve nearer the plan"
         )
     if s.method.teacher == STORED_TARGETS:
