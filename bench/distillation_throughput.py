@@ -52,10 +52,7 @@ def kd_keys(teacher: Path, top_k: int, fused: bool) -> list[str]:
 
 def runner_for(args: argparse.Namespace, paths: tp.Paths, hb_set: list[str]) -> tp.Runner:
     """A throughput.py runner whose children add `hb_set` to the student's hellbender config."""
-    forwarded = argparse.Namespace(
-        workdir=args.workdir, tiny=args.tiny, peak_tflops=args.peak_tflops, procs=None, tokenizer=None, hb_set=hb_set
-    )
-    return tp.Runner(forwarded, paths)
+    return tp.Runner.for_script(paths.workdir, args.tiny, args.peak_tflops, hb_set)
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:

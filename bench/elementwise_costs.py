@@ -6,7 +6,8 @@ it in training (their own modules and functions, not re-implementations): an unf
 Liger's fused one, the rotary embedding (transformers' and Liger's), the MLP's gated product (SiLU and tanh-GELU,
 unfused, and Liger's SwiGLU), a residual sum, PEFT's LoRA on a frozen linear layer (what it adds to the base
 matmul: its two small matmuls, the float32 cast, the scaling and the sum), the loss over the logits (float32 cross
-entropy from bf16 logits, with and without Gemma's final soft-capping; a distillation teacher's top-64 targets), and
+entropy from bf16 logits, with and without Gemma's final soft-capping; a distillation teacher's top-64 targets and
+hellbender's distillation loss), and
 SDPA's attention kernels by head size, causal and under a block-diagonal mask of packed documents. Each line prints
 picoseconds per element (an element: one token times one unit of the op's width; a logit for the loss), forward and
 forward + backward: the GPU's kernel time per run (the union of its kernels' spans under the profiler, over
@@ -194,6 +195,27 @@ def loss(repeats: int, rows: list[str]) -> None:
         rows.append(f"| a teacher's top-64 targets over {vocab:,} logits (no gradients) | {t * vocab:,} | "
                     f"{forward / (t * vocab) * 1e12:.1f} | |")  # fmt: skip
         print(rows[-1], flush=True)
+        distillation(logits, labels, repeats, rows)
+
+
+def distillation(logits: torch.Tensor, labels: torch.Tensor, repeats: int, rows: list[str]) -> None:
+    """hellbender's distillation loss over the logits (train/distillation_loss.py: every position trained, 64
+    targets each), with and without the cross-entropy's gradient (`kd_ce_alpha` 0.1 and 0)."""
+    from hellbender.train.distillation_loss import DistillationLoss, distillation_loss
+
+    t, vocab = logits.shape
+    ids = torch.randint(0, vocab, (1, t, 64), device=DEVICE)
+    logprobs = torch.log_softmax(torch.randn(1, t, 64, device=DEVICE), -1)
+    mask = torch.ones(1, t, 64, device=DEVICE, dtype=torch.bool)
+    per_token = torch.cat([labels[:1], labels[:-1]])[None]  # position i predicts token i + 1: the last one nothing
+    for ce_alpha in (0.1, 0.0):
+        settings = DistillationLoss(alpha=0.9, ce_alpha=ce_alpha)
+
+        def run(settings: DistillationLoss = settings) -> torch.Tensor:
+            return distillation_loss(logits[None], per_token, ids, logprobs, mask, settings).loss
+
+        label = f"distillation loss, top 64, kd_ce_alpha {ce_alpha}, {vocab:,} logits"
+        per_element(label, run, (t - 1) * vocab, repeats, rows)
 
 
 def attention(t: int, repeats: int, rows: list[str]) -> None:
@@ -233,6 +255,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--sections", default="norms,rotary,gated,lora,loss,attention", help="comma-separated, in order")
     args = p.parse_args()
     global DEVICE
     DEVICE = args.device
@@ -240,12 +263,16 @@ def main() -> None:
     rows = ["| op | elements | forward ps/element | forward + backward ps/element |", "|---|---|---|---|"]
     name = torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE
     print(f"device: {name}, torch {torch.__version__}", flush=True)
-    norms(args.tokens, args.repeats, rows)
-    rotary(args.tokens, args.repeats, rows)
-    gated(args.tokens, args.repeats, rows)
-    lora(args.tokens, args.repeats, rows)
-    loss(args.repeats, rows)
-    attention(args.tokens, args.repeats, rows)
+    sections = {
+        "norms": lambda: norms(args.tokens, args.repeats, rows),
+        "rotary": lambda: rotary(args.tokens, args.repeats, rows),
+        "gated": lambda: gated(args.tokens, args.repeats, rows),
+        "lora": lambda: lora(args.tokens, args.repeats, rows),
+        "loss": lambda: loss(args.repeats, rows),
+        "attention": lambda: attention(args.tokens, args.repeats, rows),
+    }
+    for name in args.sections.split(","):
+        sections[name]()
     print("\n" + "\n".join(rows))
 
 

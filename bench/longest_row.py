@@ -105,10 +105,7 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, default=600)
     args = p.parse_args()
     w = tp.workload("W1", tiny=False)
-    runner = tp.Runner(
-        argparse.Namespace(workdir=args.workdir, tiny=False, peak_tflops=None, procs=None, tokenizer=None, hb_set=[]),
-        tp.Paths(args.workdir),
-    )
+    runner = tp.Runner.for_script(args.workdir)
     if not runner.ensure_model(w):
         raise SystemExit("building the model failed")
     memory = card_gib()

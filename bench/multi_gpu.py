@@ -194,12 +194,7 @@ def main() -> None:
         return
     w = tp.workload(args.shape, tiny=args.tiny)
     seq = args.seq or w.seq
-    runner = tp.Runner(
-        argparse.Namespace(
-            workdir=args.workdir, tiny=args.tiny, peak_tflops=None, procs=None, tokenizer=None, hb_set=[]
-        ),
-        tp.Paths(args.workdir),
-    )
+    runner = tp.Runner.for_script(args.workdir, args.tiny)
     if not runner.ensure_model(w):
         raise SystemExit("building the model failed")
     rows = max(ROWS if seq <= 4096 else 0, args.steps * args.micro_batch * args.gpus)

@@ -264,8 +264,7 @@ def child(workdir: Path, kind: str, label: str, spec: dict[str, Any], timeout: f
 def speed_runs(args: argparse.Namespace, schemes: list[str], save: Any) -> dict[str, dict[str, Any]]:
     w = tp.workload("W2", args.tiny)
     paths = tp.Paths(args.workdir)
-    builder = argparse.Namespace(workdir=args.workdir, tiny=args.tiny, peak_tflops=None, procs=None, tokenizer=None)
-    if not tp.Runner(argparse.Namespace(**vars(builder), hb_set=[]), paths).ensure_model(w):
+    if not tp.Runner.for_script(args.workdir, args.tiny).ensure_model(w):
         raise SystemExit("building the 1B model failed (the output is above)")
     rows = max(args.steps * w.micro_batch, w.micro_batch)
     data = tp.pretokenized_rows(paths.causal_rows(w.seq, rows), rows, w.seq)

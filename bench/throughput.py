@@ -754,8 +754,8 @@ class ProfiledSteps:
                 f"| {event.self_cpu_time_total / 1e3:.1f} |"
             )
         averages = self._profile.key_averages()
-        print(averages.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
-        print(averages.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
+        print(averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+        print(averages.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=60))
 
 
 class StepRecorder:
@@ -1405,6 +1405,22 @@ class Runner:
 
     args: argparse.Namespace
     paths: Paths
+
+    @classmethod
+    def for_script(
+        cls, workdir: Path, tiny: bool = False, peak_tflops: float | None = None, hb_set: list[str] | None = None
+    ) -> Runner:
+        """A runner for another bench script: its children see the options this script's parent would forward."""
+        args = argparse.Namespace(
+            workdir=workdir,
+            tiny=tiny,
+            peak_tflops=peak_tflops,
+            procs=None,
+            tokenizer=None,
+            hb_set=hb_set or [],
+            hb_also=[],
+        )
+        return cls(args, Paths(workdir))
 
     def child(self, kind: str, label: str, extra: list[str], timeout: float | None = None) -> dict[str, Any]:
         result_dir = self.paths.workdir / "results"

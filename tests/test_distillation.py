@@ -103,6 +103,28 @@ def test_untrained_positions_and_their_targets_count_nothing():
 @pytest.mark.parametrize(
     "settings",
     [
+        DistillationLoss(ce_alpha=0.5),
+        DistillationLoss(ce_alpha=0.5, temperature=2.0, normalize_topk=True),
+        DistillationLoss(ce_alpha=0.5, zscore_base_temp=2.0),
+        DistillationLoss(ce_alpha=0.5, beta=0.5, normalize_topk=True),
+    ],
+    ids=["default", "normalized", "zscore", "jensen-shannon"],
+)
+def test_a_trained_token_without_a_target_gets_the_cross_entropys_gradient_alone(settings):
+    """Its softmax over the k would run over nothing: the loss must neither count it nor give any logit a NaN."""
+    logits, labels, ids, logprobs, mask = hand_batch()
+    student = logits.clone().requires_grad_(True)
+    distillation_loss(student, labels, ids, logprobs, mask, settings).loss.backward()
+    assert torch.isfinite(student.grad).all()
+    trained = int((labels[:, 1:] != -100).sum())
+    # Row 1's token 3 has no target; the logits predicting it are at position 2.
+    expected = torch.softmax(logits[1, 2], -1) - torch.nn.functional.one_hot(labels[1, 3], VOCAB)
+    torch.testing.assert_close(student.grad[1, 2], settings.ce_alpha * expected / trained)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
         DistillationLoss(temperature=2.0, normalize_topk=True),
         DistillationLoss(zscore_base_temp=2.0),
         DistillationLoss(beta=0.5, normalize_topk=True),

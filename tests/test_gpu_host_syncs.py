@@ -1,4 +1,5 @@
-"""A training step that neither logs, evaluates nor saves never makes the host wait for the GPU.
+"""A training step that neither logs, evaluates nor saves never makes the host wait for the GPU, nor does the
+distillation loss more than once.
 
 Every wait (a `.item()`, `int(tensor)`, `bool(tensor)`, a copy to the host) lets the GPU run dry while the host
 catches up with the next kernels. CUDA's sync debug mode reports each one; these tests run real steps with it on and
@@ -16,7 +17,12 @@ import torch
 from transformers import TrainerCallback
 
 from hellbender.config import validate_config
+from hellbender.models import output_head
+from hellbender.models.output_head import chunked_head
+from hellbender.train.distillation_loss import DistillationLoss, distillation_loss
+from hellbender.train.fused_distillation_loss import fused_distillation_loss
 from hellbender.train.run import train
+from tests import test_fused_distillation as fused
 from tests.helpers import base_config, logged_losses
 
 pytestmark = pytest.mark.gpu
@@ -83,3 +89,36 @@ def test_steps_that_neither_log_nor_save_never_wait_for_the_gpu(tmp_path, keys):
     print(syncs.report())
     ours = [s for s in syncs.syncs if any(owner in s[1] for owner in OWN_WAITS)]
     assert not ours, "hellbender waits for the GPU in a step that neither logs nor saves:\n" + syncs.report()
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole logits"])
+def test_the_distillation_loss_waits_for_the_gpu_once(monkeypatch, chunked):
+    """Forward and backward over six chunks (or the whole logits): the host waits once, to learn how many positions
+    are trained. Selecting the positions with a target by a boolean mask waited four times a chunk, and once more in
+    each chunk's backward."""
+    monkeypatch.setattr(output_head, "CHUNK_LOGITS", fused.VOCAB * 4)
+    model = fused.tiny("llama").cuda()
+    ids, labels, targets = (t.cuda() if torch.is_tensor(t) else [x.cuda() for x in t] for t in fused.batch())
+    settings, items = DistillationLoss(alpha=0.9, ce_alpha=0.1), torch.tensor(30, device="cuda")
+    head = chunked_head(model, "the student", fused.KEY, required=True) if chunked else None
+    if head is not None:
+        with head.capturing():
+            model(input_ids=ids)
+        hidden = head.hidden_states()
+    else:
+        logits = model(input_ids=ids).logits
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            if head is not None:
+                parts = fused_distillation_loss(head, hidden, labels, *targets, settings, items)
+            else:
+                parts = distillation_loss(logits, labels, *targets, settings, items)
+            parts.loss.backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    waits = [str(w.message) for w in caught if "synchronizing CUDA operation" in str(w.message)]
+    assert len(waits) == 1, waits
+    assert model.get_output_embeddings().weight.grad.abs().sum() > 0

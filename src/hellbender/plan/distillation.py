@@ -5,9 +5,9 @@ the run's dtype, V the student's vocabulary, k the targets per token).
 - The targets: per token k int64 ids, k float32 log-probabilities and k bool mask slots (13 k bytes). The batch's (or
   the teacher's) stay alive through the student's forward and loss, and the loss takes a copy at the trained positions.
 - The loss over the whole logits (`kd_fused_loss: false`), per logit at its peak: in the forward the model's logits
-  (a), their copy at the trained positions (a), the copy of the positions with a target (a), the float32 copy (4
-  unless a is 4) divided by the temperature (4, saved by `logsumexp` and `gather`) and `logsumexp`'s temporary (4);
-  then the cross-entropy's float32 copy (4 unless a is 4) and its log-softmax (4, saved when `kd_ce_alpha` > 0). In
+  (a), their copy at the trained positions (a), their float32 copy divided by the temperature (4, saved by
+  `logsumexp` and `gather`) and `logsumexp`'s temporary (4); then the cross-entropy's float32 copy (4 unless a is 4)
+  and its log-softmax (4, saved when `kd_ce_alpha` > 0). In
   backward, the cross-entropy's gradient cast back (a, waiting for the divergence's) beside the saved tensor, the
   gradients `logsumexp` and `gather` give it and their sum (16). Measured on CPU (peak resident bytes, one process per
   case): 18.2 bytes per logit in bf16 with `kd_ce_alpha` > 0 (backward), 16.2 without, 20.2 in float32 (forward).
@@ -50,10 +50,9 @@ def bytes_per_logit(element: int, ce_gradient: bool, whole: bool) -> int:
     over the model's logits (copied at the trained positions), else over one chunk's."""
     cast = 4 if element < 4 else 0  # `.float()` of float32 logits is the tensor itself
     model = element if whole else 0  # the model's whole logits, beside their copy at the trained positions
-    forward = max(
-        model + 2 * element + 8,  # logsumexp: the positions with a target, the scaled float32 copy, its temporary
-        model + element + cast + 4 + 4,  # the cross-entropy: its float32 copy and log-softmax beside the scaled one
-    )
+    # The cross-entropy's float32 copy and log-softmax beside the scaled copy (`logsumexp` before it holds the scaled
+    # copy and a temporary of its size: no more).
+    forward = model + element + cast + 4 + 4
     backward = _BACKWARD_BYTES_PER_LOGIT + (element if ce_gradient else 0)
     return max(forward, backward)
 

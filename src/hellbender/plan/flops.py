@@ -337,8 +337,9 @@ def layer_pass_seconds(facts: ModelFacts, s: PlanSettings, card: Card) -> tuple[
 
 def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_only: bool = False) -> float:
     """One micro-batch's work outside the matmuls and attention (norms, rotary embeddings, gated products, residual
-    sums, LoRA's adapters, the loss: unfused, or Liger's fused head beyond its FLOPs, fused_loss_time.py), from the
-    per-element costs in kernel_costs.py, or for compiled layers from their traced graphs (compiled_time.py)."""
+    sums, LoRA's adapters, the loss: unfused, distillation's, or Liger's fused head beyond its FLOPs,
+    fused_loss_time.py), from the per-element costs in kernel_costs.py, or for compiled layers from their traced graphs
+    (compiled_time.py)."""
     recomputed = s.recomputed(facts.layers)
     passes = 1.0 if passes_only else _forwards_without_gradients(s)
     liger = (s.liger_rms_norm, s.liger_rope, s.liger_glu)
@@ -353,7 +354,12 @@ def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_
                 total += kernel_costs.layer_seconds(traffic, s.tokens, True, liger, card.hbm_tb_s)
     if passes_only:
         return total
-    if s.method.head == LOGITS and s.fused_loss:
+    if s.method.distills:
+        total += kernel_costs.distillation_loss_seconds(s.tokens, facts.vocab, s.method.ce_gradient, card.hbm_tb_s)
+        if s.method.head == KD_CHUNKED and facts.head_trainable:
+            chunks = ceil(s.tokens / distillation.chunk_positions(facts.vocab, s.tokens))
+            total += kernel_costs.head_gradient_accumulation_seconds(facts.head_numel, chunks, card.hbm_tb_s)
+    elif s.method.head == LOGITS and s.fused_loss:
         total += fused_loss_time.seconds(
             s.tokens, facts.vocab, facts.hidden, facts.head_bytes, facts.head_trainable, card, s.loss_chunk_scale
         )  # fmt: skip

@@ -42,6 +42,16 @@ LOSS = Cost(6.7, 14.3)  # per logit: float32 cross-entropy from bf16 logits
 SOFTCAPPED_LOSS = Cost(9.6, 20.4)  # with Gemma's final soft-capping before it
 # Per logit: a distillation teacher's logits to float32 and their top 64 (no gradients: forward only).
 TEACHER_TARGETS = Cost(14.0, 14.0)
+# Per logit: hellbender's distillation loss (train/distillation_loss.py, 64 targets a position, from bf16 logits:
+# the trained positions' copy, the divergence's float32 logits and `logsumexp`, the cross-entropy's own copy), with the
+# cross-entropy's gradient (`kd_ce_alpha` > 0) and without it (its value is still computed, for the log). At
+# vocabularies of 128,256 and 262,144 alike (within 1%).
+DISTILLATION_LOSS = Cost(17.5, 47.4)
+DISTILLATION_LOSS_NO_CE_GRADIENT = Cost(17.5, 39.7)
+# Per element of a trained output layer, per chunk of the chunked distillation loss: its float32 gradient accumulator
+# read and written and the chunk's gradient read (one `add_`). Measured inside the W2 distillation step (0.964 ms a
+# chunk for the 1B's 262.7M-element head, H200 profiler trace), so `IN_MODEL_SHARE` does not apply to it.
+HEAD_GRADIENT_ACCUMULATION_PS = 3.67
 
 # Inside a model these ops took 0.85 of what they take alone (fitted with the matmuls' share, cards.py, to 35 measured
 # steps of W1-W4 on one H200, docs/plan.md; likely the activations a layer's ops pass on still sitting in L2).
@@ -143,3 +153,15 @@ def eager_scores_seconds(scores: float, backward: bool, hbm_tb_s: float) -> floa
     """Eager attention's float32 softmax over `scores` (query, key) pairs, priced as the loss's softmax per logit (not
     measured apart)."""
     return _in_model(LOSS.of(scores, backward), hbm_tb_s)
+
+
+def distillation_loss_seconds(tokens: float, vocab: int, ce_gradient: bool, hbm_tb_s: float) -> float:
+    """The distillation loss over `tokens` positions' logits, forward and backward (whole or a chunk at a time: the
+    chunked loss runs the same ops on each chunk, less the trained positions' copy, which is not taken apart)."""
+    cost = DISTILLATION_LOSS if ce_gradient else DISTILLATION_LOSS_NO_CE_GRADIENT
+    return _in_model(cost.of(tokens * vocab, True), hbm_tb_s)
+
+
+def head_gradient_accumulation_seconds(head_numel: int, chunks: int, hbm_tb_s: float) -> float:
+    """The chunked distillation loss's float32 accumulator of a trained output layer's gradient, added to per chunk."""
+    return chunks * head_numel * HEAD_GRADIENT_ACCUMULATION_PS * 1e-12 * bandwidth_scale(hbm_tb_s)
