@@ -4,9 +4,10 @@ A model of the W2 layout (16 Llama decoder layers; `--family gemma4`: Gemma-4-E2
 time is the host's (Python, autograd and the dispatcher; with CUDA, kernel launches) and not the kernels'. Each
 setting trains the same step repeatedly: no checkpointing, the first N layers checkpointed, every layer. Printed per
 setting: the median forward and backward times and the ATen operations each runs; then, fitted over the checkpointed
-settings, the host time one checkpointed layer adds and its ratio to one layer's forward. `hellbender plan` prices a
-checkpointed layer's host work at this ratio as measured on an H200 machine, `flops.CHECKPOINT_HOST_FORWARDS`
-(docs/plan.md, "Checkpointing's host work").
+settings, the host time one checkpointed layer adds, its ratio to one layer's forward, and what it adds beyond that
+forward (the replay's launches aside: packing, unpacking, the autograd graph built again). `hellbender plan` prices
+that excess per checkpointed layer as measured on an H200 machine, `flops.CHECKPOINT_HOST_SECONDS` (docs/plan.md,
+"Checkpointing's host work").
 
     python3 bench/checkpoint_host_time.py [--device cuda] [--family gemma4] [--repeats 15] [--rounds 3]
 """
@@ -144,7 +145,8 @@ def main() -> None:
     layer_forward = (forward[0] - outside) / LAYERS
     print(
         f"one checkpointed layer adds {per_layer * 1e3:.3f} ms (a fixed {fixed * 1e3:.2f} ms besides); one layer's "
-        f"forward {layer_forward * 1e3:.3f} ms; ratio {per_layer / layer_forward:.2f}"
+        f"forward {layer_forward * 1e3:.3f} ms; ratio {per_layer / layer_forward:.2f}; beyond the forward "
+        f"{(per_layer - layer_forward) * 1e3:.3f} ms"
     )
 
 

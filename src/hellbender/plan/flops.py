@@ -20,9 +20,9 @@ The GPU's time: the linear layers' FLOPs at the card's matmul share of its peak 
 rate of the kernel each layer's head size and mask get, plus the memory-bound work between the matmuls (norms,
 rotary embeddings, gated products, residual sums, LoRA's adapters, the unfused loss) from per-element costs measured
 one op at a time (`kernel_costs.py`). Under it lies the host's floor: the kernels the step launches (`launches.py`'s
-counts) times `cards.LAUNCH_SECONDS`, each checkpointed layer's replay counted at `CHECKPOINT_HOST_FORWARDS` of its
-forward. The host queues kernels ahead of the GPU, so the step takes the longer of the two, not their sum
-(docs/plan.md shows the measurements that decide it)."""
+counts) times `cards.LAUNCH_SECONDS`, and each checkpointed layer's own host work beyond its replay's launches
+(`CHECKPOINT_HOST_SECONDS`). The host queues kernels ahead of the GPU, so the step takes the longer of the two, not
+their sum (docs/plan.md shows the measurements that decide it)."""
 
 from __future__ import annotations
 
@@ -60,11 +60,11 @@ OPTIMIZER_BANDWIDTH_SHARE = 0.57
 # of its own (about 25 of 28 MB per layer of the 8B shape at 4,096 tokens); profiled with 8 such layers on an H200,
 # they moved at 34 GB/s each way, where the compiled layers' fewer, larger copies reached the planned 50 (docs/plan.md).
 UNCOMPILED_PARKED_COPY_SHARE = 34 / 50
-# The host's time a checkpointed (uncompiled) layer adds to a step, in forwards of that layer: its recomputed forward,
-# its saved tensors' packing and unpacking, and the autograd graph it builds again. `bench/checkpoint_host_time.py`
-# measured 2.25 on an H200 machine's host (on a CPU 2.0-2.4, and 2.35-2.66 for Gemma 4's layout); the kernel count
-# holds the recomputation once.
-CHECKPOINT_HOST_FORWARDS = 2.25
+# The host's time a checkpointed (uncompiled) layer adds to a step beyond its recomputed forward's launches (which the
+# kernel count holds): its saved tensors' packing and unpacking and the autograd graph it builds again. On an H200
+# machine's host `bench/checkpoint_host_time.py` measured 1.46 ms a layer for the Llama layout and 1.51 for
+# Gemma-4-E2B's, whose forward takes 1.7x the Llama's: about the same per layer, not in proportion to its launches.
+CHECKPOINT_HOST_SECONDS = 1.5e-3
 
 
 @dataclass(frozen=True)
@@ -235,10 +235,7 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     launch = kernels * per_kernel
     checkpoint_host = 0.0
     if compiled is None:  # the host's work of checkpointing beyond the recomputed forward's launches
-        checkpoint_host = (
-            (CHECKPOINT_HOST_FORWARDS - 1) * recomputed_kernels(facts.kernels, s, facts.layers)
-            * gradient_accumulation * per_kernel
-        )  # fmt: skip
+        checkpoint_host = sum(s.recomputed(facts.layers)) * CHECKPOINT_HOST_SECONDS * gradient_accumulation
         launch += checkpoint_host
     else:  # inductor's generated code launches its kernels at its own cost
         compiled_kernels = (
