@@ -45,7 +45,7 @@ TEACHER_TARGETS = Cost(14.0, 14.0)
 # Per logit: hellbender's distillation loss (train/distillation_loss.py, 64 targets a position, from bf16 logits:
 # the trained positions' copy, the divergence's float32 logits and `logsumexp`, the cross-entropy's own copy), with the
 # cross-entropy's gradient (`kd_ce_alpha` > 0) and without it (its value is still computed, for the log). At
-# vocabularies of 128,256 and 262,144 alike (within 1%).
+# vocabularies of 128,256 and 262,144 alike (within 1%), at temperature 1 (another divides the logits once more).
 DISTILLATION_LOSS = Cost(17.5, 47.4)
 DISTILLATION_LOSS_NO_CE_GRADIENT = Cost(17.5, 39.7)
 # Per element of a trained output layer, per chunk of the chunked distillation loss: its float32 gradient accumulator
