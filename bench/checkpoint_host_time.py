@@ -9,7 +9,7 @@ forward (the replay's launches aside: packing, unpacking, the autograd graph bui
 that excess per checkpointed layer as measured on an H200 machine, `flops.CHECKPOINT_HOST_SECONDS` (docs/plan.md,
 "Checkpointing's host work").
 
-    python3 bench/checkpoint_host_time.py [--device cuda] [--family gemma4] [--repeats 15] [--rounds 3]
+    python3 bench/checkpoint_host_time.py [--device cuda] [--family gemma4] [--lora] [--repeats 15] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -61,10 +61,16 @@ def toy_model(layers: int, device: str, family: str = "llama") -> Any:
     return LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).train()
 
 
-def build(checkpointed: int, device: str, family: str) -> Any:
+def build(checkpointed: int, device: str, family: str, lora: bool = False) -> Any:
+    """The toy model, with `lora` PEFT's LoRA (r 16) on every linear layer of its decoder as hellbender applies it
+    (before checkpointing), and its first `checkpointed` layers checkpointed."""
     from hellbender.models.activation_checkpointing import enable_activation_checkpointing
 
     model = toy_model(LAYERS, device, family)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear"))
     if checkpointed:
         enable_activation_checkpointing(model, layers=checkpointed)
     return model
@@ -106,20 +112,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--family", choices=("llama", "gemma4"), default="llama", help="the toy decoder's layout")
+    parser.add_argument("--lora", action="store_true", help="LoRA r16 on every linear layer of the decoder")
     parser.add_argument("--repeats", type=int, default=15, help="timed steps per setting and round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the settings, interleaved")
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)  # toy tensors: threads only add their own overhead
     ids = torch.zeros(1, 16, dtype=torch.long, device=args.device)
-    models = {n: build(n, args.device, args.family) for n in SETTINGS}
+    models = {n: build(n, args.device, args.family, args.lora) for n in SETTINGS}
     times: dict[int, list[tuple[float, float]]] = {n: [] for n in SETTINGS}
     for _ in range(args.rounds):
         for n, model in models.items():
             times[n].append(time_steps(model, ids, args.repeats, args.device))
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU, one thread"
     print(
-        f"device: {name}; torch {torch.__version__}; {LAYERS} {args.family} layers, "
+        f"device: {name}; torch {torch.__version__}; {LAYERS} {args.family} layers{' with LoRA' if args.lora else ''}, "
         f"medians of {args.repeats} steps x {args.rounds}"
     )
     print("| checkpointed layers | forward ms | backward ms | step ms | forward ops | backward ops |")
