@@ -40,6 +40,11 @@ def chunk_positions(vocab: int, tokens: int) -> int:
     return min(tokens, max(1, CHUNK_LOGITS // vocab))
 
 
+def chunk_count(vocab: int, tokens: int) -> int:
+    """How many chunks of positions `tokens` make (`chunk_positions` each, the last one shorter)."""
+    return -(-tokens // chunk_positions(vocab, tokens))
+
+
 def target_bytes(s: PlanSettings) -> int:
     """The teacher's targets alive through the student's forward and loss: those of the micro-batch and the loss's
     copy at the trained positions (all of them, planned at the worst case)."""

@@ -231,8 +231,7 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
     if teacher:
         kernels += teacher_kernels(facts.teacher, s) * gradient_accumulation
     kernels += optimizer_kernels(facts.kernels, s.optimizer, s.clips_gradients)
-    per_kernel = card.launch_seconds or LAUNCH_SECONDS
-    launch = kernels * per_kernel
+    launch = kernels * (card.launch_seconds or LAUNCH_SECONDS)
     checkpoint_host = 0.0
     if compiled is None:  # the host's work of checkpointing beyond the recomputed forward's launches
         checkpoint_host = sum(s.recomputed(facts.layers)) * CHECKPOINT_HOST_SECONDS * gradient_accumulation
@@ -354,7 +353,7 @@ def memory_bound_seconds(facts: ModelFacts, s: PlanSettings, card: Card, passes_
     if s.method.distills:
         total += kernel_costs.distillation_loss_seconds(s.tokens, facts.vocab, s.method.ce_gradient, card.hbm_tb_s)
         if s.method.head == KD_CHUNKED and facts.head_trainable:
-            chunks = ceil(s.tokens / distillation.chunk_positions(facts.vocab, s.tokens))
+            chunks = distillation.chunk_count(facts.vocab, s.tokens)
             total += kernel_costs.head_gradient_accumulation_seconds(facts.head_numel, chunks, card.hbm_tb_s)
     elif s.method.head == LOGITS and s.fused_loss:
         total += fused_loss_time.seconds(
@@ -409,7 +408,7 @@ def teacher_kernels(teacher: ModelFacts, s: PlanSettings) -> float:
     plain = s.but(liger_rms_norm=False, liger_rope=False, liger_glu=False, quantized_bits=None)
     chunks = 1
     if s.method.head == KD_CHUNKED:
-        chunks = ceil(s.tokens / distillation.chunk_positions(teacher.vocab, s.tokens))
+        chunks = distillation.chunk_count(teacher.vocab, s.tokens)
     return forward_kernels(teacher.kernels, plain) + (chunks - 1) * HEAD_AND_LOSS
 
 
