@@ -1221,6 +1221,10 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def run_job(job: Job, args: argparse.Namespace, warmup: int) -> dict[str, Any]:
+    if job.variant != "baseline":  # hellbender's allocator default, set as `hellbender train` sets it: before CUDA
+        from hellbender.plan.allocator import set_default_allocator_settings
+
+        set_default_allocator_settings()
     env = environment()
     features: dict[str, Any] = {}
     recorder = StepRecorder(job.label, job.steps, warmup, peak_tflops(env["device"], args.peak_tflops), features)

@@ -135,6 +135,9 @@ def train(
     launch = Launch(nproc, nnodes, node_rank, master_addr, master_port)
 
     def action() -> None:
+        from hellbender.plan.allocator import set_default_allocator_settings
+
+        set_default_allocator_settings()  # before anything starts CUDA; launched processes inherit it
         restricted = None
         if not launch.needed and not _asks_for_ray(config, set_):
             from hellbender.train.distributed import one_gpu_for_one_process

@@ -54,12 +54,13 @@ def refuse_what_does_not_fit(cfg: HellbenderConfig, gpus: int = 1) -> Plan | Non
     else:
         advice = f"No change the planner tries fits: {lowers}."
     raise ConfigError(
-        f"`gpu_memory_limit: {_shown(cfg.gpu_memory_limit)}`: this run is predicted to need "
+        f"`gpu_memory_limit: {shown_limit(cfg.gpu_memory_limit)}`: this run is predicted to need "
         f"{plan.memory.needed / GIB:.1f} GiB per GPU (peak {plan.memory.peak / GIB:.1f} GiB allocated, at the {plan.memory.peak_phase}, plus the "
         f"allocator's margin and the CUDA context), more than the {limit:.1f} GiB allowed. {advice} "
         "`hellbender plan CONFIG` prints the whole breakdown; raise `gpu_memory_limit` if the card has the room."
     )
 
 
-def _shown(value: float | str) -> str:
+def shown_limit(value: float | str) -> str:
+    """`gpu_memory_limit` as the user wrote it (`48`, `20GiB`)."""
     return f"{value:g}" if isinstance(value, float) else str(value)

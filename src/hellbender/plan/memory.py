@@ -25,6 +25,7 @@ from hellbender.plan.activations import (
     reference_forward_bytes,
     tiled_mlp_backward_bytes,
 )
+from hellbender.plan.allocator import uses_expandable_segments
 from hellbender.plan.distillation import loss_bytes as distillation_loss_bytes
 from hellbender.plan.distillation import target_bytes, teacher_forward_bytes
 from hellbender.plan.generation import RolloutMemory, rollout_memory
@@ -39,6 +40,9 @@ FETCH_AHEAD = 2  # offloaded layers fetched before their backward (activation_of
 # The caching allocator reserves more than it hands out (measured reserved / allocated: 1.04-1.10 on W1 and W2,
 # docs/benchmarks.md); the CUDA context takes memory torch does not count.
 ALLOCATOR_MARGIN = 0.08
+# Batches of images vary in shape step to step: with expandable segments (hellbender's default) the Gemma 4 image
+# benchmark reserved 1.09-1.11x what it allocated (docs/plan.md, "Letting the planner choose").
+IMAGE_ALLOCATOR_MARGIN = 0.12
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)
 _BNB4_BLOCK, _BNB4_NESTED_BLOCK = 64, 256
 
@@ -87,9 +91,11 @@ class MemoryPlan:
     rollout: RolloutMemory | None = None  # online RL's generation
     notes: list[str] = field(default_factory=list)
 
+    margin_fraction: float = ALLOCATOR_MARGIN  # of the peak: what the allocator reserves beyond it
+
     @property
     def allocator_margin(self) -> int:
-        return int(self.peak * ALLOCATOR_MARGIN)
+        return int(self.peak * self.margin_fraction)
 
     @property
     def needed(self) -> int:
@@ -210,11 +216,12 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     teacher_weights = sum(p.nbytes for p in teacher.parameters) if teacher else 0
     teacher_forward = teacher_forward_bytes(teacher, s, element, facts.vocab) if teacher else 0
     targets = target_bytes(s) if s.method.distills else 0
-    if facts.vision_linear_numel:
+    margin_fraction = IMAGE_ALLOCATOR_MARGIN if facts.vision_linear_numel else ALLOCATOR_MARGIN
+    if facts.vision_linear_numel and not uses_expandable_segments():
         notes.append(
-            f"batches of images vary in shape, and the allocator may keep more than the planned {ALLOCATOR_MARGIN:.0%} "
-            "margin: the Gemma 4 image benchmark reserved 1.12-1.60x what it allocated, 1.09-1.11x with "
-            "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which keeps the reserve nearer the plan"
+            f"batches of images vary in shape, and the allocator may keep more than the planned {margin_fraction:.0%} "
+            "margin without expandable segments, which this environment's `PYTORCH_CUDA_ALLOC_CONF` leaves off: the "
+            "Gemma 4 image benchmark reserved 1.12-1.60x what it allocated, 1.09-1.11x with them (hellbender's default)"
         )
     if s.method.teacher == STORED_TARGETS:
         notes.append(
@@ -262,6 +269,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         parked_layers=parked,
         phases={name: int(value) for name, value in phases.items()},
         notes=notes,
+        margin_fraction=margin_fraction,
         teacher_weights=teacher_weights,
         teacher_forward=teacher_forward,
         teacher_targets=targets,

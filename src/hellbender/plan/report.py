@@ -6,7 +6,7 @@ from hellbender.plan.fit import Plan, generation_advice, smallest_fitting_change
 from hellbender.plan.flops import parked_copy_gb_s
 from hellbender.plan.fused_loss_time import chunk_positions
 from hellbender.plan.generation import rollout_rows
-from hellbender.plan.memory import ALLOCATOR_MARGIN, CUDA_CONTEXT_BYTES, GIB
+from hellbender.plan.memory import CUDA_CONTEXT_BYTES, GIB
 from hellbender.plan.method import (
     FUSED_HEAD,
     KD_CHUNKED,
@@ -151,7 +151,7 @@ def render(plan: Plan) -> str:
     moments = ", ".join(f"{name} {value / GIB:.2f}" for name, value in m.phases.items())
     lines.append(f"  (the parts above do not all coexist; allocated GiB by moment: {moments})")
     lines.append(f"  {'peak allocated (at the ' + m.peak_phase + ')':<58} {_gib(m.peak)}")
-    lines.append(f"  {f'allocator margin ({ALLOCATOR_MARGIN:.0%}) and CUDA context':<58} "
+    lines.append(f"  {f'allocator margin ({m.margin_fraction:.0%}) and CUDA context':<58} "
                  f"{_gib(m.allocator_margin + CUDA_CONTEXT_BYTES)}")  # fmt: skip
     lines.append(f"  {'needed on the card':<58} {_gib(m.needed)}")
     lines.append("")

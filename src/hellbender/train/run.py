@@ -9,6 +9,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hellbender.config import HellbenderConfig, dump_config
 from hellbender.config.machine_needs import require_machine
 from hellbender.config.precision import torch_dtype
@@ -25,6 +27,7 @@ from hellbender.models.fixes.gemma3n import packed_tail_token_id
 from hellbender.models.loading import load_tokenizer_and_processor, model_skeleton
 from hellbender.models.packed_attention import documents_need_one_row
 from hellbender.models.stack import build_trainable_model
+from hellbender.plan.allocator import set_default_allocator_settings
 from hellbender.storage import (
     WRITE_ERRNOS,
     complete_checkpoints,
@@ -51,6 +54,7 @@ from hellbender.train.loss_watchdog import DIVERGED_EXIT_CODE, LossWatchdog
 from hellbender.train.lr_schedule import own_lr_factor
 from hellbender.train.memory_watchdog import MemoryWatchdog
 from hellbender.train.methods import preference_method
+from hellbender.train.out_of_memory import out_of_memory_error
 from hellbender.train.preemption import StopOnSignal
 from hellbender.train.report import RunReport
 from hellbender.train.resume import (
@@ -81,6 +85,7 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     """
     from transformers import EarlyStoppingCallback, set_seed
 
+    set_default_allocator_settings()  # expandable segments, unless the user set the allocator or CUDA has started
     require_machine(cfg)  # a GPU or package the config needs: before anything is written
     if cfg.gpu_memory_limit is not None:  # the planned peak against the limit, before any data or weights
         from hellbender.plan.budget import refuse_what_does_not_fit
@@ -187,6 +192,8 @@ def train(cfg: HellbenderConfig, callbacks: list[Any] | None = None, hub_api: Hu
     except TrainingAlreadyDone:
         logger.info("%s is the last step: saving the final model", resume_from)
         metrics = {}
+    except torch.OutOfMemoryError:
+        raise out_of_memory_error(cfg, trainer.state.global_step + 1) from None
     except pickle.UnpicklingError as exc:  # the Trainer loads checkpoint states with `weights_only=True`
         raise ConfigError(
             f"Resuming from {resume_from} failed: one of its files holds Python objects that a weights-only load "
