@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from hellbender.plan.allocator import ALLOCATOR_VARIABLES
+
 pytestmark = pytest.mark.gpu
 
 ALLOCATIONS = textwrap.dedent(
@@ -44,7 +46,7 @@ def _allocate(environ: dict[str, str]) -> dict:
 
 
 def _environ_without_allocator_settings() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+    return {k: v for k, v in os.environ.items() if k not in ALLOCATOR_VARIABLES}
 
 
 def test_the_default_takes_effect():
