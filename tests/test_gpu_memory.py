@@ -15,6 +15,7 @@ from hellbender.cli import app
 from hellbender.config import validate_config
 from hellbender.plan.allocator import (
     ALLOCATOR_VARIABLES,
+    allocator_environment,
     allocator_settings,
     set_default_allocator_settings,
     uses_expandable_segments,
@@ -48,6 +49,12 @@ def test_the_default_is_set_for_the_process_unless_the_user_set_it(environ):
     environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:False"
     assert not set_default_allocator_settings()
     assert environ == {"PYTORCH_ALLOC_CONF": "expandable_segments:False"}
+
+
+def test_processes_that_do_not_inherit_the_environment_get_the_users_settings_or_the_default(environ):
+    assert allocator_environment() == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    users = {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128", "PATH": "/bin"}
+    assert allocator_environment(users) == {"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"}
 
 
 def test_training_sets_the_default_before_it_starts(environ, tmp_path):

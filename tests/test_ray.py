@@ -76,6 +76,21 @@ def write_audit_callback(output_dir: Path, audit_dir: Path):
     return FileWriteAudit()
 
 
+def allocator_record_callback(record_dir: Path):
+    """A callback that writes the allocator variables each worker's process started with to `record_dir/rank-N.json`
+    (defined in a function: Ray pickles it by value)."""
+    from transformers import TrainerCallback
+
+    from hellbender.plan.allocator import ALLOCATOR_VARIABLES
+
+    class AllocatorRecord(TrainerCallback):
+        def on_init_end(self, args, state, control, **kwargs):
+            seen = {name: os.environ.get(name) for name in ALLOCATOR_VARIABLES}
+            (record_dir / f"rank-{os.environ['RANK']}.json").write_text(json.dumps(seen))
+
+    return AllocatorRecord()
+
+
 def audited(audit_dir: Path, rank: int) -> list[list[str]]:
     log = audit_dir / f"rank-{rank}.jsonl"
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -91,7 +106,14 @@ def test_two_ray_workers_train_like_one_process_with_the_same_global_batch(tmp_p
     out, audit_dir = tmp_path / "ray" / "out", tmp_path / "audit"
     audit_dir.mkdir()
 
-    metrics = ray_launch.train_with_ray(cfg, [write_audit_callback(out, audit_dir)])
+    # Set after the cluster started, so its workers could not inherit it: Ray must hand it to them (the
+    # one-process run above set hellbender's default in this process).
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:256")
+
+    metrics = ray_launch.train_with_ray(
+        cfg, [write_audit_callback(out, audit_dir), allocator_record_callback(audit_dir)]
+    )
 
     # Rank 0's metrics come back to the caller, as from a one-process run.
     assert metrics["input_tokens"] == expected_metrics["input_tokens"] > 0
@@ -123,6 +145,11 @@ def test_two_ray_workers_train_like_one_process_with_the_same_global_batch(tmp_p
     assert "report/report.md" in rank0
     rank1 = [path for _, path in audited(audit_dir, 1)]
     assert all(re.fullmatch(r"checkpoint-\d+/rng_state_1\.pth", path) for path in rank1), rank1
+
+    # Each worker ran with the driver's allocator settings, not with a default of its own.
+    for rank in (0, 1):
+        seen = json.loads((audit_dir / f"rank-{rank}.json").read_text())
+        assert seen == {"PYTORCH_ALLOC_CONF": "max_split_size_mb:256", "PYTORCH_CUDA_ALLOC_CONF": None}, (rank, seen)
 
 
 def bad_data_config(tmp_path: Path, **overrides) -> Path:

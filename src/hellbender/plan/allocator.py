@@ -25,6 +25,14 @@ def allocator_settings(environ: dict[str, str] | None = None) -> str:
     return next((environ[name] for name in ALLOCATOR_VARIABLES if name in environ), DEFAULT_ALLOCATOR_SETTINGS)
 
 
+def allocator_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The allocator variables to hand to training processes that do not inherit `environ` (this process's by
+    default), such as Ray workers on a cluster's other machines: the user's, else hellbender's default."""
+    environ = os.environ if environ is None else environ
+    chosen = {name: environ[name] for name in ALLOCATOR_VARIABLES if name in environ}
+    return chosen or {"PYTORCH_CUDA_ALLOC_CONF": DEFAULT_ALLOCATOR_SETTINGS}
+
+
 def uses_expandable_segments(environ: dict[str, str] | None = None) -> bool:
     """Whether those settings turn expandable segments on."""
     return "expandable_segments:true" in allocator_settings(environ).replace(" ", "").lower()

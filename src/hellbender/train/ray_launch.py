@@ -15,6 +15,7 @@ from typing import Any
 
 from hellbender.config import HellbenderConfig
 from hellbender.errors import ConfigError, EnvironmentProblem, UserError
+from hellbender.plan.allocator import allocator_environment
 
 logger = logging.getLogger("hellbender")
 STORAGE_SUBDIR = "ray"  # Ray Train's run records go inside output_dir, never to ~/ray_results
@@ -67,6 +68,10 @@ def train_with_ray(cfg: HellbenderConfig, callbacks: list[Any] | None = None) ->
                 storage_path=str(Path(cfg.output_dir).resolve() / STORAGE_SUBDIR),
                 # A failed worker is reported, not restarted: a user error would only fail again.
                 failure_config=FailureConfig(max_failures=0),
+                # A cluster's workers do not inherit this process's environment, and Ray Train starts CUDA in
+                # each worker before the training function could set the allocator's default: the user's
+                # settings, else the default, go with the workers' environment.
+                worker_runtime_env={"env_vars": allocator_environment()},
             ),
         )
         try:
