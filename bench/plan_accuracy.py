@@ -276,6 +276,12 @@ def main() -> None:
     p.add_argument(
         "--w4-steps", type=int, default=2, help="W4 cases: steps at the case's length (the first is warm-up)"
     )
+    p.add_argument(
+        "--warm-up-first",
+        action="store_true",
+        help="run the first case once before the measured ones and discard it: on a freshly started machine the "
+        "first W3 process ran at 0.63-0.72x the tokens/s of the same setting after it (docs/plan.md)",
+    )
     p.add_argument("--dry-run", action="store_true", help="predictions only, no GPU (models' config.json only)")
     p.add_argument("--card", default="H100", help="--dry-run: the card to predict for (a measured run: its own)")
     args = p.parse_args()
@@ -295,6 +301,9 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     device = "none (dry run)"
+    if args.warm_up_first and not args.dry_run:
+        print(f"warm-up: {cases[0].name}, not reported", flush=True)
+        measure(cases[0], args)
     for case in cases:
         measured = {} if args.dry_run else measure(case, args)
         device = measured.get("device", device)
