@@ -189,6 +189,23 @@ def test_a_vision_tower_is_reported_as_not_modelled_per_image(tmp_path, monkeypa
     assert "NOT MODELLED" not in text_only and "expandable segments" not in text_only
 
 
+def test_a_full_fine_tune_with_every_layer_checkpointed_notes_its_larger_reserve(tmp_path):
+    """The 1B benchmark's full fine-tune reserved 1.16-1.19x its peak with every layer checkpointed (docs/plan.md)."""
+    note = "a full fine-tune with every layer checkpointed may reserve more"
+    full = validate_config(base_config(tmp_path, gradient_checkpointing=True))
+    assert any(n.startswith(note) for n in plan_for(full).memory.notes)
+    assert note in render(plan_for(full))
+    layers = plan_for(full).facts.layers
+    for other in (
+        dict(gradient_checkpointing=True, gradient_checkpointing_layers=layers - 1),
+        dict(gradient_checkpointing=False),
+        dict(gradient_checkpointing=True, adapter="lora", lora_target_linear=True),
+    ):
+        assert not any(
+            n.startswith(note) for n in plan_for(validate_config(base_config(tmp_path, **other))).memory.notes
+        )
+
+
 def test_a_model_with_a_vision_tower_plans_the_image_batches_larger_reserve(tmp_path):
     vlm = plan_for(validate_config(vlm_config(tmp_path, "hellbender/tiny-gemma4-vlm", adapter="lora")))
     text = plan_for(validate_config(base_config(tmp_path, base_model="hellbender/tiny-gemma4")))
