@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from hellbender.cli import app
 from hellbender.config import validate_config
 from hellbender.errors import ConfigError
+from hellbender.plan.allocator import ALLOCATOR_VARIABLES
 from hellbender.train import ray_launch
 from hellbender.train.run import train
 from tests.conftest import REPO
@@ -37,6 +38,8 @@ def ray_cluster():
         env.setenv("OMP_NUM_THREADS", "1")
         env.setenv("RAY_USAGE_STATS_ENABLED", "0")
         env.delenv("RAY_ADDRESS", raising=False)
+        for name in ALLOCATOR_VARIABLES:  # an earlier run in this process set the default: workers inherit none
+            env.delenv(name, raising=False)
         ray.init(address="local", num_cpus=2, object_store_memory=100 * 2**20, include_dashboard=False)
         try:
             yield
@@ -81,11 +84,11 @@ def allocator_record_callback(record_dir: Path):
     (defined in a function: Ray pickles it by value)."""
     from transformers import TrainerCallback
 
-    from hellbender.plan.allocator import ALLOCATOR_VARIABLES
+    from hellbender.plan.allocator import ALLOCATOR_VARIABLES as variables
 
     class AllocatorRecord(TrainerCallback):
         def on_init_end(self, args, state, control, **kwargs):
-            seen = {name: os.environ.get(name) for name in ALLOCATOR_VARIABLES}
+            seen = {name: os.environ.get(name) for name in variables}
             (record_dir / f"rank-{os.environ['RANK']}.json").write_text(json.dumps(seen))
 
     return AllocatorRecord()
