@@ -192,10 +192,10 @@ def test_a_vision_tower_is_reported_as_not_modelled_per_image(tmp_path, monkeypa
 def test_a_full_fine_tune_with_every_layer_checkpointed_notes_its_larger_reserve(tmp_path):
     """The 1B benchmark's full fine-tune reserved 1.16-1.19x its peak with every layer checkpointed (docs/plan.md)."""
     note = "a full fine-tune with every layer checkpointed may reserve more"
-    full = validate_config(base_config(tmp_path, gradient_checkpointing=True))
-    assert any(n.startswith(note) for n in plan_for(full).memory.notes)
-    assert note in render(plan_for(full))
-    layers = plan_for(full).facts.layers
+    full = plan_for(validate_config(base_config(tmp_path, gradient_checkpointing=True)))
+    assert any(n.startswith(note) for n in full.memory.notes)
+    assert note in render(full)
+    layers = full.facts.layers
     for other in (
         dict(gradient_checkpointing=True, gradient_checkpointing_layers=layers - 1),
         dict(gradient_checkpointing=False),

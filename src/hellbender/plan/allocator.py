@@ -15,22 +15,22 @@ import os
 
 # torch reads either (the first is the newer name, torch >= 2.9); a user's value in either is left alone.
 ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+DEFAULT_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"  # the name every torch >= 2.6 reads
 DEFAULT_ALLOCATOR_SETTINGS = "expandable_segments:True"
 
 
-def allocator_settings(environ: dict[str, str] | None = None) -> str:
-    """The allocator settings a training process started from `environ` (this process's by default) runs with:
-    the user's, else hellbender's default."""
-    environ = os.environ if environ is None else environ
-    return next((environ[name] for name in ALLOCATOR_VARIABLES if name in environ), DEFAULT_ALLOCATOR_SETTINGS)
-
-
 def allocator_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The allocator variables to hand to training processes that do not inherit `environ` (this process's by
-    default), such as Ray workers on a cluster's other machines: the user's, else hellbender's default."""
+    """The allocator variables a training process started from `environ` (this process's by default) runs with, in
+    the order torch reads them: the user's, else hellbender's default. Handed to processes that do not inherit
+    `environ`, such as Ray workers on a cluster's other machines."""
     environ = os.environ if environ is None else environ
     chosen = {name: environ[name] for name in ALLOCATOR_VARIABLES if name in environ}
-    return chosen or {"PYTORCH_CUDA_ALLOC_CONF": DEFAULT_ALLOCATOR_SETTINGS}
+    return chosen or {DEFAULT_VARIABLE: DEFAULT_ALLOCATOR_SETTINGS}
+
+
+def allocator_settings(environ: dict[str, str] | None = None) -> str:
+    """The settings those variables give: the first that torch reads."""
+    return next(iter(allocator_environment(environ).values()))
 
 
 def uses_expandable_segments(environ: dict[str, str] | None = None) -> bool:
@@ -51,5 +51,5 @@ def set_default_allocator_settings() -> bool:
             "segments (set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts to have them)"
         )
         return False
-    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = DEFAULT_ALLOCATOR_SETTINGS  # the name every torch >= 2.6 reads
+    os.environ[DEFAULT_VARIABLE] = DEFAULT_ALLOCATOR_SETTINGS
     return True
