@@ -252,6 +252,36 @@ def test_host_bound_full_fine_tuning_steps_price_each_checkpointed_layers_host_w
     assert ("s of it checkpointing's own work" in render(plan)) is (layers > 0)
 
 
+@pytest.mark.parametrize(
+    ("micro_batch", "checkpointed", "measured_s"),
+    [(1, False, (0.073, 0.059, 0.064)), (2, True, (0.144, 0.124, 0.116))],
+    ids=["micro-batch-1", "micro-batch-2-all-checkpointed"],
+)
+def test_a_host_bound_steps_range_holds_what_three_h200_machines_measured(tmp_path, micro_batch, checkpointed,
+                                                                           measured_s):  # fmt: skip
+    """W2's host-bound steps on three H200 machines (docs/plan.md, "Hosts differ"): the hosts' speeds moved them by up
+    to 1.24x, more than the 20% a point prediction is held to. The report's range for the step (the host at 0.61-1.13
+    of its planned time) holds every one, and the point plan lies inside it."""
+    cfg = validate_config(
+        base_config(
+            tmp_path,
+            adapter=None,
+            sequence_len=2048,
+            micro_batch_size=micro_batch,
+            bf16=True,
+            learning_rate=2e-5,
+            gradient_checkpointing=checkpointed,
+            overrides_of_model_config=W2_SHAPE,
+        )  # fmt: skip
+    )
+    plan = plan_for(cfg, gpu="H200")
+    fastest, slowest = plan.time.host_range_seconds
+    assert plan.time.launch_bound
+    assert fastest < plan.time.seconds < slowest
+    assert all(fastest <= seconds <= slowest for seconds in measured_s), (fastest, slowest)
+    assert f"a step of {fastest:.3f}-{slowest:.3f} s" in render(plan)
+
+
 def test_gemma4s_host_bound_packed_steps_price_checkpointing_per_layer_not_per_launch(tmp_path):
     """W3 (Gemma-4-E2B with its vision tower, LoRA, packed, micro-batch 2) on H200s, bound by the host: every layer
     checkpointed measured 0.708 and 0.673 s in two sessions, 17 layers 0.617 and 0.660 s. Planned by

@@ -31,7 +31,7 @@ from functools import partial
 from math import ceil
 
 from hellbender.plan import compiled_time, distillation, fused_loss_time, kernel_costs
-from hellbender.plan.cards import LAUNCH_SECONDS, Card
+from hellbender.plan.cards import LAUNCH_SECONDS, MEASURED_HOST_SHARES, Card
 from hellbender.plan.generation import RolloutTime, rollout_time
 from hellbender.plan.launches import (
     CLIP_OPS,
@@ -83,6 +83,8 @@ class StepTime:
     memory_bound_seconds: float = 0.0  # of `compute_seconds`: norms, rotary embeddings, LoRA, the loss, ...
     copy_stall_seconds: float = 0.0  # the backward waiting for offloaded layers' fetches (offload_timeline.py)
     checkpoint_host_seconds: float = 0.0  # of `launch_seconds`: checkpointing's host work beyond the replays' launches
+    # the step on the fastest and the slowest host measured (cards.MEASURED_HOST_SHARES of the host's time)
+    host_range_seconds: tuple[float, float] = (0.0, 0.0)
 
     @property
     def launch_bound(self) -> bool:
@@ -243,18 +245,24 @@ def step_time(facts: ModelFacts, s: PlanSettings, memory: MemoryPlan, card: Card
         )
         kernels += compiled_kernels
         launch += compiled_kernels * compiled_time.HOST_PER_KERNEL
-    # The host queues kernels ahead of the GPU: the step takes the longer of the two, not their sum.
-    seconds = max(compute + copy_stall, transfer, launch) + optimizer
-    rollout = None
+    rollout, generation = None, 0.0
     if memory.rollout is not None:  # online RL: a generation every `num_iterations` steps, before training
         weight_bytes = memory.weights + memory.adapter
         rollout = rollout_time(facts, s, memory.rollout, weight_bytes, card, forward_kernels(facts.kernels, s))
-        seconds += rollout.seconds / s.method.rollout.iterations
+        generation = rollout.seconds / s.method.rollout.iterations
+
+    def on_host(share: float) -> float:
+        """The step where the host takes `share` of its planned time. The host queues kernels ahead of the GPU: the
+        step takes the longer of the two, not their sum."""
+        return max(compute + copy_stall, transfer, launch * share) + optimizer + generation
+
+    seconds = on_host(1.0)
+    fastest, slowest = (on_host(share) for share in MEASURED_HOST_SHARES)
     tokens = s.tokens * gradient_accumulation
     examples = s.micro_batch_size * gradient_accumulation
     return StepTime(
         flops, seconds, tokens / seconds, transfer, examples / seconds, parts, compute, kernels, launch, rollout,
-        attention_time, memory_bound, copy_stall, checkpoint_host,
+        attention_time, memory_bound, copy_stall, checkpoint_host, (fastest, slowest),
     )  # fmt: skip
 
 

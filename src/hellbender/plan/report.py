@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hellbender.plan.cards import MEASURED_HOST_SHARES
 from hellbender.plan.fit import Plan, generation_advice, smallest_fitting_change
 from hellbender.plan.flops import parked_copy_gb_s
 from hellbender.plan.fused_loss_time import chunk_positions
@@ -190,12 +191,17 @@ def render(plan: Plan) -> str:
             f"{parked_copy_gb_s(plan.facts, plan.card):g} GB/s each way): offload fewer layers"
         )
     if t.launch_bound:
+        low, high = MEASURED_HOST_SHARES
         checkpointing = (
             f" ({t.checkpoint_host_seconds:.3f} s of it checkpointing's own work)" if t.checkpoint_host_seconds else ""
         )
         lines.append(
             f"  {'training ' if t.rollout else ''}bound by kernel launches: {t.kernels:,.0f} kernels take the host "
             f"{t.launch_seconds:.3f} s{checkpointing}, the GPU's work {t.compute_seconds:.3f} s"
+        )
+        lines.append(
+            f"  hosts differ: those of the H200 machines measured took {low:.2f}-{high:.2f} of the host time planned, "
+            f"a step of {t.host_range_seconds[0]:.3f}-{t.host_range_seconds[1]:.3f} s"
         )
     lines += [f"note: {note}" for note in m.notes + plan.facts.notes + _rollout_notes(plan)]
     lines.append("")
