@@ -28,6 +28,11 @@ from hellbender.storage import write_manifest
 from hellbender.train.fsdp import norm_modules, shard_norms_in_fp32
 
 
+def local_bytes(tensors) -> int:
+    """Bytes of the tensors' local parts (a sharded parameter's shard on this process)."""
+    return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors if torch.is_tensor(t))
+
+
 def main(config_path: str, result_dir: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -58,16 +63,26 @@ def main(config_path: str, result_dir: str) -> None:
     for module in model.modules():
         module.register_forward_pre_hook(record)
 
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=1e-2)
     generator = torch.Generator().manual_seed(rank)
     losses = []
     for _ in range(2):
         ids = torch.randint(3, 250, (2, 24), generator=generator)
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
+        gradient_bytes = local_bytes(p.grad for p in trained if p.grad is not None)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(float(loss))
+    # What this process holds between steps, its shards only (`hellbender plan`'s per-GPU parts: tests/test_fsdp.py).
+    held = {
+        "parameters": local_bytes(model.parameters()),
+        "gradients": gradient_bytes,
+        "optimizer_states": local_bytes(v for state in optimizer.state.values() for v in state.values()),
+    }
+    held_by_rank: list = [None] * dist.get_world_size()
+    dist.all_gather_object(held_by_rank, held)
     compute_dtypes.clear()  # what the forward uses after the steps
     with torch.no_grad():
         model(input_ids=ids)
@@ -88,6 +103,7 @@ def main(config_path: str, result_dir: str) -> None:
             "stored": {name: str(p.dtype) for name, p in model.named_parameters()},
             "compute": compute_dtypes,
             "fused_lora_layers": sum(bool(getattr(m, "fused", False)) for m in model.modules()),
+            "held_bytes": held_by_rank,
         }
         (out / "report.json").write_text(json.dumps(report, indent=1))
     dist.barrier()

@@ -163,11 +163,40 @@ def load_model_path(cfg) -> Path:
     return Path(resolve_model_path(cfg.base_model))
 
 
-def test_sharded_full_checkpoint_consolidates_into_a_model_transformers_loads(tmp_path, tiny_model_built):
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, tiny_model_path):  # tiny_model_path: see `tiny_model_built`
+    tmp = tmp_path_factory.mktemp("fsdp-full")
+    raw = fsdp_config(tmp, bf16=True)
+    return tmp, raw, run_workers(tmp, raw)
+
+
+def test_each_process_holds_the_shards_hellbender_plan_counts_per_gpu(full_run):
+    """Full fine-tuning in bf16 on two processes: each holds half of the weights, gradients and AdamW states, the
+    trained weights kept in float32 as accelerate keeps them (so their gradients and states are float32 too). The
+    plan's per-GPU parts are those bytes (the weights' beside the layers FSDP2 gathers whole while they compute)."""
+    from hellbender.plan.fit import element_size
+    from hellbender.plan.memory import plan_memory
+    from hellbender.plan.model_facts import describe, meta_model
+    from hellbender.plan.settings import plan_settings
+
+    _, raw, report = full_run
+    cfg = validate_config(raw)
+    facts = describe(cfg, meta_model(cfg))
+    planned = plan_memory(facts, plan_settings(cfg, gpus=2, facts=facts), element_size(cfg))
+    whole = sum(p.numel for p in facts.parameters)
+    assert planned.weights - planned.gathered_weights == 4 * whole // 2  # float32, halved
+    assert len(report["held_bytes"]) == 2
+    for held in report["held_bytes"]:
+        assert held["parameters"] == planned.weights - planned.gathered_weights
+        assert held["gradients"] == planned.gradients
+        # AdamW's two float32 states per weight; the step counters (one scalar per tensor) are what may differ
+        assert held["optimizer_states"] == pytest.approx(planned.optimizer_states, rel=0.01)
+
+
+def test_sharded_full_checkpoint_consolidates_into_a_model_transformers_loads(full_run):
     from transformers import AutoModelForCausalLM
 
-    raw = fsdp_config(tmp_path, bf16=True)
-    run_workers(tmp_path, raw)
+    tmp_path, raw, _ = full_run
     raw = {**raw, "output_dir": str(tmp_path / "run")}
     config = tmp_path / "config.yml"
     config.write_text(json.dumps(raw))

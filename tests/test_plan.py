@@ -16,9 +16,11 @@ from hellbender.config import validate_config as validate_with
 from hellbender.config.training import memory_limit_gib
 from hellbender.errors import ConfigError
 from hellbender.plan.activations import attention_scores_bytes, layer_bytes_per_token, loss_bytes
+from hellbender.plan.budget import plan_for
 from hellbender.plan.fit import element_size
 from hellbender.plan.memory import plan_memory, quantized_bytes
 from hellbender.plan.model_facts import Parameter, describe, meta_model
+from hellbender.plan.report import render
 from hellbender.plan.settings import plan_settings
 from tests.helpers import assert_user_error, base_config, invoke
 
@@ -413,7 +415,6 @@ def test_train_refuses_a_config_over_gpu_memory_limit_before_preparing_data(tmp_
 
 def test_auto_settings_choose_the_fastest_setting_that_fits(tmp_path):
     from hellbender.plan.auto import choose
-    from hellbender.plan.budget import plan_for
 
     def validate_config(raw):  # as hellbender's commands read a config: with the planner choosing
         return validate_with(raw, choose)
@@ -488,7 +489,6 @@ def test_auto_chooses_for_an_h200_what_was_measured_on_one(tmp_path, monkeypatch
 
 def test_auto_offloads_only_when_nothing_fits_without_offloading(tmp_path):
     from hellbender.plan.auto import choose
-    from hellbender.plan.budget import plan_for
     from hellbender.plan.memory import GIB
 
     # Deep enough (on the meta device only) that the checkpointed layers' inputs, which offloading moves to the host,
@@ -545,6 +545,42 @@ def test_sharding_divides_what_each_stage_shards(tmp_path):
     assert fsdp2.optimizer_states == one.optimizer_states // 4 and fsdp2.weights < one.weights
 
 
+# The Llama-3.2-1B shape of bench/multi_gpu.py (W2), on the meta device only.
+ONE_B = dict(
+    hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+    head_dim=64, vocab_size=128256, tie_word_embeddings=True,
+)  # fmt: skip
+FSDP2 = dict(fsdp_version=2, fsdp_config={"transformer_layer_cls_to_wrap": "LlamaDecoderLayer"})
+LORA_R16 = dict(adapter="lora", lora_r=16, lora_alpha=32, lora_dropout=0.0, lora_target_linear=True)
+
+
+@pytest.mark.parametrize(
+    ("keys", "measured_gib"),
+    [({}, 21.6), (FSDP2, 19.8), ({**FSDP2, **LORA_R16}, 14.1)],
+    ids=["ddp-full", "fsdp2-full", "fsdp2-lora"],
+)
+def test_two_gpu_runs_plan_at_the_peak_each_gpu_measured(tmp_path, keys, measured_gib):
+    """docs/multi-gpu.md's runs of the 1B shape on two H100s (micro-batch 4 x 2,048 tokens, every layer checkpointed,
+    bf16, fused AdamW): rank 0's peak allocated memory. FSDP2's full fine-tune planned 0.83 of it while the plan held
+    the trained weights in bf16; accelerate keeps them in float32, with float32 gradients and AdamW states."""
+    common = dict(adapter=None, sequence_len=2048, micro_batch_size=4, gradient_checkpointing=True, bf16=True)
+    raw = base_config(tmp_path, overrides_of_model_config=ONE_B, **{**common, **keys})
+    planned = plan_for(validate_config(raw), gpu="H100", gpus=2).memory.peak / 2**30
+    assert planned == pytest.approx(measured_gib, rel=0.03)
+
+
+def test_hybrid_sharding_splits_the_state_over_each_replicas_group(tmp_path):
+    """`dp_shard_size: 2` on four GPUs: two replicas, each sharded over two GPUs, so each GPU holds what plain FSDP2
+    over two GPUs holds."""
+    common = dict(adapter=None, bf16=True, overrides_of_model_config=ONE_B, **FSDP2)
+    hybrid = plan_for(validate_config(base_config(tmp_path, dp_shard_size=2, **common)), gpu="H100", gpus=4)
+    over_two = plan_for(validate_config(base_config(tmp_path, **common)), gpu="H100", gpus=2)
+    over_four = plan_for(validate_config(base_config(tmp_path, **common)), gpu="H100", gpus=4)
+    for part in ("weights", "gradients", "optimizer_states"):
+        assert getattr(hybrid.memory, part) == getattr(over_two.memory, part) > getattr(over_four.memory, part), part
+    assert "4 GPU(s) (FSDP2, 2 replicas each sharded over 2)" in render(hybrid)
+
+
 def test_plan_of_a_hub_model_that_cannot_be_read_is_one_paragraph(tmp_path):
     path = tmp_path / "config.yml"
     path.write_text(yaml.safe_dump(base_config(tmp_path, base_model="nobody/not-cached-anywhere")))
@@ -555,7 +591,6 @@ def test_plan_of_a_hub_model_that_cannot_be_read_is_one_paragraph(tmp_path):
 def test_bf16_auto_is_planned_in_bfloat16_on_a_machine_without_a_gpu(tmp_path):
     """Every card the planner knows computes in bfloat16, so `bf16: auto` is planned as bf16 even where the plan is
     made on a CPU (where a run would pick float32): planning an H100 run from a laptop gives the H100's plan."""
-    from hellbender.plan.budget import plan_for
 
     auto = validate_config(base_config(tmp_path, bf16="auto"))
     explicit = validate_config(base_config(tmp_path, bf16=True))

@@ -13,7 +13,7 @@ count at the forward passes only when gradients accumulate over micro-batches.""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hellbender.plan.activations import (
     attention_scores_bytes,
@@ -82,6 +82,7 @@ class MemoryPlan:
     host_parts: dict[str, int] = field(default_factory=dict)
     per_layer: list[int] = field(default_factory=list)  # activation bytes each decoder layer keeps on the GPU
     parked_layers: dict[int, int] = field(default_factory=dict)  # `activation_offload_layers`: bytes each parks
+    gathered_weights: int = 0  # of `weights`: the layers and head FSDP2 / ZeRO-3 gather whole beside their shards
     teacher_weights: int = 0  # online distillation's frozen teacher, whole on every GPU
     teacher_forward: int = 0  # its forward without gradients, before the student's
     teacher_targets: int = 0  # distillation's top-k targets of the micro-batch, and the loss's copy of them
@@ -107,22 +108,21 @@ def _shards(s: PlanSettings, part: str) -> int:
     """By how many GPUs `part` is split."""
     levels = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp2": 3}
     needed = {"optimizer": 1, "gradients": 2, "weights": 3}[part]
-    return s.gpus if levels[s.sharding] >= needed else 1
+    return (s.shard_group or s.gpus) if levels[s.sharding] >= needed else 1
 
 
 def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accumulation: int = 1,
                 double_quant: bool = True) -> MemoryPlan:  # fmt: skip
     """The memory plan of one step with settings `s`; `element` is the bytes per value of the run's dtype."""
     notes: list[str] = []
-    base = [p for p in facts.parameters if ".lora_" not in p.name]
-    adapter_params = [p for p in facts.parameters if ".lora_" in p.name]
-    weights = 0
-    for p in base:
-        weights += (
-            quantized_bytes(p, s.quantized_bits, double_quant) if s.quantized_bits and p.quantizable else p.nbytes
-        )
+    parameters = _as_held(facts.parameters, s)
+    base = [p for p in parameters if ".lora_" not in p.name]
+    adapter_params = [p for p in parameters if ".lora_" in p.name]
+    weights = _weight_bytes(base, s, double_quant)
+    # the trained weights' float32 copies beyond the model as built (a reference model copies it as built)
+    upcast = weights - _weight_bytes(facts.parameters, s, double_quant)
     adapter = sum(p.nbytes for p in adapter_params)
-    trainable = facts.trainable
+    trainable = [p for p in parameters if p.trainable]
     gradients = sum(p.nbytes for p in trainable)
     rule = optimizer_rule(s.optimizer)
     if not rule.known:
@@ -134,11 +134,12 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     step_temporaries = gradients if rule.states and rule.bits == 0 and "fused" not in s.optimizer else 0
     host_parts: dict[str, int] = {}
 
-    layer_weights = facts.largest_layer_bytes
-    weights_split, adapter_split = weights // _shards(s, "weights"), adapter // _shards(s, "weights")
-    if _shards(s, "weights") > 1:  # gathered whole: the layer computing, the next one prefetched, and the head
-        outside = max((p.nbytes for p in base if p.in_layer is None), default=0)
-        weights_split = min(weights, weights_split + 2 * layer_weights + outside)
+    shards = _shards(s, "weights")
+    weights_split, adapter_split, gathered = weights // shards, adapter // shards, 0
+    if shards > 1:  # gathered whole, in the run's dtype: the layer computing, the next one prefetched, and the head
+        outside = max((p.nbytes for p in facts.parameters if ".lora_" not in p.name and p.in_layer is None), default=0)
+        gathered = min(2 * facts.largest_layer_bytes + outside, weights - weights_split)
+        weights_split += gathered
     gradients //= _shards(s, "gradients")
     states //= _shards(s, "optimizer")
     step_temporaries //= _shards(s, "optimizer")
@@ -146,7 +147,6 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         host_parts["offloaded optimizer states"] = states
         states = 0
         if s.sharding == "fsdp2":  # FSDP2's CPU offload keeps the sharded parameters and gradients there too
-            gathered = 2 * facts.largest_layer_bytes + max((p.nbytes for p in base if p.in_layer is None), default=0)
             host_parts["offloaded parameters and gradients"] = weights_split - gathered + gradients
             weights_split, gradients = gathered, 0
     ddp_buckets = gradients if s.gpus > 1 and s.sharding == "none" else 0
@@ -205,7 +205,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     layer_workspace = max(attention_workspace, mlp_workspace + tiled_mlp)
 
     # The reference copy is the model as built, the adapter aside (full fine-tuning has none), sharded as the weights.
-    reference_copy = weights_split if s.method.reference_copy else 0
+    reference_copy = weights_split - upcast // shards if s.method.reference_copy else 0
     scores_rollout = s.method.online and (s.method.reference_forwards or s.method.rollout.iterations > 1)
     reference_forward = 0
     if s.method.reference_forwards or scores_rollout:
@@ -276,12 +276,31 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
         phases={name: int(value) for name, value in phases.items()},
         notes=notes,
         margin_fraction=margin_fraction,
+        gathered_weights=gathered,
         teacher_weights=teacher_weights,
         teacher_forward=teacher_forward,
         teacher_targets=targets,
         tiled_mlp_backward=tiled_mlp,
         mlp_workspace=mlp_workspace,
         rollout=rollout,
+    )
+
+
+def _as_held(parameters: list[Parameter], s: PlanSettings) -> list[Parameter]:
+    """The parameters as the run holds them: under FSDP2 the trained ones in float32 (accelerate upcasts them under
+    mixed precision, hellbender over a 4-bit base: train/fsdp.py), so their gradients and optimizer states are float32
+    too; each layer computes with a gathered copy in the run's dtype."""
+    if s.sharding != "fsdp2":
+        return parameters
+    return [replace(p, element_size=4) if p.trainable else p for p in parameters]
+
+
+def _weight_bytes(parameters: list[Parameter], s: PlanSettings, double_quant: bool) -> int:
+    """The base model's weights (LoRA's factors aside), the quantized ones as a 4- or 8-bit base stores them."""
+    return sum(
+        quantized_bytes(p, s.quantized_bits, double_quant) if s.quantized_bits and p.quantizable else p.nbytes
+        for p in parameters
+        if ".lora_" not in p.name
     )
 
 

@@ -41,6 +41,8 @@ def describe_run(plan: Plan) -> str:
     if offloaded := len(s.offloaded(layers)):
         ckpt += f", {offloaded} of them offloaded instead (run once, their activations in host memory)"
     sharding = {"none": "DDP" if s.gpus > 1 else "one GPU", "fsdp2": "FSDP2"}.get(s.sharding, s.sharding.upper())
+    if s.shard_group:
+        sharding += f", {s.gpus // s.shard_group} replicas each sharded over {s.shard_group}"
     shape = s.method
     if shape.name == SUPERVISED.name:
         batch = f"micro-batch {s.micro_batch_size} x {s.sequence_len} tokens"

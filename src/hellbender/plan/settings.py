@@ -38,6 +38,7 @@ class PlanSettings:
     attention: str = "sdpa"  # `attn_implementation`
     packed: bool = False  # `sample_packing`: several documents share a row
     offloaded_layers: int = 0  # `activation_offload_layers`: checkpointed layers run once, all they save on the host
+    shard_group: int = 0  # GPUs the sharded state is split over: one replica's under hybrid sharding (0: `gpus`)
     loss_chunk_scale: int = 1  # `fused_cross_entropy_chunk_scale`: Liger's `chunk_mem_const`
 
     @property
@@ -96,6 +97,7 @@ class PlanSettings:
 def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None = None) -> PlanSettings:
     """The settings `cfg` runs with on `gpus` GPUs (`facts`: of its model, where they are at hand)."""
     sharding, offload_optimizer = _sharding(cfg)
+    context_parallel = min(cfg.context_parallel_size or 1, gpus)
     optimizer = cfg.optimizer if cfg.optimizer != "auto" else "adamw_torch_fused"  # the planner plans for a GPU
     method = method_shape(cfg, facts)
     sequence_len = cfg.sequence_len
@@ -120,13 +122,23 @@ def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None
         method=method,
         liger_rope=cfg.liger_rope,
         clips_gradients=bool(cfg.max_grad_norm),
-        context_parallel=min(cfg.context_parallel_size or 1, gpus),
+        context_parallel=context_parallel,
         tiled_mlp=cfg.tiled_mlp,
         tiled_mlp_shards=cfg.tiled_mlp_num_shards,
         attention=cfg.attn_implementation or "sdpa",
         offloaded_layers=cfg.activation_offload_layers,
         packed=cfg.sample_packing,
+        shard_group=_shard_group(cfg, gpus, context_parallel),
     )
+
+
+def _shard_group(cfg: HellbenderConfig, gpus: int, context_parallel: int) -> int:
+    """The GPUs FSDP2 splits the weights, gradients and optimizer states over: all of them, or under hybrid sharding
+    (`dp_replicate_size` > 1) each replica's group, which holds a whole copy. 0: all of them."""
+    from hellbender.train.fsdp import hybrid_shape
+
+    shape = hybrid_shape(cfg, gpus // context_parallel) if gpus > 1 else None
+    return gpus // shape[0] if shape else 0
 
 
 def _sharding(cfg: HellbenderConfig) -> tuple[str, bool]:
