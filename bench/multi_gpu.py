@@ -11,10 +11,13 @@ Variants (`--variants`, default all):
   cp-lora               the same LoRA, FSDP2 with context parallelism over all the GPUs (each row split over them)
   cp-lora-packed        the same with `sample_packing` (each row one document): hellbender's split attention
                         (gathered keys and values) in place of PyTorch's ring attention
+  zero2-full            full fine-tune, DeepSpeed ZeRO-2 (examples/deepspeed/zero2.json; needs the deepspeed package)
+  zero3-full            full fine-tune, DeepSpeed ZeRO-3 (examples/deepspeed/zero3.json)
 
 Each variant is one `torchrun --nproc-per-node N` of this script in worker mode; every rank times its own steps
 with `throughput.StepRecorder` (steps 1..warm-up left out), rank 0 writes the JSON. tokens/s is per GPU (each
-rank's own tokens), peak memory is rank 0's. The parent prints one markdown table.
+rank's own tokens), peak memory is rank 0's, beside what `hellbender plan` predicts per GPU for the same config on
+that card. The parent prints one markdown table.
 
 Run on a machine with N >= 2 GPUs (see bench/README.md): `python3 bench/multi_gpu.py [--gpus 2] [--steps 20]`;
 long rows: `--shape W1 --seq 32768 --micro-batch 1 --variants cp-lora` (and `--gpus 1 --variants ddp-lora` for one GPU).
@@ -41,6 +44,7 @@ import throughput as tp  # noqa: E402  (the sibling benchmark: shapes, model bui
 
 LORA = dict(adapter="lora", lora_r=16, lora_alpha=32, lora_dropout=0.0, lora_target_modules=list(tp.LORA_TARGETS))
 FSDP2 = dict(fsdp_version=2, fsdp_config={"transformer_layer_cls_to_wrap": "LlamaDecoderLayer"})
+DEEPSPEED_EXAMPLES = HERE.parent / "examples" / "deepspeed"
 VARIANTS: dict[str, dict[str, Any]] = {
     "ddp-full": {},
     "fsdp2-full": FSDP2,
@@ -50,6 +54,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # context parallelism over all the run's GPUs (`context_parallel_size` set to `--gpus` when the config is made)
     "cp-lora": {**FSDP2, **LORA, "sample_packing": False},
     "cp-lora-packed": {**FSDP2, **LORA, "sample_packing": True},
+    "zero2-full": {"deepspeed": str(DEEPSPEED_EXAMPLES / "zero2.json")},
+    "zero3-full": {"deepspeed": str(DEEPSPEED_EXAMPLES / "zero3.json")},
 }
 MICRO_BATCH, ROWS = 4, 1200
 
@@ -90,10 +96,12 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from hellbender.config import validate_config
+    from hellbender.plan.budget import plan_for
     from hellbender.train.run import train
 
     cfg = validate_config(json.loads(Path(args._config).read_text()))
     rank = int(os.environ.get("RANK", "0"))
+    planned = plan_for(cfg, gpus=int(os.environ["WORLD_SIZE"])).memory.peak / tp.GIB if rank == 0 else None
     env = tp.environment()
     recorder = tp.StepRecorder(
         args._variant if rank == 0 else f"{args._variant} rank {rank}",
@@ -105,6 +113,7 @@ def worker(args: argparse.Namespace) -> None:
     train(cfg, callbacks=[recorder.callback()])
     if rank == 0:
         result = {"variant": args._variant, "gpus": int(os.environ["WORLD_SIZE"]), **env, **recorder.summary()}
+        result["planned_peak_gib"] = planned
         if torch.cuda.is_available():
             result["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / tp.GIB
         Path(args._result).write_text(json.dumps(result, indent=1))
@@ -156,19 +165,22 @@ def run_variant(
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| variant | GPUs | tokens/s per GPU | tokens/s total | peak allocated GiB (rank 0) | peak reserved GiB | MFU |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | GPUs | tokens/s per GPU | tokens/s total | peak allocated GiB (rank 0) | peak reserved GiB | MFU "
+        "| planned peak GiB per GPU |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if not r.get("ok"):
-            lines.append(f"| {r['variant']} | | failed | | | | |")
+            lines.append(f"| {r['variant']} | | failed | | | | | |")
             continue
         per_gpu = r["tokens_per_s"]
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a"
         allocated, reserved = (r.get(k) for k in ("peak_allocated_gib", "peak_reserved_gib"))
         memory = f"{allocated:.1f} | {reserved:.1f}" if allocated is not None else "n/a | n/a"
+        planned = r.get("planned_peak_gib")
         lines.append(
-            f"| {r['variant']} | {r['gpus']} | {per_gpu:,.0f} | {per_gpu * r['gpus']:,.0f} | {memory} | {mfu} |"
+            f"| {r['variant']} | {r['gpus']} | {per_gpu:,.0f} | {per_gpu * r['gpus']:,.0f} | {memory} | {mfu} "
+            f"| {f'{planned:.1f}' if planned is not None else 'n/a'} |"
         )
     return "\n".join(lines)
 

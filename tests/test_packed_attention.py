@@ -21,6 +21,8 @@ from hellbender.models.packed_attention import (
     check_packed_masks,
     chunks_restart_at_each_document,
     packed_attention_mask,
+    text_config,
+    unwrapped,
 )
 
 IGNORE = -100
@@ -291,3 +293,17 @@ def test_every_causal_lm_family_building_masks_without_position_ids_is_listed():
             found.add(model_type)
     assert "gpt_oss" in found and "llama" not in found  # the check itself sees what it should
     assert found <= MASKS_WITHOUT_POSITION_IDS, sorted(found - MASKS_WITHOUT_POSITION_IDS)
+
+
+def test_the_model_is_found_inside_ddp_and_deepspeeds_engine(tiny_model_path):
+    """DDP's wrapper has no `config`; DeepSpeed's engine has one of its own, a dict, which the Trainer's every step
+    reached through `text_config` before the model's (a ZeRO-2 run on two GPUs stopped at its first step)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    ddp_like = SimpleNamespace(module=model)
+    engine_like = SimpleNamespace(config={"zero_optimization": {"stage": 2}}, module=ddp_like)
+    assert unwrapped(ddp_like) is model and unwrapped(engine_like) is model and unwrapped(model) is model
+    assert text_config(engine_like) is model.config

@@ -88,8 +88,9 @@ def _no_cache(builder: Any) -> dict[str, None]:
 
 
 def unwrapped(model: Any) -> Any:
-    """The transformers (or PEFT) model inside a distributed wrapper, which has no `config`."""
-    while not hasattr(model, "config") and hasattr(model, "module"):
+    """The transformers (or PEFT) model inside a distributed wrapper: DDP's has no `config`, DeepSpeed's engine has
+    its own (a dict)."""
+    while not hasattr(getattr(model, "config", None), "get_text_config") and hasattr(model, "module"):
         model = model.module
     return model
 

@@ -127,9 +127,11 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     rule = optimizer_rule(s.optimizer)
     if not rule.known:
         notes.append(f"optimizer `{s.optimizer}` is planned as AdamW with float32 states (its own rule is not known)")
-    states = sum(state_bytes(rule, p) for p in trainable)
-    if s.sharding.startswith("zero") and element < 4:  # DeepSpeed keeps float32 master weights beside the states
-        states += 4 * sum(p.numel for p in trainable)
+    if s.sharding.startswith("zero"):  # DeepSpeed's optimizer steps float32 master copies (kept beside the weights)
+        masters = [replace(p, element_size=4) for p in trainable]
+        states = sum(state_bytes(rule, p) for p in masters) + sum(4 * p.numel for p in trainable if p.element_size < 4)
+    else:
+        states = sum(state_bytes(rule, p) for p in trainable)
     # torch's foreach AdamW allocates a temporary of the states' size in its step; the fused kernel does not
     step_temporaries = gradients if rule.states and rule.bits == 0 and "fused" not in s.optimizer else 0
     host_parts: dict[str, int] = {}
@@ -138,7 +140,10 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     weights_split, adapter_split, gathered = weights // shards, adapter // shards, 0
     if shards > 1:  # gathered whole, in the run's dtype: the layer computing, the next one prefetched, and the head
         outside = max((p.nbytes for p in facts.parameters if ".lora_" not in p.name and p.in_layer is None), default=0)
-        gathered = min(2 * facts.largest_layer_bytes + outside, weights - weights_split)
+        gathered = 2 * facts.largest_layer_bytes + outside
+        if s.live_parameters:  # ZeRO-3 keeps gathered weights resident up to its live parameters (upper bound)
+            gathered = max(gathered, s.live_parameters * element)
+        gathered = min(gathered, weights - weights_split)
         weights_split += gathered
     gradients //= _shards(s, "gradients")
     states //= _shards(s, "optimizer")

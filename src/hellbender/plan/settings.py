@@ -39,6 +39,7 @@ class PlanSettings:
     packed: bool = False  # `sample_packing`: several documents share a row
     offloaded_layers: int = 0  # `activation_offload_layers`: checkpointed layers run once, all they save on the host
     shard_group: int = 0  # GPUs the sharded state is split over: one replica's under hybrid sharding (0: `gpus`)
+    live_parameters: int = 0  # ZeRO-3: `stage3_max_live_parameters`, the gathered weights it may keep resident
     loss_chunk_scale: int = 1  # `fused_cross_entropy_chunk_scale`: Liger's `chunk_mem_const`
 
     @property
@@ -96,7 +97,7 @@ class PlanSettings:
 
 def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None = None) -> PlanSettings:
     """The settings `cfg` runs with on `gpus` GPUs (`facts`: of its model, where they are at hand)."""
-    sharding, offload_optimizer = _sharding(cfg)
+    sharding, offload_optimizer, live_parameters = _sharding(cfg)
     context_parallel = min(cfg.context_parallel_size or 1, gpus)
     optimizer = cfg.optimizer if cfg.optimizer != "auto" else "adamw_torch_fused"  # the planner plans for a GPU
     method = method_shape(cfg, facts)
@@ -129,6 +130,7 @@ def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None
         offloaded_layers=cfg.activation_offload_layers,
         packed=cfg.sample_packing,
         shard_group=_shard_group(cfg, gpus, context_parallel),
+        live_parameters=live_parameters,
     )
 
 
@@ -141,9 +143,15 @@ def _shard_group(cfg: HellbenderConfig, gpus: int, context_parallel: int) -> int
     return gpus // shape[0] if shape else 0
 
 
-def _sharding(cfg: HellbenderConfig) -> tuple[str, bool]:
+# DeepSpeed's default `stage3_max_live_parameters`: gathered weights ZeRO-3 may keep resident before releasing them.
+DEEPSPEED_LIVE_PARAMETERS = 10**9
+
+
+def _sharding(cfg: HellbenderConfig) -> tuple[str, bool, int]:
+    """The sharding, whether the optimizer states (and FSDP2's parameters) are offloaded, and ZeRO-3's live
+    parameters."""
     if cfg.uses_fsdp2:
-        return "fsdp2", bool(getattr(cfg.fsdp_settings, "offload_params", False))
+        return "fsdp2", bool(getattr(cfg.fsdp_settings, "offload_params", False)), 0
     if cfg.deepspeed:
         from hellbender.config.deepspeed import read_deepspeed_json, zero_stage
 
@@ -151,5 +159,7 @@ def _sharding(cfg: HellbenderConfig) -> tuple[str, bool]:
         stage = zero_stage(settings) or 0
         zero = settings.get("zero_optimization") or {}
         offloaded = isinstance(zero.get("offload_optimizer"), dict) and zero["offload_optimizer"].get("device") == "cpu"
-        return (f"zero{stage}" if stage else "none"), offloaded
-    return "none", False
+        live = zero.get("stage3_max_live_parameters", DEEPSPEED_LIVE_PARAMETERS)
+        live = int(float(live)) if isinstance(live, (int, float)) else DEEPSPEED_LIVE_PARAMETERS  # "auto": default
+        return (f"zero{stage}" if stage else "none"), offloaded, live if stage == 3 else 0
+    return "none", False, 0
