@@ -247,7 +247,7 @@ HYBRID_WORKER = REPO / "tests" / "fsdp_hybrid_worker.py"
     ],
 )
 def test_hybrid_sharding_sizes_fill_the_processes(tmp_path, sizes, processes, shape):
-    from hellbender.train.fsdp import hybrid_shape
+    from hellbender.config.hybrid_sharding import hybrid_shape
 
     assert hybrid_shape(validate_config(fsdp_config(tmp_path, **sizes)), processes) == shape
 
@@ -257,8 +257,8 @@ def test_hybrid_sharding_sizes_fill_the_processes(tmp_path, sizes, processes, sh
     [({"dp_shard_size": 2, "dp_replicate_size": 2}, 8), ({"dp_shard_size": 3}, 4), ({"dp_replicate_size": 4}, 4)],
 )
 def test_hybrid_sharding_sizes_that_do_not_fill_the_processes_are_refused_with_the_numbers(tmp_path, sizes, processes):
+    from hellbender.config.hybrid_sharding import hybrid_shape
     from hellbender.errors import ConfigError
-    from hellbender.train.fsdp import hybrid_shape
 
     cfg = validate_config(fsdp_config(tmp_path, **sizes))
     with pytest.raises(ConfigError, match=rf"must equal the number of training processes, {processes}") as error:
@@ -267,8 +267,8 @@ def test_hybrid_sharding_sizes_that_do_not_fill_the_processes_are_refused_with_t
 
 
 def test_fp32_norms_with_replicas_left_to_fill_the_processes_are_refused_when_the_run_starts(tmp_path):
+    from hellbender.config.hybrid_sharding import hybrid_shape
     from hellbender.errors import ConfigError
-    from hellbender.train.fsdp import hybrid_shape
 
     cfg = validate_config(fsdp_config(tmp_path, dp_shard_size=2, fp32_norms=True, bf16=True))  # replicas not named
     assert hybrid_shape(cfg, 2) is None  # one group: plain FSDP2, fp32 norms work

@@ -137,7 +137,7 @@ def plan_settings(cfg: HellbenderConfig, gpus: int = 1, facts: ModelFacts | None
 def _shard_group(cfg: HellbenderConfig, gpus: int, context_parallel: int) -> int:
     """The GPUs FSDP2 splits the weights, gradients and optimizer states over: all of them, or under hybrid sharding
     (`dp_replicate_size` > 1) each replica's group, which holds a whole copy. 0: all of them."""
-    from hellbender.train.fsdp import hybrid_shape
+    from hellbender.config.hybrid_sharding import hybrid_shape
 
     shape = hybrid_shape(cfg, gpus // context_parallel) if gpus > 1 else None
     return gpus // shape[0] if shape else 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from hellbender.config import HellbenderConfig
+from hellbender.config.hybrid_sharding import hybrid_shape
 from hellbender.errors import ConfigError, EnvironmentProblem
 from hellbender.train.distributed import world_size
 
@@ -194,31 +195,6 @@ def prepare_quantized_for_fsdp(cfg: HellbenderConfig, model: Any) -> int:
         if param.requires_grad and param.dtype != torch.float32:
             param.data = param.data.float()
     return len(weights)
-
-
-def hybrid_shape(cfg: HellbenderConfig, processes: int) -> tuple[int, int] | None:
-    """(replicate, shard) group sizes of hybrid sharding over `processes`, or None for plain FSDP2 (one group
-    sharded over all processes). The size left out is what the other leaves; the product must be `processes`."""
-    shard, replicate = cfg.dp_shard_size, cfg.dp_replicate_size
-    if not cfg.uses_fsdp2 or (shard is None and replicate is None):
-        return None
-    if shard is None:
-        shard = processes // replicate if processes % replicate == 0 else 0
-    if replicate is None:
-        replicate = processes // shard if processes % shard == 0 else 0
-    if shard * replicate != processes or shard < 2:
-        raise ConfigError(
-            f"`dp_shard_size` ({cfg.dp_shard_size or 'unset'}) x `dp_replicate_size` ({cfg.dp_replicate_size or 'unset'}) "
-            f"must equal the number of training processes, {processes}, with groups of 2 or more to shard over. Set "
-            f"them so that their product is {processes}, or start as many processes as they describe."
-        )
-    if replicate > 1 and cfg.fp32_norms:
-        raise ConfigError(
-            f"`fp32_norms` with hybrid sharding ({replicate} replicas of `dp_shard_size: {shard}`) is not supported yet: "
-            "the norm groups would be sharded over all processes while the layers are sharded within groups. Use one "
-            "of them."
-        )
-    return (replicate, shard) if replicate > 1 else None
 
 
 def parallelism_config(cfg: HellbenderConfig, processes: int) -> Any | None:

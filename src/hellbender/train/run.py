@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from hellbender.config import HellbenderConfig, dump_config
+from hellbender.config.hybrid_sharding import hybrid_shape
 from hellbender.config.machine_needs import require_machine
 from hellbender.config.precision import torch_dtype
 from hellbender.config.rl import ONLINE_RL_METHODS
@@ -45,7 +46,6 @@ from hellbender.train.fsdp import (
     check_fsdp_processes,
     check_wrap_classes,
     context_parallel_groups,
-    hybrid_shape,
     prepare_quantized_for_fsdp,
     shard_norms_in_fp32,
 )
