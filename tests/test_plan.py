@@ -584,6 +584,17 @@ def test_deepspeed_runs_on_two_gpus_plan_within_a_tenth_of_their_peak(tmp_path, 
     assert planned == pytest.approx(measured_gib, rel=0.1)
 
 
+def test_deepspeed_holds_a_lora_adapter_in_the_run_dtype_beside_float32_masters_and_states(tmp_path):
+    """DeepSpeed's engine casts every parameter to bf16, LoRA's float32 factors too; its optimizer steps float32
+    masters of the trained ones, with AdamW's two float32 states (ZeRO-2: split over the GPUs, like the gradients)."""
+    deepspeed = str(EXAMPLES / "deepspeed" / "zero2.json")
+    cfg = validate_config(base_config(tmp_path, bf16=True, deepspeed=deepspeed, **LORA_R16))
+    memory = plan_for(cfg, gpu="H200", gpus=2).memory
+    adapter = sum(p.numel for p in describe(cfg, meta_model(cfg)).parameters if ".lora_" in p.name)
+    assert memory.adapter == 2 * adapter and memory.gradients == 2 * adapter // 2
+    assert memory.optimizer_states == pytest.approx((4 + 8) * adapter / 2, abs=64)  # AdamW's step counters aside
+
+
 def test_zero3_keeps_gathered_weights_up_to_its_live_parameters(tmp_path):
     """`stage3_max_live_parameters` bounds the gathered weights ZeRO-3 keeps resident: the plan holds that many (at
     least two layers and the head, at most the whole model)."""

@@ -115,11 +115,11 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
                 double_quant: bool = True) -> MemoryPlan:  # fmt: skip
     """The memory plan of one step with settings `s`; `element` is the bytes per value of the run's dtype."""
     notes: list[str] = []
-    parameters = _as_held(facts.parameters, s)
+    parameters = _as_held(facts.parameters, s, element)
     base = [p for p in parameters if ".lora_" not in p.name]
     adapter_params = [p for p in parameters if ".lora_" in p.name]
     weights = _weight_bytes(base, s, double_quant)
-    # the trained weights' float32 copies beyond the model as built (a reference model copies it as built)
+    # what the weights as held differ from the model as built by (a reference model copies it as built)
     upcast = weights - _weight_bytes(facts.parameters, s, double_quant)
     adapter = sum(p.nbytes for p in adapter_params)
     trainable = [p for p in parameters if p.trainable]
@@ -291,13 +291,16 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     )
 
 
-def _as_held(parameters: list[Parameter], s: PlanSettings) -> list[Parameter]:
+def _as_held(parameters: list[Parameter], s: PlanSettings, element: int) -> list[Parameter]:
     """The parameters as the run holds them: under FSDP2 the trained ones in float32 (accelerate upcasts them under
     mixed precision, hellbender over a 4-bit base: train/fsdp.py), so their gradients and optimizer states are float32
-    too; each layer computes with a gathered copy in the run's dtype."""
-    if s.sharding != "fsdp2":
-        return parameters
-    return [replace(p, element_size=4) if p.trainable else p for p in parameters]
+    too, and each layer computes with a gathered copy in the run's dtype; under DeepSpeed every one in the run's dtype
+    (its engine casts them, a float32 adapter too), the trained ones with float32 masters in the optimizer."""
+    if s.sharding == "fsdp2":
+        return [replace(p, element_size=4) if p.trainable else p for p in parameters]
+    if s.sharding.startswith("zero"):
+        return [replace(p, element_size=element) for p in parameters]
+    return parameters
 
 
 def _weight_bytes(parameters: list[Parameter], s: PlanSettings, double_quant: bool) -> int:
