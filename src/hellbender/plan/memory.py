@@ -115,12 +115,13 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
                 double_quant: bool = True) -> MemoryPlan:  # fmt: skip
     """The memory plan of one step with settings `s`; `element` is the bytes per value of the run's dtype."""
     notes: list[str] = []
+    built = [p for p in facts.parameters if ".lora_" not in p.name]  # the base model as built
     parameters = _as_held(facts.parameters, s, element)
     base = [p for p in parameters if ".lora_" not in p.name]
     adapter_params = [p for p in parameters if ".lora_" in p.name]
     weights = _weight_bytes(base, s, double_quant)
     # what the weights as held differ from the model as built by (a reference model copies it as built)
-    upcast = weights - _weight_bytes(facts.parameters, s, double_quant)
+    upcast = weights - _weight_bytes(built, s, double_quant)
     adapter = sum(p.nbytes for p in adapter_params)
     trainable = [p for p in parameters if p.trainable]
     gradients = sum(p.nbytes for p in trainable)
@@ -139,7 +140,7 @@ def plan_memory(facts: ModelFacts, s: PlanSettings, element: int, gradient_accum
     shards = _shards(s, "weights")
     weights_split, adapter_split, gathered = weights // shards, adapter // shards, 0
     if shards > 1:  # gathered whole, in the run's dtype: the layer computing, the next one prefetched, and the head
-        outside = max((p.nbytes for p in facts.parameters if ".lora_" not in p.name and p.in_layer is None), default=0)
+        outside = max((p.nbytes for p in built if p.in_layer is None), default=0)
         gathered = 2 * facts.largest_layer_bytes + outside
         if s.live_parameters:  # ZeRO-3 keeps gathered weights resident up to its live parameters (upper bound)
             gathered = max(gathered, s.live_parameters * element)
@@ -304,11 +305,10 @@ def _as_held(parameters: list[Parameter], s: PlanSettings, element: int) -> list
 
 
 def _weight_bytes(parameters: list[Parameter], s: PlanSettings, double_quant: bool) -> int:
-    """The base model's weights (LoRA's factors aside), the quantized ones as a 4- or 8-bit base stores them."""
+    """The weights' bytes, the quantized ones as a 4- or 8-bit base stores them."""
     return sum(
         quantized_bytes(p, s.quantized_bits, double_quant) if s.quantized_bits and p.quantizable else p.nbytes
         for p in parameters
-        if ".lora_" not in p.name
     )
 
 
